@@ -1,0 +1,1 @@
+"""PyTorch adapter for amp-harness. Importing this package does not import torch."""

@@ -1,0 +1,194 @@
+"""PyTorch adapter: torch.autocast for mixed precision, torch.amp.GradScaler for dynamic loss scaling.
+
+Options (environment variables, recorded in each result's `options`):
+  AMP_HARNESS_TORCH_CHANNELS_LAST=1|0  channels-last memory for image models (default 1: the fast layout
+                                       for oneDNN on CPU and tensor cores on GPU)
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.errors import HarnessError
+
+
+
+class TorchAdapter(Adapter):
+    name = "torch"
+
+    def framework_version(self) -> str:
+        import torch
+
+        return torch.__version__
+
+    def device(self, requested: str) -> Device:
+        import torch
+
+        from harness.measure import cpu_info
+
+        if requested in ("auto", "gpu") and torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return Device("cuda:0", "gpu", props.name,
+                          {"cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                           "compute_capability": f"{props.major}.{props.minor}",
+                           "memory_gb": round(props.total_memory / 2**30, 1)})
+        if requested == "gpu":
+            raise HarnessError("--device gpu: torch sees no CUDA GPU (is this a CPU build of torch?)")
+        return Device("cpu", "cpu", cpu_info()[0])
+
+    def unsupported(self, precision, device) -> str | None:
+        import torch
+
+        if device.kind == "cpu":
+            if precision.gpu_only:
+                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
+            return None
+        major = torch.cuda.get_device_capability(0)[0]
+        if precision.tf32 and major < 8:
+            return f"TF32 needs compute capability 8.0 (Ampere) or newer; {device.description} has {major}.x"
+        if "bfloat16" in (precision.compute_dtype, precision.param_dtype) and not torch.cuda.is_bf16_supported():
+            return f"{device.description} has no bfloat16 support in torch"
+        return None
+
+    def set_threads(self, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
+        return TorchTrainer(spec, graph, weights, precision, loss_scale, device)
+
+
+class TorchTrainer(Trainer):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+        import torch
+
+        from amp_harness_torch.network import Network
+        from amp_harness_torch.optimizers import make_optimizer
+
+        self.torch = torch
+        self.spec = spec
+        self.device = torch.device(device.name)
+        self.is_cuda = self.device.type == "cuda"
+        # strict fp32 unless the precision asks for TF32 (both default to TF32 for convolutions)
+        torch.backends.cuda.matmul.allow_tf32 = precision.tf32
+        torch.backends.cudnn.allow_tf32 = precision.tf32
+        torch.manual_seed(spec.seed)
+        self.images = len(spec.input.shape) == 3
+        self.channels_last = self.images and os.environ.get("AMP_HARNESS_TORCH_CHANNELS_LAST", "1") == "1"
+        self.param_dtype = getattr(torch, precision.param_dtype)
+        self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
+
+        net = Network(spec.layers, graph, weights).to(self.device, dtype=self.param_dtype)
+        if self.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.net = net.train()
+        self.optimizer = make_optimizer(spec.optimizer, net.parameters())
+        self.loss_scale = loss_scale
+        self.grad_scaler = None
+        self.scale = loss_scale.initial
+        self.good_steps = 0
+        self.skipped = False
+        if loss_scale.mode == "dynamic" and precision.mixed:
+            self.grad_scaler = torch.amp.GradScaler(
+                self.device.type, init_scale=loss_scale.initial, growth_factor=loss_scale.growth_factor,
+                backoff_factor=loss_scale.backoff_factor, growth_interval=loss_scale.growth_interval)
+        self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": False,
+                        "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+                        "loss_scaler": "GradScaler" if self.grad_scaler else
+                        (None if loss_scale.mode == "none" else "harness (manual)")}
+
+    # -- data -----------------------------------------------------------------------------------------
+    def _input(self, x: np.ndarray):
+        t = self.torch.from_numpy(x).to(self.device, non_blocking=True)
+        if self.images:  # NHWC memory seen as NCHW: a channels-last view, no copy
+            t = t.permute(0, 3, 1, 2)
+            if not self.channels_last:
+                t = t.contiguous()
+        return t.to(self.param_dtype) if self.autocast_dtype is None else t
+
+    def to_device(self, x, y):
+        batch = self._input(x), self.torch.from_numpy(y).to(self.device)
+        if self.is_cuda:
+            self.torch.cuda.synchronize()
+        return batch
+
+    def _autocast(self):
+        import contextlib
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    # -- training -------------------------------------------------------------------------------------
+    def train_step(self, batch) -> float:
+        from amp_harness_torch.optimizers import loss_fn
+
+        x, y = batch
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = loss_fn(self.spec.loss, self.net(x), y)
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        elif self.loss_scale.mode != "none":
+            self._manual_scaled_step(loss)
+        else:
+            loss.backward()
+            self.optimizer.step()
+        return loss.item()  # waits for the device
+
+    def _manual_scaled_step(self, loss) -> None:
+        """Fixed scaling, or dynamic scaling of pure-fp16 weights (GradScaler refuses fp16 gradients)."""
+        torch, ls = self.torch, self.loss_scale
+        (loss * self.scale).backward()
+        grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, 1.0 / self.scale)
+        self.skipped = not bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        if not self.skipped:
+            self.optimizer.step()
+        if ls.mode == "dynamic":
+            self.good_steps = 0 if self.skipped else self.good_steps + 1
+            if self.skipped:
+                self.scale *= ls.backoff_factor
+            elif self.good_steps == ls.growth_interval:
+                self.scale *= ls.growth_factor
+                self.good_steps = 0
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        if self.grad_scaler is not None:
+            scale = self.grad_scaler.get_scale()
+            skipped = scale < self.scale  # GradScaler backs off exactly when it skips a step
+            self.scale = scale
+            return LossScaleState(scale, skipped)
+        if self.loss_scale.mode == "none":
+            return None
+        return LossScaleState(self.scale, self.skipped)
+
+    # -- inspection -----------------------------------------------------------------------------------
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        self.net.eval()
+        try:
+            with self.torch.no_grad(), self._autocast():
+                return self.net(self._input(x)).float().cpu().numpy()
+        finally:
+            self.net.train()
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.net.canonical_weights()
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
+
+    def reset_memory_peak(self) -> None:
+        if self.is_cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def memory_peak_mb(self):
+        if not self.is_cuda:
+            return None
+        return self.torch.cuda.max_memory_allocated() / 2**20, "torch CUDA allocator peak (max_memory_allocated)"

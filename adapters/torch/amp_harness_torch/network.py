@@ -1,0 +1,212 @@
+"""The spec's network as a torch.nn.Module, holding the core's canonical weights in torch layouts.
+
+Activations are NCHW tensors (torch's convention) whose memory may be channels-last. `flatten` permutes to
+NHWC first so that it flattens in the spec's H, W, C order and the canonical dense kernel needs no reordering.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.graph import Graph, LayerInfo, same_padding
+
+
+def to_torch_layout(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 4:  # conv kernel [kH, kW, in, out] -> [out, in, kH, kW]
+        return array.transpose(3, 2, 0, 1)
+    if array.ndim == 2:  # dense kernel [in, out] -> [out, in]
+        return array.T
+    return array
+
+
+def from_torch_layout(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 4:
+        return array.transpose(2, 3, 1, 0)
+    if array.ndim == 2:
+        return array.T
+    return array
+
+
+class Layer(nn.Module):
+    """A spec layer; its weights are attributes named as in the canonical weights (kernel, gamma, ...)."""
+
+    def __init__(self, info: LayerInfo, weights: dict[str, np.ndarray]):
+        super().__init__()
+        self.info = info
+        for name in info.params:
+            value = torch.from_numpy(np.ascontiguousarray(to_torch_layout(weights[f"{info.path}.{name}"])))
+            if name.startswith("moving_"):
+                self.register_buffer(name, value)
+            else:
+                self.register_parameter(name, nn.Parameter(value))
+
+
+class Dense(Layer):
+    def forward(self, x):
+        return F.linear(x, self.kernel, getattr(self, "bias", None))
+
+
+def _padding(info: LayerInfo, kernel: int, stride: int, padding: str):
+    """(symmetric padding for the op, explicit F.pad tuple or None) reproducing TF's 'same'."""
+    if padding == "valid":
+        return 0, None
+    (top, bottom), (left, right) = (same_padding(n, kernel, stride) for n in info.in_shape[:2])
+    if top == bottom and left == right:
+        return (top, left), None
+    return 0, (left, right, top, bottom)
+
+
+class Conv2D(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.stride = spec.strides
+        self.pad, self.explicit_pad = _padding(info, spec.kernel_size, spec.strides, spec.padding)
+
+    def forward(self, x):
+        if self.explicit_pad:
+            x = F.pad(x, self.explicit_pad)
+        return F.conv2d(x, self.kernel, getattr(self, "bias", None), self.stride, self.pad)
+
+
+class Pool2D(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.kind, self.k, self.s = spec.type, spec.pool_size, spec.strides or spec.pool_size
+        self.pad, self.explicit_pad = _padding(info, self.k, self.s, spec.padding)
+        if self.kind == "avgpool2d" and self.explicit_pad:
+            # TF excludes padded pixels from the mean: divide window sums by the real pixel counts
+            ones = F.pad(torch.ones(1, 1, *info.in_shape[:2]), self.explicit_pad)
+            self.register_buffer("counts", F.avg_pool2d(ones, self.k, self.s, divisor_override=1))
+
+    def forward(self, x):
+        if self.kind == "maxpool2d":
+            if self.explicit_pad:
+                x = F.pad(x, self.explicit_pad, value=float("-inf"))
+            return F.max_pool2d(x, self.k, self.s, self.pad)
+        if self.explicit_pad:
+            sums = F.avg_pool2d(F.pad(x, self.explicit_pad), self.k, self.s, divisor_override=1)
+            return sums / self.counts.to(sums.dtype)
+        return F.avg_pool2d(x, self.k, self.s, self.pad, count_include_pad=False)
+
+
+class GlobalAvgPool2D(Layer):
+    def forward(self, x):
+        return x.mean(dim=(2, 3))
+
+
+class Flatten(Layer):
+    def forward(self, x):
+        return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
+
+
+class Activation(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.type, self.approximate = spec.type, "tanh" if getattr(spec, "approximate", False) else "none"
+
+    def forward(self, x):
+        if self.type == "relu":
+            return F.relu(x)
+        if self.type == "gelu":
+            return F.gelu(x, approximate=self.approximate)
+        if self.type == "tanh":
+            return torch.tanh(x)
+        if self.type == "sigmoid":
+            return torch.sigmoid(x)
+        return torch.softmax(x, dim=1)  # the channel/feature axis in NCHW and [N, F]
+
+
+class BatchNorm(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.momentum, self.eps = spec.momentum, spec.epsilon
+
+    def forward(self, x):
+        if not self.training:
+            return F.batch_norm(x, self.moving_mean, self.moving_variance, self.gamma, self.beta, False, 0.0, self.eps)
+        # torch's own running-variance update uses the unbiased variance; the spec (like Keras and MXNet)
+        # uses the biased one, so the running statistics are updated here instead.
+        with torch.no_grad():
+            dims = [d for d in range(x.dim()) if d != 1]
+            var, mean = torch.var_mean(x.float(), dim=dims, correction=0)
+            m = self.momentum
+            self.moving_mean.mul_(m).add_(mean.to(self.moving_mean.dtype), alpha=1 - m)
+            self.moving_variance.mul_(m).add_(var.to(self.moving_variance.dtype), alpha=1 - m)
+        return F.batch_norm(x, None, None, self.gamma, self.beta, True, 0.0, self.eps)
+
+
+class LayerNorm(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.eps, self.channels = spec.epsilon, info.in_shape[-1]
+
+    def forward(self, x):
+        if x.dim() == 4:
+            y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), self.gamma, self.beta, self.eps)
+            return y.permute(0, 3, 1, 2)
+        return F.layer_norm(x, (self.channels,), self.gamma, self.beta, self.eps)
+
+
+class Dropout(Layer):
+    def __init__(self, spec, info, weights):
+        super().__init__(info, weights)
+        self.rate = spec.rate
+
+    def forward(self, x):
+        return F.dropout(x, self.rate, self.training)
+
+
+class Residual(Layer):
+    def __init__(self, spec, info, weights, infos):
+        super().__init__(info, weights)
+        self.main = build_layers(spec.layers, f"{info.path}.layers.", weights, infos)
+        self.projection = build_layers(spec.projection, f"{info.path}.projection.", weights, infos) \
+            if spec.projection else None
+
+    def forward(self, x):
+        shortcut = x
+        for layer in self.main:
+            x = layer(x)
+        if self.projection is not None:
+            for layer in self.projection:
+                shortcut = layer(shortcut)
+        return x + shortcut
+
+
+LAYERS = {"dense": Dense, "conv2d": Conv2D, "maxpool2d": Pool2D, "avgpool2d": Pool2D,
+          "global_avgpool2d": GlobalAvgPool2D, "flatten": Flatten, "relu": Activation, "gelu": Activation,
+          "tanh": Activation, "sigmoid": Activation, "softmax": Activation, "batchnorm": BatchNorm,
+          "layernorm": LayerNorm, "dropout": Dropout}
+
+
+def build_layers(specs, prefix: str, weights, infos: dict[str, LayerInfo]) -> nn.ModuleList:
+    layers = []
+    for index, spec in enumerate(specs):
+        info = infos[f"{prefix}{index}"]
+        if spec.type == "residual":
+            layers.append(Residual(spec, info, weights, infos))
+        elif spec.type in ("dense", "global_avgpool2d", "flatten"):
+            layers.append(LAYERS[spec.type](info, weights))
+        else:
+            layers.append(LAYERS[spec.type](spec, info, weights))
+    return nn.ModuleList(layers)
+
+
+class Network(nn.Module):
+    def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray]):
+        super().__init__()
+        infos = {info.path: info for info in graph.layers}
+        self.layers = build_layers(layer_specs, "", weights, infos)
+        self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
+                        for name in m.info.params}
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def canonical_weights(self) -> dict[str, np.ndarray]:
+        return {name: from_torch_layout(getattr(module, attr).detach().float().cpu().numpy())
+                for name, (module, attr) in self._owners.items()}

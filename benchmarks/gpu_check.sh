@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU check of the PyTorch adapter: fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet,
+# then a table of median step times. Run it on a machine with a CUDA GPU and torch installed:
+#   bash benchmarks/gpu_check.sh [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/gpu_check}
+python3 -m pip install --quiet --no-deps -e . -e adapters/torch
+python3 -m pip install --quiet pydantic pyyaml pandas tqdm scikit-learn pillow jinja2
+python3 -m harness adapters
+python3 -m harness run --framework torch --device gpu --model resnet8,small_convnet \
+  --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 2 --no-progress --out "$out"
+python3 - "$out" <<'PY'
+import sys
+from harness.results import load
+df = load([sys.argv[1]])
+ok = df[df.status == "ok"]
+table = ok.groupby(["model", "precision"]).agg(
+    median_ms=("step_time_ms.median", "median"), samples_per_s=("samples_per_s", "median"),
+    peak_mb=("peak_memory_mb", "median"), eval_acc=("eval_accuracy", "mean"))
+print(table.round(2).to_string())
+print(df[df.status != "ok"][["model", "precision", "status", "reason"]].to_string())
+PY

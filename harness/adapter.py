@@ -1,0 +1,139 @@
+"""The adapter plugin API: how a framework plugs into amp-harness.
+
+An adapter is a class registered under the entry-point group ``amp_harness.adapters``; the built-in adapters
+(``adapters/*``) load exactly as a third-party one does. In the plugin's pyproject.toml::
+
+    [project.entry-points."amp_harness.adapters"]
+    myframework = "amp_harness_myframework.adapter:MyFrameworkAdapter"
+
+Rules:
+- Importing the adapter module must not import the framework: import it inside methods. The core lists
+  adapters without loading any framework, and runs each (framework, precision) in its own process.
+- ``build`` loads the core's canonical weights (``harness.weights``) and reproduces the spec's math exactly
+  (see ``harness.spec``): never use the framework's own initialisers or a loss/optimizer whose math differs.
+- A precision the framework or device cannot run is reported by ``unsupported`` with a one-line reason;
+  the core records it as an ``unsupported`` result instead of running it.
+- ``Trainer.train_step`` returns the loss as a float *after the device has finished the step* (synchronise:
+  the core reads the clock right after it returns).
+"""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import numpy as np
+
+from harness.errors import HarnessError
+from harness.graph import Graph
+from harness.precision import LossScale, Precision
+from harness.spec import ModelSpec
+
+ENTRY_POINT_GROUP = "amp_harness.adapters"
+BLOCK_ENV = "AMP_HARNESS_BLOCK_ADAPTERS"  # comma-separated adapter names to ignore
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # "cpu", "cuda:0"
+    kind: str  # "cpu" or "gpu"
+    description: str  # "NVIDIA H200", or the CPU model
+    details: dict = field(default_factory=dict)  # CUDA version, driver, compute capability, ...
+
+
+@dataclass(frozen=True)
+class LossScaleState:
+    scale: float  # the scale that will be applied to the next step
+    skipped: bool  # the step just taken was skipped (gradients overflowed)
+
+
+class Trainer(ABC):
+    """One network, built for one precision on one device."""
+
+    #: settings that change what is measured (memory format, compilation, TF32...), recorded in the result
+    options: dict[str, Any]
+
+    @abstractmethod
+    def to_device(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """Convert a numpy batch for train_step; the core keeps this out of the timed region."""
+
+    @abstractmethod
+    def train_step(self, batch: Any) -> float:
+        """One optimizer step; return the (unscaled, float32) loss once the device has finished."""
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        """After a step: the loss scaler's state, or None when the run uses no loss scaling."""
+        return None
+
+    @abstractmethod
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Inference-mode outputs (batchnorm running statistics, no dropout) as float32 numpy."""
+
+    @abstractmethod
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Current weights in the core's canonical names and layouts, as float32 numpy."""
+
+    @abstractmethod
+    def param_count(self) -> int:
+        """Trainable parameters as the framework itself counts them (checked against the spec's count)."""
+
+    def reset_memory_peak(self) -> None:
+        """Reset the device allocator's peak counter (GPU); nothing to do on CPU."""
+
+    def memory_peak_mb(self) -> tuple[float, str] | None:
+        """(peak MB, what kind of figure) from the device allocator, or None to use the process RSS."""
+        return None
+
+
+class Adapter(ABC):
+    name: str  # the --framework name
+
+    @abstractmethod
+    def framework_version(self) -> str: ...
+
+    @abstractmethod
+    def device(self, requested: str) -> Device:
+        """Resolve "auto", "cpu" or "gpu" to a device this framework can use here."""
+
+    @abstractmethod
+    def unsupported(self, precision: Precision, device: Device) -> str | None:
+        """A one-line reason why this precision cannot run on this device, or None."""
+
+    @abstractmethod
+    def set_threads(self, threads: int) -> None:
+        """Set intra-op threads before any op runs."""
+
+    @abstractmethod
+    def build(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
+              loss_scale: LossScale, device: Device) -> Trainer: ...
+
+
+def discover() -> dict[str, EntryPoint]:
+    """Installed adapters by name, without importing them."""
+    blocked = {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in blocked:
+            continue
+        if ep.name in found and found[ep.name].value != ep.value:
+            raise HarnessError(f"two adapters are registered as '{ep.name}': {found[ep.name].value} and {ep.value}")
+        found[ep.name] = ep
+    return found
+
+
+def load_adapter(name: str) -> Adapter:
+    found = discover()
+    if name not in found:
+        have = ", ".join(sorted(found)) or "none"
+        raise HarnessError(f"no adapter for framework '{name}' is installed (installed: {have}); "
+                           f"install adapters/{name} (pip install -e adapters/{name}) or use its tox env")
+    try:
+        cls = found[name].load()
+    except ImportError as exc:
+        raise HarnessError(f"adapter '{name}' ({found[name].value}) cannot be imported: {exc}") from None
+    adapter = cls()
+    if not isinstance(adapter, Adapter):
+        raise HarnessError(f"adapter '{name}' ({found[name].value}) is not a harness.adapter.Adapter")
+    return adapter

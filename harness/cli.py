@@ -1,0 +1,194 @@
+"""The amp-harness command line: models, check, adapters, run."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+
+def _csv(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+        if h > 0 and w > 0:
+            return h, w
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"'{text}' is not HEIGHTxWIDTH, e.g. 56x84")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive integer")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a non-negative integer")
+    return value
+
+
+def _fmt_int(n: int) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def cmd_models(args) -> int:
+    from harness.graph import infer
+    from harness.spec import builtin_models, load_spec
+
+    print(f"{'model':<16}{'params':>10}{'FLOPs/step':>12}  {'batch':>5} {'steps':>5}  {'input':<14}dataset")
+    for name in builtin_models():
+        spec = load_spec(name)
+        graph = infer(spec)
+        print(f"{name:<16}{_fmt_int(graph.param_count):>10}{_fmt_int(graph.train_step_flops(spec.batch_size)):>12}"
+              f"  {spec.batch_size:>5} {spec.steps:>5}  {'x'.join(map(str, spec.input.shape)):<14}"
+              f"{spec.dataset.name} ({spec.dataset.num_classes} classes)")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from harness.graph import infer
+    from harness.spec import load_spec
+
+    for path in args.specs:
+        spec = load_spec(path)
+        graph = infer(spec)
+        print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}  spec_hash {spec.spec_hash()}")
+        for layer in graph.layers:
+            depth = layer.path.count(".") // 2
+            print(f"  {'  ' * depth}{layer.path:<16}{layer.type:<18}{str(list(layer.out_shape)):<18}"
+                  f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
+        print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
+              f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")
+    return 0
+
+
+def cmd_adapters(args) -> int:
+    from harness.adapter import discover
+
+    found = discover()
+    if not found:
+        print("no adapters installed (pip install -e adapters/torch, or use a tox env: tox -e torch)")
+        return 0
+    for name in sorted(found):
+        # one framework per process: probe each adapter in its own subprocess
+        out = subprocess.run([sys.executable, "-m", "harness.worker", "probe", name],
+                             capture_output=True, text=True, timeout=300)
+        try:
+            info = json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            print(f"{name}: probe failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+            continue
+        if "error" in info:
+            print(f"{name}: {info['error']}")
+            continue
+        dev = info["device"]
+        print(f"{name} {info['version']}  ({found[name].value})  device {dev['name']}: {dev['description']}")
+        for precision, reason in info["precisions"].items():
+            print(f"  {precision:<9} {'runs' if reason is None else 'unsupported: ' + reason}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from harness.adapter import discover
+    from harness.precision import parse_loss_scale, parse_precision
+    from harness.runner import matrix, run_matrix
+    from harness.spec import load_spec
+
+    if args.framework not in discover():  # fail fast, before spawning anything
+        from harness.adapter import load_adapter
+
+        load_adapter(args.framework)
+    for name in args.precision:
+        parse_loss_scale(args.loss_scale, parse_precision(name))
+    for model in args.model:
+        load_spec(model).with_overrides(args.batch_size, args.steps, args.input_size)
+    requests = matrix(args.framework, args.model, args.precision, args.repeats, steps=args.steps,
+                      warmup=args.warmup, batch_size=args.batch_size, input_size=args.input_size,
+                      loss_scale=args.loss_scale, growth_interval=args.growth_interval, device=args.device,
+                      threads=args.threads)
+    out = Path(args.out)
+    show = sys.stderr.isatty() and not args.no_progress
+    records = run_matrix(requests, out, args.timeout, show)
+    from harness.runner import summary_line
+
+    if show:
+        for r in records:
+            print(summary_line(r))
+    print(f"{len(records)} records appended to {out / 'results.jsonl'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="amp-harness", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list the built-in models").set_defaults(func=cmd_models)
+    check = sub.add_parser("check", help="validate spec files (no framework needed)")
+    check.add_argument("specs", nargs="+", metavar="SPEC")
+    check.set_defaults(func=cmd_check)
+    sub.add_parser("adapters", help="installed adapters and what they can run here").set_defaults(func=cmd_adapters)
+    run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
+    run.add_argument("--framework", required=True)
+    run.add_argument("--model", type=_csv, required=True, help="built-in names or spec paths, comma-separated")
+    run.add_argument("--precision", type=_csv, default=["fp32"],
+                     help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16")
+    run.add_argument("--steps", type=_positive, help="timed steps (default: the spec's)")
+    run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
+    run.add_argument("--repeats", type=_positive, default=1, help="runs of each cell, each in a fresh process")
+    run.add_argument("--batch-size", type=_positive)
+    run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
+    run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
+    run.add_argument("--growth-interval", type=_positive, default=2000, help="clean steps before the scale grows")
+    run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
+    run.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
+    run.add_argument("--out", default="results", help="directory for results.jsonl (default ./results)")
+    run.add_argument("--no-progress", action="store_true")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except HarnessError as exc:
+        if args.debug:
+            raise
+        print(f"amp-harness: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("amp-harness: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

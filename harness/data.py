@@ -1,0 +1,203 @@
+"""Datasets and batch order, produced once in the core so that every framework sees the same batches.
+
+Samples come out as float32 in the spec's input shape (NHWC images, or vectors), labels as int64 class ids.
+The split and the per-epoch shuffles depend on the spec's seed only.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import HarnessError
+from harness.spec import ModelSpec
+
+CACHE_LIMIT_BYTES = 256 * 2**20  # materialise a whole dataset only when it is this small
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp"}
+
+
+def _resize(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize of [N, h, w, C] float32 images."""
+    n, h, w, c = images.shape
+    if (h, w) == (height, width):
+        return images
+    from PIL import Image
+
+    out = np.empty((n, height, width, c), np.float32)
+    for i in range(n):
+        for ch in range(c):
+            img = Image.fromarray(np.ascontiguousarray(images[i, :, :, ch]), mode="F")
+            out[i, :, :, ch] = np.asarray(img.resize((width, height), Image.BILINEAR))
+    return out
+
+
+def _fit_channels(images: np.ndarray, channels: int) -> np.ndarray:
+    have = images.shape[-1]
+    if have == channels:
+        return images
+    if have == 1:
+        return np.repeat(images, channels, axis=-1)
+    if channels == 1:
+        return images.mean(axis=-1, keepdims=True)
+    raise HarnessError(f"cannot turn {have}-channel images into {channels} channels")
+
+
+class Source:
+    """A finite set of labelled samples; `samples(indices)` gives them in the spec's input shape."""
+
+    labels: np.ndarray
+
+    def __init__(self, spec: ModelSpec):
+        self.shape = tuple(spec.input.shape)
+
+    def raw(self, indices: np.ndarray) -> np.ndarray:  # [n, h, w, c] before resizing
+        raise NotImplementedError
+
+    def samples(self, indices: np.ndarray) -> np.ndarray:
+        raw = self.raw(indices)
+        if len(self.shape) == 1:  # vector input: resize to a square-ish image first, then flatten
+            return raw.reshape(len(indices), -1)
+        h, w, c = self.shape
+        return _fit_channels(_resize(raw, h, w), c)
+
+
+class Synthetic(Source):
+    """A learnable task: each class has a fixed low-frequency template; samples are template + noise."""
+
+    NOISE = 1.5
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        ds = spec.dataset
+        rng = np.random.default_rng([spec.seed, 1])
+        self.labels = rng.integers(0, ds.num_classes, ds.size).astype(np.int64)
+        if len(self.shape) == 3:
+            h, w, c = self.shape
+            coarse = rng.standard_normal((ds.num_classes, 4, 4, c)).astype(np.float32)
+            reps = (math.ceil(h / 4), math.ceil(w / 4))
+            self.templates = np.repeat(np.repeat(coarse, reps[0], 1), reps[1], 2)[:, :h, :w, :]
+        else:
+            self.templates = rng.standard_normal((ds.num_classes, *self.shape)).astype(np.float32)
+        self.seed = spec.seed
+
+    def raw(self, indices):
+        noise = np.stack([np.random.default_rng([self.seed, 2, int(i)]).standard_normal(self.shape, np.float32)
+                          for i in indices])
+        return self.templates[self.labels[indices]] + self.NOISE * noise
+
+    def samples(self, indices):
+        return self.raw(indices)  # generated at the input shape already
+
+
+class Digits(Source):
+    """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), scaled to [0, 1]."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        self.images = (digits.images / 16.0).astype(np.float32)[..., None]
+        labels = digits.target.astype(np.int64)
+        self.labels = (labels >= 5).astype(np.int64) if spec.dataset.num_classes == 2 else labels
+        if len(self.shape) == 1:
+            side = math.isqrt(self.shape[0])
+            if side * side != self.shape[0]:
+                raise HarnessError(f"{spec.name}: digits as vectors needs a square size, got {self.shape[0]}")
+            self.shape = (side, side, 1)
+            self._flat = True
+
+    def raw(self, indices):
+        return self.images[indices]
+
+    def samples(self, indices):
+        h, w, c = self.shape
+        out = _fit_channels(_resize(self.images[indices], h, w), c)
+        return out.reshape(len(indices), -1) if getattr(self, "_flat", False) else out
+
+
+class ImageFolder(Source):
+    """A directory with one sub-folder of images per class, as Keras' flow_from_directory reads it."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        root = Path(spec.dataset.path).expanduser()
+        if not root.is_dir():
+            raise HarnessError(f"{spec.name}: dataset.path '{root}' is not a directory")
+        classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+        if len(classes) != spec.dataset.num_classes:
+            raise HarnessError(f"{root}: found {len(classes)} class folders {classes}, "
+                               f"the spec says num_classes {spec.dataset.num_classes}")
+        self.files, labels = [], []
+        for label, name in enumerate(classes):
+            files = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:
+                raise HarnessError(f"{root / name}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            self.files += files
+            labels += [label] * len(files)
+        self.labels = np.array(labels, np.int64)
+        if len(self.shape) != 3:
+            raise HarnessError(f"{spec.name}: image_folder needs an image input [H, W, C]")
+
+    def samples(self, indices):
+        from PIL import Image, UnidentifiedImageError
+
+        h, w, c = self.shape
+        out = np.empty((len(indices), h, w, c), np.float32)
+        for row, i in enumerate(indices):
+            try:
+                with Image.open(self.files[i]) as img:
+                    img = img.convert("L" if c == 1 else "RGB").resize((w, h), Image.BILINEAR)
+                    arr = np.asarray(img, np.float32) / 255.0
+            except (OSError, UnidentifiedImageError) as exc:
+                raise HarnessError(f"{self.files[i]}: unreadable image: {exc}") from None
+            out[row] = _fit_channels(arr.reshape(h, w, -1), c)
+        return out
+
+
+SOURCES = {"synthetic": Synthetic, "digits": Digits, "image_folder": ImageFolder}
+
+
+class Data:
+    """Train/eval split and batch order for one spec."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.source = SOURCES[spec.dataset.name](spec)
+        n = len(self.source.labels)
+        order = np.random.default_rng([spec.seed, 3]).permutation(n)
+        n_eval = max(1, round(n * spec.dataset.eval_fraction))
+        self.eval_idx, self.train_idx = np.sort(order[:n_eval]), np.sort(order[n_eval:])
+        if len(self.train_idx) < spec.batch_size:
+            raise HarnessError(f"{spec.name}: batch_size {spec.batch_size} exceeds the "
+                               f"{len(self.train_idx)} training samples")
+        self.batches_per_epoch = len(self.train_idx) // spec.batch_size  # the last partial batch is dropped
+        self._cache: dict[int, np.ndarray] = {}
+        sample_bytes = 4 * math.prod(spec.input.shape)
+        if sample_bytes * n <= CACHE_LIMIT_BYTES:
+            self._all = self.source.samples(np.arange(n))
+        else:
+            self._all = None
+
+    def _samples(self, indices: np.ndarray) -> np.ndarray:
+        return self._all[indices] if self._all is not None else self.source.samples(indices)
+
+    def train_indices(self, step: int) -> np.ndarray:
+        epoch, k = divmod(step, self.batches_per_epoch)
+        perm = np.random.default_rng([self.spec.seed, 4, epoch]).permutation(self.train_idx)
+        return perm[k * self.spec.batch_size:(k + 1) * self.spec.batch_size]
+
+    def train_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.train_indices(step)
+        return self._samples(idx), self.source.labels[idx]
+
+    def eval_batches(self):
+        bs = self.spec.batch_size
+        for start in range(0, len(self.eval_idx), bs):
+            idx = self.eval_idx[start:start + bs]
+            yield self._samples(idx), self.source.labels[idx]
+
+    def fixed_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The first eval batch: a fixed input for comparing logits across frameworks."""
+        return next(self.eval_batches())

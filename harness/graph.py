@@ -1,0 +1,142 @@
+"""Shape inference from the spec alone: each layer's output shape, parameter shapes and forward FLOPs.
+
+Adapters and the weight initialiser both read parameter shapes from here, so there is one source of truth.
+Shapes exclude the batch axis. FLOPs count multiply-adds as 2 in dense and conv layers only; a training step
+is counted as 3x the forward pass (backward = 2x forward), elementwise ops and the optimizer excluded.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.errors import SpecError
+from harness.spec import ModelSpec
+
+
+@dataclass
+class LayerInfo:
+    path: str  # canonical name prefix of the layer's weights, e.g. "3" or "5.layers.0"
+    type: str
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # canonical layouts
+    flops: int = 0  # forward, per sample
+
+    @property
+    def param_count(self) -> int:
+        """Trainable parameters (batchnorm's moving statistics are state, not parameters)."""
+        return sum(math.prod(s) for name, s in self.params.items() if not name.startswith("moving_"))
+
+
+@dataclass
+class Graph:
+    layers: list[LayerInfo]  # depth-first, residual blocks followed by their inner layers
+    output_shape: tuple[int, ...]
+
+    @property
+    def param_count(self) -> int:
+        return sum(layer.param_count for layer in self.layers)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(layer.flops for layer in self.layers)
+
+    def train_step_flops(self, batch_size: int) -> int:
+        return 3 * self.forward_flops * batch_size
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
+
+
+def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow's 'same' padding (before, after): the odd pixel goes after."""
+    total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def window_output(size: int, kernel: int, stride: int, padding: str) -> int:
+    if padding == "same":
+        return math.ceil(size / stride)
+    return (size - kernel) // stride + 1
+
+
+def infer(spec: ModelSpec, source: str | None = None) -> Graph:
+    source = source or spec.name
+    out: list[LayerInfo] = []
+    shape = _infer_list(spec.layers, tuple(spec.input.shape), "", out, source)
+    loss = spec.loss.type
+    want = (1,) if loss == "binary_crossentropy" else (spec.dataset.num_classes,)
+    if loss == "binary_crossentropy" and spec.dataset.num_classes != 2:
+        raise SpecError(f"{source}: loss: binary_crossentropy needs dataset.num_classes 2")
+    if shape != want:
+        raise SpecError(f"{source}: layers: the network outputs {list(shape)} but {loss} on "
+                        f"{spec.dataset.num_classes} classes needs {list(want)}")
+    return Graph(out, shape)
+
+
+def _infer_list(layers, shape, prefix, out, source) -> tuple[int, ...]:
+    for index, layer in enumerate(layers):
+        path = f"{prefix}{index}"
+        try:
+            shape = _infer_one(layer, shape, path, out, source)
+        except SpecError:
+            raise
+        except ValueError as exc:
+            raise SpecError(f"{source}: layers{_display(path)} ({layer.type}): {exc}") from None
+    return shape
+
+
+def _display(path: str) -> str:
+    return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
+
+
+def _infer_one(layer, shape, path, out, source) -> tuple[int, ...]:
+    t = layer.type
+    info = LayerInfo(path, t, shape, shape)
+    out.append(info)
+    if t == "dense":
+        if len(shape) != 1:
+            raise ValueError(f"expects a vector input, got shape {list(shape)} (add a flatten)")
+        info.params = {"kernel": (shape[0], layer.units)} | ({"bias": (layer.units,)} if layer.use_bias else {})
+        info.flops = 2 * shape[0] * layer.units
+        info.out_shape = (layer.units,)
+    elif t == "conv2d":
+        h, w, c = _image(shape)
+        k, s = layer.kernel_size, layer.strides
+        ho, wo = (window_output(n, k, s, layer.padding) for n in (h, w))
+        if ho < 1 or wo < 1:
+            raise ValueError(f"kernel {k} does not fit input {list(shape)}")
+        info.params = {"kernel": (k, k, c, layer.filters)} | ({"bias": (layer.filters,)} if layer.use_bias else {})
+        info.flops = 2 * ho * wo * k * k * c * layer.filters
+        info.out_shape = (ho, wo, layer.filters)
+    elif t in ("maxpool2d", "avgpool2d"):
+        h, w, c = _image(shape)
+        k, s = layer.pool_size, layer.strides or layer.pool_size
+        ho, wo = (window_output(n, k, s, layer.padding) for n in (h, w))
+        if ho < 1 or wo < 1:
+            raise ValueError(f"pool {k} does not fit input {list(shape)}")
+        info.out_shape = (ho, wo, c)
+    elif t == "global_avgpool2d":
+        info.out_shape = (_image(shape)[2],)
+    elif t == "flatten":
+        info.out_shape = (math.prod(shape),)
+    elif t in ("batchnorm", "layernorm"):
+        c = shape[-1]
+        names = ("gamma", "beta", "moving_mean", "moving_variance") if t == "batchnorm" else ("gamma", "beta")
+        info.params = {name: (c,) for name in names}
+    elif t == "residual":
+        main = _infer_list(layer.layers, shape, f"{path}.layers.", out, source)
+        shortcut = _infer_list(layer.projection, shape, f"{path}.projection.", out, source) \
+            if layer.projection else shape
+        if main != shortcut:
+            what = "projection" if layer.projection else "input (add a projection)"
+            raise SpecError(f"{source}: layers{_display(path)} (residual): block output {list(main)} does not "
+                            f"match its {what} {list(shortcut)}")
+        info.out_shape = main
+    return info.out_shape
+
+
+def _image(shape) -> tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ValueError(f"expects an image input [H, W, C], got shape {list(shape)}")
+    return shape

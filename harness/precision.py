@@ -1,0 +1,83 @@
+"""Precision policies: each name is parsed once here, in the core, and handed to adapters as data."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from harness.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    compute_dtype: str  # dtype of matmuls/convolutions
+    param_dtype: str  # dtype the weights (and optimizer state) are stored in
+    tf32: bool  # TensorFloat-32 math for float32 matmuls (GPU only)
+    gpu_only: bool
+    default_loss_scale: str  # "dynamic" or "none"; see LossScale
+    description: str
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute_dtype != self.param_dtype
+
+
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision("fp32", "float32", "float32", False, False, "none", "strict float32 (TF32 off)"),
+        Precision("tf32", "float32", "float32", True, True, "none", "float32 with TensorFloat-32 matmuls"),
+        Precision("amp_fp16", "float16", "float32", False, False, "dynamic",
+                  "mixed float16: fp32 weights, fp16 compute, dynamic loss scaling"),
+        Precision("amp_bf16", "bfloat16", "float32", False, False, "none",
+                  "mixed bfloat16: fp32 weights, bf16 compute"),
+        Precision("fp16", "float16", "float16", False, False, "none",
+                  "pure float16 weights and compute (the old floatx=float16 setup)"),
+        Precision("bf16", "bfloat16", "bfloat16", False, False, "none", "pure bfloat16 weights and compute"),
+    )
+}
+
+
+def parse_precision(name: str) -> Precision:
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise HarnessError(f"unknown precision '{name}'; valid: {', '.join(PRECISIONS)}") from None
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Loss-scale settings, explicit and equal for every adapter, recorded with each result.
+
+    mode "dynamic": start at `initial`, multiply by `growth_factor` after `growth_interval` clean steps,
+    by `backoff_factor` on an overflow (and skip that step). "fixed": always `initial`, overflowing steps
+    skipped. "none": no scaling.
+    """
+
+    mode: str = "none"
+    initial: float = 2.0**16
+    growth_interval: int = 2000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("dynamic", "fixed", "none"):
+            raise HarnessError(f"loss scale mode '{self.mode}' is not one of dynamic, fixed, none")
+        if self.initial <= 0 or self.growth_interval < 1:
+            raise HarnessError("loss scale: initial must be > 0 and growth_interval >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_loss_scale(text: str | None, precision: Precision, growth_interval: int = 2000) -> LossScale:
+    """`None` -> the precision's default; 'dynamic', 'dynamic:INITIAL', 'none', or a number (fixed)."""
+    if text is None:
+        text = precision.default_loss_scale
+    mode, _, value = text.partition(":")
+    if mode in ("dynamic", "none"):
+        initial = float(value) if value else 2.0**16
+        return LossScale(mode=mode, initial=initial, growth_interval=growth_interval)
+    try:
+        return LossScale(mode="fixed", initial=float(text), growth_interval=growth_interval)
+    except ValueError:
+        raise HarnessError(f"--loss-scale '{text}': expected dynamic, dynamic:INITIAL, none or a number") from None

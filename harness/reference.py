@@ -1,0 +1,84 @@
+"""A float64 numpy forward pass of a spec: the framework-free reference every adapter's outputs are checked
+against. Slow and simple on purpose; it is the executable statement of the spec's math."""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from harness.graph import same_padding
+from harness.spec import ModelSpec
+
+
+def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, training: bool = False) -> np.ndarray:
+    """Outputs for inputs x. training=True uses batch statistics in batchnorm (running stats untouched)."""
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    return _layers(spec.layers, "", w, x.astype(np.float64), training)
+
+
+def _layers(layers, prefix, w, x, training):
+    for index, layer in enumerate(layers):
+        x = _layer(layer, f"{prefix}{index}", w, x, training)
+    return x
+
+
+def _pad(x, kernel, stride, padding, value=0.0):
+    if padding == "valid":
+        return x
+    (t, b), (l, r) = (same_padding(n, kernel, stride) for n in x.shape[1:3])
+    return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=value)
+
+
+def _windows(x, k, s):  # [N, Ho, Wo, C, k, k]
+    return sliding_window_view(x, (k, k), axis=(1, 2))[:, ::s, ::s]
+
+
+def _layer(layer, path, w, x, training):
+    t = layer.type
+    if t == "dense":
+        return x @ w[f"{path}.kernel"] + w.get(f"{path}.bias", 0.0)
+    if t == "conv2d":
+        k, s = layer.kernel_size, layer.strides
+        win = _windows(_pad(x, k, s, layer.padding), k, s)
+        return np.einsum("nhwcij,ijco->nhwo", win, w[f"{path}.kernel"]) + w.get(f"{path}.bias", 0.0)
+    if t in ("maxpool2d", "avgpool2d"):
+        k, s = layer.pool_size, layer.strides or layer.pool_size
+        if t == "maxpool2d":
+            return _windows(_pad(x, k, s, layer.padding, -np.inf), k, s).max(axis=(-2, -1))
+        sums = _windows(_pad(x, k, s, layer.padding), k, s).sum(axis=(-2, -1))
+        counts = _windows(_pad(np.ones_like(x[:1, :, :, :1]), k, s, layer.padding), k, s).sum(axis=(-2, -1))
+        return sums / counts
+    if t == "global_avgpool2d":
+        return x.mean(axis=(1, 2))
+    if t == "flatten":
+        return x.reshape(len(x), -1)
+    if t == "relu":
+        return np.maximum(x, 0)
+    if t == "tanh":
+        return np.tanh(x)
+    if t == "sigmoid":
+        return 1 / (1 + np.exp(-x))
+    if t == "softmax":
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    if t == "gelu":
+        if layer.approximate:
+            return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+        from scipy.special import erf
+
+        return 0.5 * x * (1 + erf(x / np.sqrt(2)))
+    if t == "batchnorm":
+        axes = tuple(range(x.ndim - 1))
+        mean, var = (x.mean(axes), x.var(axes)) if training else (w[f"{path}.moving_mean"], w[f"{path}.moving_variance"])
+        return (x - mean) / np.sqrt(var + layer.epsilon) * w[f"{path}.gamma"] + w[f"{path}.beta"]
+    if t == "layernorm":
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + layer.epsilon) * w[f"{path}.gamma"] + w[f"{path}.beta"]
+    if t == "dropout":
+        if training and layer.rate > 0:
+            raise ValueError("the reference has no dropout in training mode (random streams differ)")
+        return x
+    if t == "residual":
+        main = _layers(layer.layers, f"{path}.layers.", w, x, training)
+        shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training) if layer.projection else x
+        return main + shortcut
+    raise AssertionError(f"reference forward has no layer {t!r}")

@@ -1,0 +1,88 @@
+"""The result record: the only interface between the runner and the reporter.
+
+One JSON object per run, one per line in ``results.jsonl``. ``load`` turns any number of such files into a
+pandas DataFrame with nested fields flattened to dotted columns (``step_time_ms.median``).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from harness.errors import HarnessError
+
+RESULTS_FILE = "results.jsonl"
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
+
+#: every record carries these keys (None where a figure does not apply or was not reached)
+FIELDS = (
+    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "precision", "device", "status",
+    "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms", "samples_per_s",
+    "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "loss", "final_train_loss", "eval_loss",
+    "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops", "param_count", "options", "env",
+    "started_at", "wall_s",
+)
+
+
+def empty_record(**known) -> dict:
+    record = dict.fromkeys(FIELDS)
+    record.update(schema=SCHEMA_VERSION, **known)
+    unknown = set(record) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"unknown record fields: {sorted(unknown)}")
+    return record
+
+
+def append(out_dir: Path, record: dict) -> None:
+    """Append one record as one line, under an exclusive lock, with a single write and fsync, so that
+    readers and other runners never see a half-written line."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
+    fd = os.open(out_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(paths: Iterable[Path | str]) -> list[dict]:
+    """Records from results.jsonl files or directories holding one."""
+    records = []
+    for path in map(Path, paths):
+        file = path / RESULTS_FILE if path.is_dir() else path
+        if not file.exists():
+            raise HarnessError(f"{file}: no such results file")
+        for number, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise HarnessError(f"{file}: line {number}: not a JSON record ({exc.msg})") from None
+            if not isinstance(record, dict) or "run_id" not in record:
+                raise HarnessError(f"{file}: line {number}: not a result record (no run_id)")
+            records.append(record)
+    return records
+
+
+def _flatten(record: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in ("options",):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load(paths: Iterable[Path | str]):
+    """A DataFrame of records, one row per run, nested fields flattened to dotted column names."""
+    import pandas as pd
+
+    return pd.DataFrame([_flatten(r) for r in read_records(paths)])

@@ -1,0 +1,114 @@
+"""The run matrix: every (model, precision, repeat) of one framework, each in a fresh subprocess.
+
+A run that crashes, is killed or outlives its timeout still becomes a record (status, reason, last lines of
+stderr) and the matrix goes on. Only plain data crosses back from a worker: its JSON record.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from harness import results
+from harness.worker import RunRequest
+
+STDERR_TAIL_LINES = 8
+
+
+def matrix(framework: str, models: list[str], precisions: list[str], repeats: int, **common) -> list[RunRequest]:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    return [RunRequest(framework=framework, model=m, precision=p, repeat=r,
+                       run_id=f"{framework}-{Path(m).stem}-{p}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}", **common)
+            for m, p, r in itertools.product(models, precisions, range(repeats))]
+
+
+def _stderr_tail(path: Path) -> str:
+    lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    return " | ".join(lines[-STDERR_TAIL_LINES:])
+
+
+def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
+    """Run one request in a subprocess and return its record, whatever happens to the process."""
+    with tempfile.TemporaryDirectory(prefix="amp-harness-") as tmp:
+        tmp = Path(tmp)
+        request_file, record_file, stderr_file = tmp / "request.json", tmp / "record.json", tmp / "stderr.txt"
+        request_file.write_text(json.dumps(asdict(req)))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(req.threads),
+                   MKL_NUM_THREADS=str(req.threads))
+        started = time.time()
+        with open(stderr_file, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(request_file), str(record_file)],
+                                    stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                    start_new_session=True)  # its own process group, killable as a whole
+            reader = threading.Thread(target=_read_progress, args=(proc.stdout, on_progress), daemon=True)
+            reader.start()
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = None
+            reader.join(timeout=5)
+        if code == 0 and record_file.exists():
+            return json.loads(record_file.read_text())
+        record = results.empty_record(run_id=req.run_id, framework=req.framework, model=Path(req.model).stem,
+                                      precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,
+                                      wall_s=round(time.time() - started, 3))
+        if code is None:
+            record.update(status="timeout", reason=f"killed after the {timeout_s:g} s timeout")
+        else:
+            how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            tail = _stderr_tail(stderr_file)
+            record.update(status="failed", reason=f"worker {how}" + (f": {tail}" if tail else ""))
+        return record
+
+
+def _read_progress(stream, on_progress) -> None:
+    for line in stream:
+        parts = line.split()
+        if on_progress and len(parts) == 3 and parts[0] == "progress":
+            on_progress(int(parts[1]), int(parts[2]))
+
+
+def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool) -> list[dict]:
+    """Run every request, appending each record to out_dir/results.jsonl as soon as it is known."""
+    from tqdm import tqdm
+
+    records = []
+    bar = tqdm(total=len(requests), desc="runs", unit="run", disable=not show_progress, position=0)
+    steps = tqdm(total=0, desc="steps", unit="step", disable=not show_progress, position=1, leave=False)
+    for req in requests:
+        bar.set_postfix_str(f"{req.framework} {Path(req.model).stem} {req.precision} r{req.repeat}")
+        steps.reset()
+
+        def on_progress(step: int, total: int) -> None:
+            steps.total = total
+            steps.n = step
+            steps.refresh()
+
+        record = run_one(req, timeout_s, on_progress if show_progress else None)
+        results.append(out_dir, record)
+        records.append(record)
+        bar.update(1)
+        if not show_progress:
+            print(summary_line(record), file=sys.stderr, flush=True)
+    steps.close()
+    bar.close()
+    return records
+
+
+def summary_line(r: dict) -> str:
+    median = (r.get("step_time_ms") or {}).get("median")
+    timing = f"{median:9.2f} ms/step" if median else " " * 16
+    acc = f"eval acc {r['eval_accuracy']:.3f}" if r.get("eval_accuracy") is not None else ""
+    line = f"{r['framework']:<10} {str(r['model']):<14} {r['precision']:<9} r{r['repeat']}  {r['status']:<11} {timing}  {acc}"
+    return line + (f"  ({r['reason']})" if r.get("reason") and r["status"] != "ok" else "")

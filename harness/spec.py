@@ -1,0 +1,250 @@
+"""The framework-neutral model spec: a YAML file validated into plain pydantic models.
+
+The spec defines the math. Every adapter must reproduce it exactly:
+- images are NHWC; `flatten` flattens in H, W, C order;
+- conv2d/pool 'same' padding follows TensorFlow: total = max((ceil(n/s)-1)*s + k - n, 0), the odd pixel
+  at the bottom/right; average pooling with 'same' excludes padded pixels from the mean;
+- batchnorm: running = momentum*running + (1-momentum)*batch, with the *biased* batch variance;
+- rmsprop: v = rho*v + (1-rho)*g^2; p -= lr*g/sqrt(v+eps) ("inside") or lr*g/(sqrt(v)+eps) ("outside");
+- adam: bias-corrected moments, p -= lr*m_hat/(sqrt(v_hat)+eps) (PyTorch's form, epsilon outside);
+- sgd: buf = momentum*buf + g; p -= lr*buf (nesterov: p -= lr*(g + momentum*buf));
+- losses are batch means computed in float32; probabilities are clipped to [1e-7, 1-1e-7].
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from harness.errors import SpecError
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+PROB_EPSILON = 1e-7  # clip for losses on probabilities (Keras' backend epsilon)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---- layers -------------------------------------------------------------------------------------------
+class Dense(_Strict):
+    type: Literal["dense"]
+    units: PositiveInt
+    use_bias: bool = True
+
+
+class Conv2D(_Strict):
+    type: Literal["conv2d"]
+    filters: PositiveInt
+    kernel_size: PositiveInt
+    strides: PositiveInt = 1
+    padding: Literal["valid", "same"] = "valid"
+    use_bias: bool = True
+
+
+class MaxPool2D(_Strict):
+    type: Literal["maxpool2d"]
+    pool_size: PositiveInt = 2
+    strides: Optional[PositiveInt] = None  # default: pool_size
+    padding: Literal["valid", "same"] = "valid"
+
+
+class AvgPool2D(_Strict):
+    type: Literal["avgpool2d"]
+    pool_size: PositiveInt = 2
+    strides: Optional[PositiveInt] = None
+    padding: Literal["valid", "same"] = "valid"
+
+
+class GlobalAvgPool2D(_Strict):
+    type: Literal["global_avgpool2d"]
+
+
+class Flatten(_Strict):
+    type: Literal["flatten"]
+
+
+class Activation(_Strict):
+    type: Literal["relu", "tanh", "sigmoid", "softmax"]
+
+
+class GELU(_Strict):
+    type: Literal["gelu"]
+    approximate: bool = False  # False: x*Phi(x) with erf; True: the tanh approximation
+
+
+class BatchNorm(_Strict):
+    type: Literal["batchnorm"]
+    momentum: float = Field(0.99, gt=0, lt=1)
+    epsilon: float = Field(1e-3, gt=0)
+
+
+class LayerNorm(_Strict):
+    type: Literal["layernorm"]  # over the last (channel/feature) axis
+    epsilon: float = Field(1e-3, gt=0)
+
+
+class Dropout(_Strict):
+    type: Literal["dropout"]
+    rate: float = Field(ge=0, lt=1)
+
+
+class Residual(_Strict):
+    type: Literal["residual"]
+    layers: list["Layer"] = Field(min_length=1)
+    projection: Optional[list["Layer"]] = None  # shortcut path; identity when absent
+
+
+Layer = Annotated[
+    Union[Dense, Conv2D, MaxPool2D, AvgPool2D, GlobalAvgPool2D, Flatten, Activation, GELU, BatchNorm, LayerNorm,
+          Dropout, Residual],
+    Field(discriminator="type"),
+]
+Residual.model_rebuild()
+LAYER_TYPES = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "flatten", "relu", "gelu", "tanh",
+               "sigmoid", "softmax", "batchnorm", "layernorm", "dropout", "residual")
+
+
+# ---- the rest of a spec -------------------------------------------------------------------------------
+class Input(_Strict):
+    shape: list[PositiveInt] = Field(min_length=1, max_length=3)  # [H, W, C] for images, [F] for vectors
+
+
+class Dataset(_Strict):
+    name: Literal["synthetic", "digits", "image_folder"]
+    num_classes: int = Field(ge=2)
+    size: PositiveInt = 2048  # synthetic: number of samples
+    path: Optional[str] = None  # image_folder: directory of class sub-folders
+    eval_fraction: float = Field(0.2, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Dataset":
+        if self.name == "image_folder" and not self.path:
+            raise ValueError("image_folder needs 'path'")
+        if self.name == "digits" and self.num_classes not in (2, 10):
+            raise ValueError("digits has num_classes 10, or 2 (digit >= 5)")
+        return self
+
+
+class Loss(_Strict):
+    type: Literal["sparse_categorical_crossentropy", "binary_crossentropy"]
+    from_logits: bool  # explicit: the frameworks' defaults differ
+
+
+class SGD(_Strict):
+    type: Literal["sgd"]
+    learning_rate: float = Field(gt=0)
+    momentum: float = Field(ge=0, lt=1)
+    nesterov: bool
+
+
+class Adam(_Strict):
+    type: Literal["adam"]
+    learning_rate: float = Field(gt=0)
+    beta_1: float = Field(ge=0, lt=1)
+    beta_2: float = Field(ge=0, lt=1)
+    epsilon: float = Field(gt=0)
+
+
+class RMSprop(_Strict):
+    type: Literal["rmsprop"]
+    learning_rate: float = Field(gt=0)
+    rho: float = Field(gt=0, lt=1)
+    epsilon: float = Field(gt=0)
+    epsilon_placement: Literal["inside", "outside"]  # Keras/MXNet: inside the sqrt; PyTorch: outside
+
+
+Optimizer = Annotated[Union[SGD, Adam, RMSprop], Field(discriminator="type")]
+
+
+class ModelSpec(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    input: Input
+    dataset: Dataset
+    layers: list[Layer] = Field(min_length=1)
+    loss: Loss
+    optimizer: Optimizer
+    batch_size: PositiveInt
+    steps: PositiveInt
+    seed: int = 0
+
+    def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
+                       input_size: tuple[int, int] | None = None) -> "ModelSpec":
+        """Return a validated copy with CLI overrides applied (the spec hash covers them)."""
+        data = self.model_dump()
+        if batch_size is not None:
+            data["batch_size"] = batch_size
+        if steps is not None:
+            data["steps"] = steps
+        if input_size is not None:
+            if len(self.input.shape) != 3:
+                raise SpecError(f"{self.name}: --input-size applies to image inputs [H, W, C] only")
+            data["input"]["shape"] = [*input_size, self.input.shape[2]]
+        return validate(data, self.name)
+
+    def spec_hash(self) -> str:
+        """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
+        data = self.model_dump(exclude={"description"})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in LAYER_TYPES + ("sgd", "adam", "rmsprop"):
+            continue  # the discriminator's branch name, not a place in the file
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def validate(data: object, source: str) -> ModelSpec:
+    """Validate parsed YAML; raise a one-line SpecError naming `source`, the place and the problem."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        spec = ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"]
+        if err["type"] == "union_tag_invalid":
+            msg = f"unknown type {err['input'].get('type')!r}" if isinstance(err.get("input"), dict) else msg
+        more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
+    from harness.graph import infer  # the shapes must fit, before any framework starts
+
+    infer(spec, source)
+    return spec
+
+
+def load_spec(name_or_path: str) -> ModelSpec:
+    """Load a built-in model by name (models/NAME.yaml) or a spec file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = MODELS_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            known = ", ".join(builtin_models()) or "none"
+            raise SpecError(f"unknown model '{name_or_path}'; built-in models: {known}")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise SpecError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    return validate(data, str(path))
+
+
+def builtin_models() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))

@@ -1,0 +1,33 @@
+"""Canonical initial weights, drawn in numpy from the spec's seed; every adapter loads exactly these.
+
+Layouts: dense kernel [in, out]; conv kernel [kH, kW, in, out]; vectors [C]. Frameworks' own initialisers
+are never used. Biases and normalisation parameters get small random values rather than 0/1 so that a
+parity check would notice one loaded into the wrong place.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.graph import Graph
+
+
+def initial_weights(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, 0x5EED])
+    weights: dict[str, np.ndarray] = {}
+    for name, shape in graph.param_shapes().items():
+        kind = name.rsplit(".", 1)[1]
+        if kind == "kernel":  # Glorot uniform, as Keras does by default
+            receptive = math.prod(shape[:-2]) if len(shape) > 2 else 1
+            fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+            limit = math.sqrt(6.0 / (fan_in + fan_out))
+            value = rng.uniform(-limit, limit, shape)
+        elif kind in ("bias", "beta", "moving_mean"):
+            value = rng.uniform(-0.05, 0.05, shape)
+        elif kind in ("gamma", "moving_variance"):
+            value = rng.uniform(0.95, 1.05, shape)
+        else:
+            raise AssertionError(f"no initialiser for parameter kind {kind!r}")
+        weights[name] = value.astype(np.float32)
+    return weights

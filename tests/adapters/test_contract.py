@@ -1,0 +1,114 @@
+"""What every adapter must do: load the canonical weights exactly, compute the spec's math, train, and fill
+every field of a result record."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import reference, results
+from harness.data import Data
+from harness.graph import infer
+from harness.precision import LossScale, parse_precision
+from harness.spec import load_spec
+from harness.weights import initial_weights
+from tests.conftest import ROOT, pitfall_specs
+
+# built-in models at sizes a 2-core CPU builds in seconds, and every pitfall spec
+SPECS = {
+    "mnist_mlp": lambda: load_spec("mnist_mlp").with_overrides(batch_size=16),
+    "resnet8": lambda: load_spec("resnet8").with_overrides(batch_size=8, input_size=(16, 16)),
+    "small_convnet": lambda: load_spec("small_convnet").with_overrides(batch_size=4, input_size=(64, 96)),
+    **{p.stem: (lambda p=p: load_spec(str(p))) for p in pitfall_specs()},
+}
+
+
+def build(adapter, spec, precision="fp32"):
+    graph = infer(spec)
+    weights = initial_weights(graph, spec.seed)
+    device = adapter.device("cpu")
+    return adapter.build(spec, graph, weights, parse_precision(precision), LossScale(), device), graph, weights
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_loads_canonical_weights_and_counts_the_same_parameters(adapter, name):
+    spec = SPECS[name]()
+    trainer, graph, weights = build(adapter, spec)
+    loaded = trainer.get_weights()
+    assert sorted(loaded) == sorted(weights)
+    for key, value in weights.items():
+        np.testing.assert_array_equal(loaded[key], value, err_msg=key)
+    assert trainer.param_count() == graph.param_count
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_outputs_match_the_numpy_reference(adapter, name):
+    spec = SPECS[name]()
+    trainer, graph, weights = build(adapter, spec)
+    x, _ = Data(spec).fixed_batch()
+    expected = reference.forward(spec, weights, x)
+    got = trainer.predict(x)
+    assert got.shape == expected.shape
+    error = np.abs(got - expected).max() / np.abs(expected).max()
+    assert error < 1e-5, f"max error {error:.2e} relative to the largest output"
+
+
+@pytest.mark.parametrize("name", ["mnist_mlp", "pitfall_batchnorm", "pitfall_same_padding"])
+def test_fp32_training_lowers_the_loss(adapter, name):
+    spec = SPECS[name]()
+    trainer, _, _ = build(adapter, spec)
+    data = Data(spec)
+    losses = [trainer.train_step(trainer.to_device(*data.train_batch(step))) for step in range(30)]
+    assert all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+
+
+def amp_run(tmp_path, *args):
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--out", str(tmp_path), "--no-progress",
+                          "--threads", "2", *args], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return results.read_records([tmp_path])
+
+
+def test_run_writes_complete_records_for_each_precision(tmp_path, framework):
+    records = amp_run(tmp_path, "--framework", framework, "--model", "mnist_mlp",
+                      "--precision", "fp32,amp_bf16,amp_fp16", "--steps", "30")
+    by_precision = {r["precision"]: r for r in records}
+    assert set(by_precision) == {"fp32", "amp_bf16", "amp_fp16"}
+    for precision, r in by_precision.items():
+        if r["status"] == "unsupported":
+            assert r["reason"], precision
+            continue
+        assert r["status"] == "ok", (precision, r["reason"])
+        assert set(r) == set(results.FIELDS)
+        missing = [k for k in results.FIELDS if r[k] is None and k != "reason"]
+        assert not missing, (precision, missing)
+        assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30
+        assert r["step_time_ms"]["p10"] <= r["step_time_ms"]["median"] <= r["step_time_ms"]["p90"]
+        assert r["framework"] == framework and r["framework_version"] and r["peak_memory_mb"] is not None
+    scale = by_precision["amp_fp16"]["loss_scale"]
+    if by_precision["amp_fp16"]["status"] == "ok":
+        assert scale["initial"] == 2.0**16 and scale["final"] > 0 and scale["skipped_steps"] >= 0
+        assert len(scale["history"]) == 35
+    assert len({r["spec_hash"] for r in records}) == 1
+
+
+def test_mnist_mlp_fp32_learns_digits(tmp_path, framework):
+    (record,) = amp_run(tmp_path, "--framework", framework, "--model", "mnist_mlp", "--precision", "fp32")
+    assert record["status"] == "ok" and record["eval_accuracy"] > 0.90
+
+
+def test_fixed_and_dynamic_loss_scaling_record_overflows(tmp_path, framework):
+    # a huge fixed scale overflows float16 gradients: every such step is skipped and counted
+    records = amp_run(tmp_path, "--framework", framework, "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml",
+                      "--precision", "amp_fp16", "--steps", "5", "--warmup", "0", "--loss-scale", "1e30")
+    (r,) = records
+    if r["status"] == "unsupported":
+        pytest.skip(r["reason"])
+    assert r["loss_scale"]["settings"]["mode"] == "fixed"
+    assert r["loss_scale"]["skipped_steps"] == 5 and r["loss_scale"]["first_overflow_step"] == 0

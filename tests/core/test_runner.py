@@ -1,0 +1,87 @@
+"""The runner end to end through the CLI, with a numpy test adapter that crashes, hangs and diverges on cue."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import results
+from tests.conftest import ROOT
+
+FAKE_SITE = ROOT / "tests" / "fake_adapter"  # a dist-info registering the 'fake' adapter entry point
+
+
+def amp(*args, faults="", timeout=120):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_SITE), str(ROOT)]), AMP_FAKE_FAULTS=faults)
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_matrix_survives_abort_hang_error_and_nan(tmp_path):
+    out = amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml",
+              "--precision", "fp32,fp16,bf16,amp_bf16,amp_fp16,tf32", "--steps", "6", "--warmup", "1",
+              "--timeout", "6", "--out", str(tmp_path),
+              faults="fp16=abort,bf16=hang,amp_bf16=raise,amp_fp16=nan")
+    assert out.returncode == 0, out.stderr
+    df = results.load([tmp_path])
+    status = dict(zip(df.precision, df.status))
+    assert status == {"fp32": "ok", "fp16": "failed", "bf16": "timeout", "amp_bf16": "failed",
+                      "amp_fp16": "diverged", "tf32": "unsupported"}
+    reason = dict(zip(df.precision, df.reason))
+    assert reason["fp16"].startswith("worker killed by signal SIGABRT")
+    assert "6 s timeout" in reason["bf16"]
+    assert reason["amp_bf16"].startswith("RuntimeError: simulated framework error at fake_adapter.py:")
+    assert reason["amp_fp16"] == "loss became nan at step 3"
+    assert reason["tf32"] == "fake cannot do TF32"
+    ok = df[df.precision == "fp32"].iloc[0]
+    assert len(ok["step_times_ms"]) == 6 and len(ok["loss"]) == 7
+    assert ok["step_time_ms.median"] > 0 and ok["first_step_ms"] > 0
+    assert ok["spec_hash"] == df.spec_hash.dropna().iloc[0]
+    diverged = df[df.precision == "amp_fp16"].iloc[0]
+    assert diverged["loss_scale.skipped_steps"] == 1 and diverged["loss_scale.first_overflow_step"] == 1
+    assert diverged["loss"][3] is None  # NaN is stored as null: the file stays valid JSON
+
+
+def test_every_record_has_every_field(tmp_path):
+    out = amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_batchnorm.yaml", "--steps", "3",
+              "--warmup", "0", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    assert set(record) == set(results.FIELDS)
+    assert record["status"] == "ok" and record["eval_accuracy"] is not None
+    assert record["memory_kind"].startswith("process peak RSS") and record["peak_memory_mb"] >= 0
+    assert record["env"]["threads"] >= 1 and "cpu_flags" in record["env"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--framework", "nosuch", "--model", "mnist_mlp"], "no adapter for framework 'nosuch' is installed"),
+    (["run", "--framework", "fake", "--model", "nosuch"], "unknown model 'nosuch'"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["check", "tests/specs/missing.yaml"], "cannot read"),
+])
+def test_bad_cli_input_is_one_line_and_exit_2(args, message):
+    out = amp(*args)
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_results_load_flattens_and_rejects_corrupt_files(tmp_path):
+    results.append(tmp_path, results.empty_record(run_id="a", status="ok", step_time_ms={"median": 2.0}))
+    df = results.load([tmp_path])
+    assert df.loc[0, "step_time_ms.median"] == 2.0
+    (tmp_path / "bad.jsonl").write_text('{"run_id": "x"}\n{not json\n')
+    from harness.errors import HarnessError
+
+    with pytest.raises(HarnessError, match="bad.jsonl: line 2: not a JSON record"):
+        results.load([tmp_path / "bad.jsonl"])
+
+
+def test_adapters_command_probes_in_a_subprocess():
+    out = amp("adapters")
+    assert out.returncode == 0
+    assert "fake 0.0-test" in out.stdout and "tf32      unsupported: fake cannot do TF32" in out.stdout

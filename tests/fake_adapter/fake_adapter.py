@@ -1,0 +1,70 @@
+"""A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
+fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang"."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
+
+
+def _fault(precision: str) -> str:
+    faults = dict(item.split("=") for item in os.environ.get("AMP_FAKE_FAULTS", "").split(",") if item)
+    return faults.get(precision, "none")
+
+
+class FakeTrainer(Trainer):
+    def __init__(self, graph, weights, precision, loss_scale):
+        self.weights, self.out_shape = weights, graph.output_shape
+        self.fault, self.loss_scale, self.steps = _fault(precision.name), loss_scale, 0
+        self.options = {"fake": True}
+
+    def to_device(self, x, y):
+        return x, y
+
+    def train_step(self, batch):
+        self.steps += 1
+        if self.fault == "abort" and self.steps == 3:
+            os.abort()
+        if self.fault == "hang":
+            time.sleep(3600)
+        if self.fault == "raise":
+            raise RuntimeError("simulated framework error\nsecond line")
+        if self.fault == "nan" and self.steps == 4:
+            return float("nan")
+        return 1.0 / self.steps
+
+    def loss_scale_state(self):
+        if self.loss_scale.mode == "none":
+            return None
+        return LossScaleState(self.loss_scale.initial / (2 if self.steps >= 2 else 1), self.steps == 2)
+
+    def predict(self, x):
+        return np.full((len(x), *self.out_shape), 1.0 / self.out_shape[-1], np.float32)  # uniform
+
+    def param_count(self):
+        return 0
+
+    def get_weights(self):
+        return dict(self.weights)
+
+
+class FakeAdapter(Adapter):
+    name = "fake"
+
+    def framework_version(self):
+        return "0.0-test"
+
+    def device(self, requested):
+        return Device("cpu", "cpu", "test cpu")
+
+    def unsupported(self, precision, device):
+        return "fake cannot do TF32" if precision.tf32 else None
+
+    def set_threads(self, threads):
+        pass
+
+    def build(self, spec, graph, weights, precision, loss_scale, device):
+        return FakeTrainer(graph, weights, precision, loss_scale)
