@@ -112,33 +112,61 @@ def cmd_adapters(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from harness.adapter import discover
+def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> list[dict]:
+    """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
+    from harness.adapter import discover, load_adapter
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.runner import matrix, run_matrix
+    from harness.runner import matrix, run_matrix, summary_line
     from harness.spec import load_spec
 
-    if args.framework not in discover():  # fail fast, before spawning anything
-        from harness.adapter import load_adapter
-
-        load_adapter(args.framework)
+    if args.framework not in discover():
+        load_adapter(args.framework)  # raises the "not installed" error
     for name in args.precision:
         parse_loss_scale(args.loss_scale, parse_precision(name))
     for model in args.model:
         load_spec(model).with_overrides(args.batch_size, args.steps, args.input_size)
-    requests = matrix(args.framework, args.model, args.precision, args.repeats, steps=args.steps,
-                      warmup=args.warmup, batch_size=args.batch_size, input_size=args.input_size,
-                      loss_scale=args.loss_scale, growth_interval=args.growth_interval, device=args.device,
-                      threads=args.threads)
+    requests = matrix(args.framework, args.model, args.precision, repeats, steps=args.steps, warmup=warmup,
+                      batch_size=args.batch_size, input_size=args.input_size, loss_scale=args.loss_scale,
+                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode)
     out = Path(args.out)
     show = sys.stderr.isatty() and not args.no_progress
-    records = run_matrix(requests, out, args.timeout, show)
-    from harness.runner import summary_line
-
+    records = run_matrix(requests, out, args.timeout, show, filename)
     if show:
         for r in records:
             print(summary_line(r))
-    print(f"{len(records)} records appended to {out / 'results.jsonl'}")
+    print(f"{len(records)} records appended to {out / filename}")
+    return records
+
+
+def cmd_run(args) -> int:
+    from harness.results import RESULTS_FILE
+
+    _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
+    return 0
+
+
+def cmd_fingerprint(args) -> int:
+    from harness.results import FINGERPRINTS_FILE
+
+    _run_matrix(args, "fingerprint", 1, 0, FINGERPRINTS_FILE)
+    return 0
+
+
+def cmd_parity(args) -> int:
+    from harness.parity import compare, table
+    from harness.results import FINGERPRINTS_FILE, read_records
+
+    comparisons = compare(read_records(args.dirs, FINGERPRINTS_FILE))
+    print(table(comparisons))
+    failed = [c for c in comparisons if c.verdict == "FAIL"]
+    compared = [c for c in comparisons if c.verdict in ("pass", "FAIL")]
+    if failed:
+        print(f"parity FAILED for {len(failed)} of {len(compared)} comparisons", file=sys.stderr)
+        return 1
+    if not compared:
+        print("parity: nothing to compare (fingerprints of at least two frameworks are needed)", file=sys.stderr)
+        return 1
+    print(f"parity: {len(compared)} comparisons pass")
     return 0
 
 
@@ -152,13 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
     sub.add_parser("adapters", help="installed adapters and what they can run here").set_defaults(func=cmd_adapters)
     run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
+    fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
+    for p in (run, fingerprint):
+        _add_matrix_options(p)
+    run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
+    run.add_argument("--repeats", type=_positive, default=1, help="runs of each cell, each in a fresh process")
+    run.set_defaults(func=cmd_run, out="results")
+    fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
+    parity = sub.add_parser("parity", help="compare fingerprints across frameworks; exit 1 on a mismatch")
+    parity.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding fingerprints.jsonl")
+    parity.set_defaults(func=cmd_parity)
+    return parser
+
+
+def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--framework", required=True)
     run.add_argument("--model", type=_csv, required=True, help="built-in names or spec paths, comma-separated")
     run.add_argument("--precision", type=_csv, default=["fp32"],
-                     help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16")
-    run.add_argument("--steps", type=_positive, help="timed steps (default: the spec's)")
-    run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
-    run.add_argument("--repeats", type=_positive, default=1, help="runs of each cell, each in a fresh process")
+                     help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16 (fp64: parity reference)")
+    run.add_argument("--steps", type=_positive, help="timed steps (run: default the spec's; fingerprint: 20)")
     run.add_argument("--batch-size", type=_positive)
     run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
     run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
@@ -166,10 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
-    run.add_argument("--out", default="results", help="directory for results.jsonl (default ./results)")
+    run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")
-    run.set_defaults(func=cmd_run)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

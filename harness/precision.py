@@ -33,6 +33,8 @@ PRECISIONS: dict[str, Precision] = {
         Precision("fp16", "float16", "float16", False, False, "none",
                   "pure float16 weights and compute (the old floatx=float16 setup)"),
         Precision("bf16", "bfloat16", "bfloat16", False, False, "none", "pure bfloat16 weights and compute"),
+        # not a training choice: the parity check's reference, where rounding cannot hide a math difference
+        Precision("fp64", "float64", "float64", False, False, "none", "float64 weights and compute"),
     )
 }
 

@@ -14,6 +14,7 @@ from typing import Iterable
 from harness.errors import HarnessError
 
 RESULTS_FILE = "results.jsonl"
+FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -23,7 +24,7 @@ FIELDS = (
     "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms", "samples_per_s",
     "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "loss", "final_train_loss", "eval_loss",
     "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops", "param_count", "options", "env",
-    "started_at", "wall_s",
+    "started_at", "wall_s", "fingerprint",
 )
 
 
@@ -36,12 +37,12 @@ def empty_record(**known) -> dict:
     return record
 
 
-def append(out_dir: Path, record: dict) -> None:
+def append(out_dir: Path, record: dict, filename: str = RESULTS_FILE) -> None:
     """Append one record as one line, under an exclusive lock, with a single write and fsync, so that
     readers and other runners never see a half-written line."""
     out_dir.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
-    fd = os.open(out_dir / RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(out_dir / filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line)
@@ -50,11 +51,11 @@ def append(out_dir: Path, record: dict) -> None:
         os.close(fd)
 
 
-def read_records(paths: Iterable[Path | str]) -> list[dict]:
-    """Records from results.jsonl files or directories holding one."""
+def read_records(paths: Iterable[Path | str], filename: str = RESULTS_FILE) -> list[dict]:
+    """Records from .jsonl files, or from directories holding `filename`."""
     records = []
     for path in map(Path, paths):
-        file = path / RESULTS_FILE if path.is_dir() else path
+        file = path / filename if path.is_dir() else path
         if not file.exists():
             raise HarnessError(f"{file}: no such results file")
         for number, line in enumerate(file.read_text().splitlines(), 1):

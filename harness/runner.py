@@ -79,8 +79,9 @@ def _read_progress(stream, on_progress) -> None:
             on_progress(int(parts[1]), int(parts[2]))
 
 
-def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool) -> list[dict]:
-    """Run every request, appending each record to out_dir/results.jsonl as soon as it is known."""
+def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool,
+               filename: str = results.RESULTS_FILE) -> list[dict]:
+    """Run every request, appending each record to out_dir/filename as soon as it is known."""
     from tqdm import tqdm
 
     records = []
@@ -96,7 +97,7 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
             steps.refresh()
 
         record = run_one(req, timeout_s, on_progress if show_progress else None)
-        results.append(out_dir, record)
+        results.append(out_dir, record, filename)
         records.append(record)
         bar.update(1)
         if not show_progress:

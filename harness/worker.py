@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from harness import measure
 from harness.adapter import load_adapter
 from harness.data import Data
@@ -42,6 +44,7 @@ class RunRequest:
     growth_interval: int = 2000
     device: str = "auto"
     threads: int = 1
+    mode: str = "run"  # "run": timed training; "fingerprint": outputs and losses for the parity check
 
     def resolved_spec(self):
         return load_spec(self.model).with_overrides(self.batch_size, self.steps,
@@ -73,7 +76,10 @@ def run(req: RunRequest, progress=None) -> dict:
         data = Data(spec)
         trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, loss_scale, device)
         record["options"] = dict(trainer.options)
-        _train(req, spec, data, trainer, loss_scale, record, progress)
+        if req.mode == "fingerprint":
+            _fingerprint(spec, data, trainer, record)
+        else:
+            _train(req, spec, data, trainer, loss_scale, record, progress)
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
     except Exception as exc:  # a framework error: keep the run's record, with the cause
@@ -142,6 +148,30 @@ def _train(req, spec, data, trainer, loss_scale, record, progress) -> None:
         record.update(eval_loss=total_loss / n, eval_accuracy=correct / n)
         if not math.isfinite(record["eval_loss"]):
             record.update(eval_loss=None, status="diverged", reason="evaluation loss is not finite")
+
+
+def _fingerprint(spec, data, trainer, record) -> None:
+    """What the parity check compares across frameworks: outputs on a fixed batch before and after
+    `spec.steps` untimed training steps, and the loss (and loss scale) of every step."""
+    x, _ = data.fixed_batch()
+    initial = trainer.predict(x)
+    losses, scales, skipped = [], [], []
+    for step in range(spec.steps):
+        losses.append(trainer.train_step(trainer.to_device(*data.train_batch(step))))
+        state = trainer.loss_scale_state()
+        scales.append(state.scale if state else None)
+        if state and state.skipped:
+            skipped.append(step)
+    final = trainer.predict(x)
+    finite = all(math.isfinite(v) for v in losses) and np.isfinite(final).all()
+    record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss or outputs",
+                  loss=[v if math.isfinite(v) else None for v in losses],
+                  fingerprint={"initial_outputs": _listed(initial), "final_outputs": _listed(final),
+                               "loss_scales": scales, "skipped_steps": skipped})
+
+
+def _listed(a: np.ndarray) -> list:
+    return [[v if math.isfinite(v) else None for v in row] for row in a.astype(float).reshape(len(a), -1).tolist()]
 
 
 def probe(framework: str, device: str = "auto") -> dict:

@@ -1,0 +1,175 @@
+"""TensorFlow adapter: Keras 3 on the TensorFlow backend, keras.mixed_precision policies, Keras'
+LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step.
+
+Options (environment variables, recorded in each result's `options`):
+  AMP_HARNESS_TF_XLA=0|1   compile the training step with XLA (jit_compile); default 0
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.errors import HarnessError
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+# precision -> (Keras dtype policy, floatx). Pure fp16 is the old `"floatx": "float16"` keras.json setup.
+POLICIES = {"fp32": ("float32", "float32"), "tf32": ("float32", "float32"),
+            "amp_fp16": ("mixed_float16", "float32"), "amp_bf16": ("mixed_bfloat16", "float32"),
+            "fp16": ("float16", "float16"), "bf16": ("bfloat16", "bfloat16"), "fp64": ("float64", "float64")}
+
+
+class TensorFlowAdapter(Adapter):
+    name = "tensorflow"
+
+    def framework_version(self) -> str:
+        import keras
+        import tensorflow as tf
+
+        return f"{tf.__version__} (keras {keras.__version__})"
+
+    def device(self, requested: str) -> Device:
+        import tensorflow as tf
+
+        from harness.measure import cpu_info
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if requested == "gpu" and not gpus:
+            raise HarnessError("--device gpu: TensorFlow sees no GPU (tensorflow-cpu, or no CUDA build)")
+        if requested == "cpu" and gpus:
+            tf.config.set_visible_devices([], "GPU")
+            gpus = []
+        if gpus:
+            for gpu in gpus:  # peak memory is only meaningful with memory growth on
+                tf.config.experimental.set_memory_growth(gpu, True)
+            details = tf.config.experimental.get_device_details(gpus[0])
+            cc = details.get("compute_capability")
+            return Device("gpu:0", "gpu", details.get("device_name", "GPU"),
+                          {"compute_capability": ".".join(map(str, cc)) if cc else None,
+                           "cuda": tf.sysconfig.get_build_info().get("cuda_version")})
+        return Device("cpu", "cpu", cpu_info()[0])
+
+    def unsupported(self, precision, device) -> str | None:
+        if device.kind == "cpu":
+            if precision.gpu_only:
+                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
+            return None
+        major = int(str(device.details.get("compute_capability") or "0").split(".")[0])
+        if precision.tf32 and major < 8:
+            return f"TF32 needs compute capability 8.0 (Ampere) or newer; {device.description} has {major}.x"
+        if "bfloat16" in (precision.compute_dtype, precision.param_dtype) and major < 8:
+            return f"bfloat16 on GPU needs compute capability 8.0 or newer; {device.description} has {major}.x"
+        return None
+
+    def set_threads(self, threads: int) -> None:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
+        return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device)
+
+
+class TensorFlowTrainer(Trainer):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+        import keras
+        import tensorflow as tf
+
+        from amp_harness_tensorflow.network import Network
+        from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
+
+        self.tf = tf
+        self.device = device
+        self.is_gpu = device.kind == "gpu"
+        tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
+        policy, floatx = POLICIES[precision.name]
+        # global, process-wide state: set before building (the runner gives each precision its own process)
+        keras.config.set_floatx(floatx)
+        keras.mixed_precision.set_global_policy(policy)
+        keras.utils.set_random_seed(spec.seed)
+        self.input_dtype = floatx
+        self.net = Network(spec, graph, weights, floatx)
+        model = self.net.model
+        optimizer = make_optimizer(spec.optimizer)
+        self.loss_scale = loss_scale
+        self.scaler = None
+        if loss_scale.mode == "dynamic":
+            if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
+                raise HarnessError("Keras' LossScaleOptimizer grows by 2 and backs off by 0.5 only")
+            optimizer = keras.mixed_precision.LossScaleOptimizer(
+                optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
+            self.scaler = "LossScaleOptimizer"
+        elif loss_scale.mode == "fixed":
+            self.scaler = "harness (fixed)"
+        optimizer.build(model.trainable_variables)
+        self.optimizer = optimizer
+        self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
+        self.xla = os.environ.get("AMP_HARNESS_TF_XLA", "0") == "1"
+        fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
+        variables = model.trainable_variables
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(spec.loss, model(x, training=True), y)
+                scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled, variables)
+            if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
+                optimizer.apply(grads, variables)
+                return loss, tf.constant(True)
+            grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+            def apply():
+                optimizer.apply(grads, variables)
+                return tf.constant(True)
+
+            return loss, tf.cond(finite, apply, lambda: tf.constant(False))
+
+        self._step = tf.function(step, jit_compile=self.xla)
+        self._predict = tf.function(lambda x: model(x, training=False), jit_compile=self.xla)
+        self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
+                        "loss_scaler": self.scaler, "train_step": "tf.function"}
+
+    def to_device(self, x, y):
+        with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
+            batch = self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y)
+        if self.is_gpu:
+            batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
+        return batch
+
+    def train_step(self, batch) -> float:
+        loss, self._applied = self._step(*batch)
+        return float(loss.numpy())  # a blocking fetch: the step has finished on the device
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        if self.loss_scale.mode == "none":
+            return None
+        if self.loss_scale.mode == "fixed":
+            return LossScaleState(self.loss_scale.initial, not bool(self._applied.numpy()))
+        iterations = int(self.optimizer.iterations.numpy())
+        skipped, self.applied_steps = iterations == self.applied_steps, iterations
+        return LossScaleState(float(self.optimizer.dynamic_scale.numpy()), skipped)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = self._predict(self.tf.constant(x, dtype=self.input_dtype))
+        return np.asarray(out.numpy(), dtype=np.float32)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.net.canonical_weights()
+
+    def param_count(self) -> int:
+        return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
+
+    def reset_memory_peak(self) -> None:
+        if self.is_gpu:
+            self.tf.config.experimental.reset_memory_stats("GPU:0")
+
+    def memory_peak_mb(self):
+        if not self.is_gpu:
+            return None
+        peak = self.tf.config.experimental.get_memory_info("GPU:0")["peak"]
+        return peak / 2**20, "TensorFlow GPU allocator peak (get_memory_info, memory growth on)"

@@ -1,0 +1,45 @@
+"""The parity verdicts, on hand-made fingerprints."""
+from __future__ import annotations
+
+from harness.parity import compare
+
+
+def fp(framework, precision="fp32", losses=(1.0, 0.9, 0.8), initial=(1.0, 2.0), final=(1.5, 2.5), skipped=(),
+       status="ok"):
+    return {"framework": framework, "model": "m", "spec_hash": "h", "precision": precision, "status": status,
+            "reason": None if status == "ok" else "why", "loss": list(losses),
+            "fingerprint": {"initial_outputs": [list(initial)], "final_outputs": [list(final)],
+                            "skipped_steps": list(skipped)}}
+
+
+def verdicts(records):
+    return {(c.precision, c.framework): c.verdict for c in compare(records)}
+
+
+def test_identical_and_rounding_level_fingerprints_pass():
+    records = [fp("torch"), fp("tensorflow", losses=(1.0, 0.90000001, 0.8), initial=(1.0, 2.0000001))]
+    assert verdicts(records) == {("fp32", "tensorflow"): "pass"}
+
+
+def test_a_different_network_fails():
+    assert verdicts([fp("torch"), fp("tensorflow", initial=(1.0, 2.1))])[("fp32", "tensorflow")] == "FAIL"
+    assert verdicts([fp("torch"), fp("mxnet", losses=(1.0, 0.95, 0.8))])[("fp32", "mxnet")] == "FAIL"
+
+
+def test_trajectory_drift_within_the_references_own_noise_passes_only_with_fp64():
+    drifted = [fp("torch", losses=(1.0, 0.9, 0.801)), fp("tensorflow", losses=(1.0, 0.9, 0.799))]
+    assert verdicts(drifted)[("fp32", "tensorflow")] == "FAIL"  # no float64 reference: no excuse
+    with_fp64 = drifted + [fp("torch", "fp64", losses=(1.0, 0.9, 0.8)), fp("tensorflow", "fp64")]
+    v = verdicts(with_fp64)
+    assert v[("fp32", "tensorflow")].startswith("pass (within noise")
+    assert v[("fp64", "tensorflow")] == "pass"
+    far = drifted[:1] + [fp("tensorflow", losses=(1.0, 0.9, 0.75))] + with_fp64[2:]
+    assert verdicts(far)[("fp32", "tensorflow")] == "FAIL"
+
+
+def test_unsupported_runs_and_different_skips_are_not_compared():
+    v = verdicts([fp("torch", "amp_fp16", skipped=()), fp("tensorflow", "amp_fp16", skipped=(0, 1)),
+                  fp("torch", "bf16"), fp("mxnet", "bf16", status="unsupported"), fp("torch", "fp16")])
+    assert v[("amp_fp16", "tensorflow")].startswith("n/a: the loss scalers skipped different steps")
+    assert v[("bf16", "mxnet")] == "n/a: mxnet unsupported (why)"
+    assert v[("fp16", "torch")] == "n/a: only one framework has a fingerprint"
