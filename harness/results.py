@@ -57,7 +57,7 @@ def read_records(paths: Iterable[Path | str], filename: str = RESULTS_FILE) -> l
     for path in map(Path, paths):
         file = path / filename if path.is_dir() else path
         if not file.exists():
-            raise HarnessError(f"{file}: no such results file")
+            raise HarnessError(f"{file}: no such file" + (f" (no {filename} in {path})" if path.is_dir() else ""))
         for number, line in enumerate(file.read_text().splitlines(), 1):
             if not line.strip():
                 continue

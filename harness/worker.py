@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 import traceback
@@ -85,11 +86,18 @@ def run(req: RunRequest, progress=None) -> dict:
     except Exception as exc:  # a framework error: keep the run's record, with the cause
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        record.update(status="failed", reason=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}")
+        record.update(status="failed", reason=f"{_one_line(exc)}{where}")
         traceback.print_exc()
     finally:
         record["wall_s"] = round(time.time() - started, 3)
     return record
+
+
+def _one_line(exc: Exception) -> str:
+    """The telling line of an exception: frameworks (MXNet) put a C++ traceback before their message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^\w*(Error|Exception)\b", line)]
+    return named[-1] if named else f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _train(req, spec, data, trainer, loss_scale, record, progress) -> None:

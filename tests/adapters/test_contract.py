@@ -86,7 +86,7 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework):
             continue
         assert r["status"] == "ok", (precision, r["reason"])
         assert set(r) == set(results.FIELDS)
-        missing = [k for k in results.FIELDS if r[k] is None and k != "reason"]
+        missing = [k for k in results.FIELDS if r[k] is None and k not in ("reason", "fingerprint")]
         assert not missing, (precision, missing)
         assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30
         assert r["step_time_ms"]["p10"] <= r["step_time_ms"]["median"] <= r["step_time_ms"]["p90"]

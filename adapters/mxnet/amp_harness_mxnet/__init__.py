@@ -1,0 +1,1 @@
+"""MXNet adapter for amp-harness. Importing this package does not import MXNet."""

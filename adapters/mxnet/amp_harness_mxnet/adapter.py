@@ -1,0 +1,184 @@
+"""MXNet 1.9 adapter: a hybridized Gluon block, mxnet.contrib.amp for mixed precision (its dynamic loss
+scaler, set to the run's initial scale and growth interval), and a Gluon Trainer with the spec's optimizer.
+
+amp.init patches MXNet's operators process-wide and irreversibly: one precision per process, as the runner
+runs it. MXNet's engine is asynchronous on CPU too: a step ends with `mx.nd.waitall()`.
+
+Options (environment variables, recorded in each result's `options`):
+  AMP_HARNESS_MXNET_HYBRIDIZE=1|0   hybridize (static_alloc, static_shape); default 1
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.errors import HarnessError
+
+
+
+def _cpu_float16_error() -> str | None:
+    """MXNet's own words when a float16 layer runs on the CPU (1.9.1 has no such kernels), or None."""
+    import mxnet as mx
+
+    try:
+        x = mx.nd.ones((2, 2), dtype="float16")
+        mx.nd.FullyConnected(x, x, num_hidden=2, no_bias=True).wait_to_read()
+    except mx.base.MXNetError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return next((line for line in reversed(lines) if line.startswith("MXNetError")), lines[-1])
+    return None
+
+
+class MXNetAdapter(Adapter):
+    name = "mxnet"
+
+    def framework_version(self) -> str:
+        import mxnet as mx
+
+        return mx.__version__
+
+    def device(self, requested: str) -> Device:
+        import mxnet as mx
+
+        from harness.measure import cpu_info
+
+        gpus = mx.context.num_gpus()
+        if requested == "gpu" and not gpus:
+            raise HarnessError("--device gpu: MXNet sees no GPU (the mxnet wheel is CPU-only; use mxnet-cu117)")
+        if gpus and requested != "cpu":
+            free, total = mx.context.gpu_memory_info(0)
+            return Device("gpu:0", "gpu", f"CUDA GPU 0 ({total / 2**30:.0f} GiB)", {"memory_gb": total / 2**30})
+        return Device("cpu", "cpu", cpu_info()[0])
+
+    def unsupported(self, precision, device) -> str | None:
+        if device.kind == "cpu":
+            if precision.gpu_only:
+                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
+            if "float16" in (precision.compute_dtype, precision.param_dtype):
+                error = _cpu_float16_error()
+                if error:
+                    return f"MXNet has no float16 kernels on this CPU: {error}"
+            if precision.name == "bf16":
+                # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid
+                # pointer) or failed with "Unknown type enum 12"; bfloat16 works inside AMP only
+                return "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network cast to it crashes"
+        return None
+
+    def set_threads(self, threads: int) -> None:
+        # MXNet reads OMP_NUM_THREADS when it is imported; the runner sets it for each worker process
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
+        return MXNetTrainer(spec, graph, weights, precision, loss_scale, device)
+
+
+class MXNetTrainer(Trainer):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+        import mxnet as mx
+        from mxnet import gluon
+        from mxnet.contrib import amp
+
+        from amp_harness_mxnet.network import Network
+        from amp_harness_mxnet.optimizers import make_optimizer
+
+        self.mx, self.amp = mx, amp
+        self.spec = spec
+        self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
+        self.is_gpu = device.kind == "gpu"
+        if precision.tf32:
+            os.environ["NVIDIA_TF32_OVERRIDE"] = "1"
+        mx.random.seed(spec.seed)
+        self.amp_on = precision.mixed
+        if self.amp_on:  # before the network is built: amp patches the operators it will use
+            amp.init(target_dtype=precision.compute_dtype)
+        self.dtype = precision.param_dtype
+        self.images = len(spec.input.shape) == 3
+        self.net = Network(spec, graph, self.dtype)
+        self.net.initialize(ctx=self.ctx)
+        self.net.load(weights, self.ctx)
+        self.hybridize = os.environ.get("AMP_HARNESS_MXNET_HYBRIDIZE", "1") == "1"
+        if self.hybridize:
+            self.net.hybridize(static_alloc=True, static_shape=True)
+        self.trainer = gluon.Trainer(self.net.collect_params(), make_optimizer(spec.optimizer), kvstore=None)
+        self.loss_scale = loss_scale
+        self.scaler = None
+        if loss_scale.mode == "dynamic":
+            if not self.amp_on:
+                raise HarnessError("MXNet's dynamic loss scaler works only with AMP (amp_fp16)")
+            if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
+                raise HarnessError("MXNet's AMP loss scaler grows by 2 and backs off by 0.5 only")
+            amp.init_trainer(self.trainer)
+            self.scaler = self.trainer._amp_loss_scaler  # MXNet exposes no public setter for these
+            self.scaler._loss_scale = self.scaler._next_loss_scale = loss_scale.initial
+            self.scaler._scale_seq_len = loss_scale.growth_interval
+        self.skipped = False
+        self.peak_bytes = 0
+        self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
+                        "loss_scaler": "contrib.amp LossScaler (max 2^24; back-off applies one step late)"
+                        if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
+                        "tf32": precision.tf32}
+
+    def _input(self, x: np.ndarray):
+        if self.images:  # NHWC -> NCHW copy, outside the timed step
+            x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        return self.mx.nd.array(x, ctx=self.ctx, dtype=self.dtype)
+
+    def to_device(self, x, y):
+        batch = self._input(x), self.mx.nd.array(y, ctx=self.ctx, dtype="float32")
+        self.mx.nd.waitall()
+        return batch
+
+    def train_step(self, batch) -> float:
+        from amp_harness_mxnet.optimizers import loss_fn
+
+        mx, (x, y) = self.mx, batch
+        with mx.autograd.record():
+            loss = loss_fn(self.spec.loss, self.net(x), y)
+            if self.scaler is not None:
+                with self.amp.scale_loss(loss, self.trainer) as scaled:
+                    mx.autograd.backward(scaled)
+            elif self.loss_scale.mode == "fixed":
+                mx.autograd.backward(loss * self.loss_scale.initial)
+            else:
+                loss.backward()
+        if self.loss_scale.mode == "fixed":
+            grads = [p.grad(self.ctx) for p in self.net.collect_params().values() if p.grad_req != "null"]
+            self.skipped = not bool(mx.nd.multi_all_finite(*grads, num_arrays=len(grads)).asscalar())
+            if not self.skipped:
+                self.trainer.step(self.loss_scale.initial)  # rescale_grad = 1 / scale
+        else:
+            self.trainer.step(1)  # the loss is a batch mean already
+        mx.nd.waitall()  # the engine is asynchronous: wait for the update too
+        if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
+            free, total = mx.context.gpu_memory_info(0)
+            self.peak_bytes = max(self.peak_bytes, total - free)
+        return float(loss.asscalar())
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        if self.scaler is not None:
+            # has_overflow() ran inside trainer.step: a back-off shows as a smaller next scale
+            skipped = self.scaler._next_loss_scale < self.scaler._loss_scale
+            return LossScaleState(float(self.scaler.loss_scale), skipped)
+        if self.loss_scale.mode == "fixed":
+            return LossScaleState(self.loss_scale.initial, self.skipped)
+        return None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        out = self.net(self._input(x))  # outside autograd.record: inference mode
+        return out.astype("float32").asnumpy()
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.net.canonical_weights()
+
+    def param_count(self) -> int:
+        return int(sum(np.prod(p.shape) for p in self.net.collect_params().values() if p.grad_req != "null"))
+
+    def reset_memory_peak(self) -> None:
+        self.peak_bytes = 0
+
+    def memory_peak_mb(self):
+        if not self.is_gpu:
+            return None
+        return self.peak_bytes / 2**20, "device-wide GPU memory in use, sampled after each step (MXNet has no peak counter)"
