@@ -121,12 +121,26 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> li
 
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
-    for name in args.precision:
+    precisions = args.precision
+    cli = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
+    if getattr(args, "matrix", None):
+        from harness.matrix import load_matrix
+
+        if args.model:
+            raise HarnessError("give either --model or --matrix, not both")
+        plan = load_matrix(args.matrix)
+        cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items() if v is not None}})
+                 for m in plan.models]
+        precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
+    elif args.model:
+        cells = [(model, cli) for model in args.model]
+    else:
+        raise HarnessError("--model (or, for run, --matrix) is required")
+    for name in precisions:
         parse_loss_scale(args.loss_scale, parse_precision(name))
-    for model in args.model:
-        load_spec(model).with_overrides(args.batch_size, args.steps, args.input_size)
-    requests = matrix(args.framework, args.model, args.precision, repeats, steps=args.steps, warmup=warmup,
-                      batch_size=args.batch_size, input_size=args.input_size, loss_scale=args.loss_scale,
+    for model, overrides in cells:
+        load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"), overrides.get("input_size"))
+    requests = matrix(args.framework, cells, precisions, repeats, warmup=warmup, loss_scale=args.loss_scale,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode)
     out = Path(args.out)
     show = sys.stderr.isatty() and not args.no_progress
@@ -170,6 +184,20 @@ def cmd_parity(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from harness.report import write_report
+    from harness.results import FINGERPRINTS_FILE, read_records
+
+    records = read_records(args.dirs)
+    parity_dirs = [d for d in args.parity or [] if (Path(d) / FINGERPRINTS_FILE).exists()]
+    for missing in sorted(set(args.parity or []) - set(parity_dirs)):
+        print(f"note: no {FINGERPRINTS_FILE} in {missing}; run `tox` first to show parity", file=sys.stderr)
+    parity = read_records(parity_dirs, FINGERPRINTS_FILE) if parity_dirs else None
+    html, csv = write_report(records, Path(args.output), parity)
+    print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB) and {csv} from {len(records)} records")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="amp-harness", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -183,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
     for p in (run, fingerprint):
         _add_matrix_options(p)
+    run.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
+                     "benchmarks/compare.yaml")
     run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_positive, default=1, help="runs of each cell, each in a fresh process")
     run.set_defaults(func=cmd_run, out="results")
@@ -190,12 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
     parity = sub.add_parser("parity", help="compare fingerprints across frameworks; exit 1 on a mismatch")
     parity.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding fingerprints.jsonl")
     parity.set_defaults(func=cmd_parity)
+    report = sub.add_parser("report", help="render results as one self-contained HTML page (and a CSV)")
+    report.add_argument("dirs", nargs="+", metavar="DIR", help="result directories or results.jsonl files")
+    report.add_argument("-o", "--output", default="reports/index.html")
+    report.add_argument("--parity", nargs="*", metavar="DIR", help="fingerprint directories to show parity from")
+    report.set_defaults(func=cmd_report)
     return parser
 
 
 def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--framework", required=True)
-    run.add_argument("--model", type=_csv, required=True, help="built-in names or spec paths, comma-separated")
+    run.add_argument("--model", type=_csv, help="built-in names or spec paths, comma-separated")
     run.add_argument("--precision", type=_csv, default=["fp32"],
                      help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16 (fp64: parity reference)")
     run.add_argument("--steps", type=_positive, help="timed steps (run: default the spec's; fingerprint: 20)")

@@ -25,7 +25,9 @@ TOLERANCES = {
     "amp_fp16": (1e-2, 2e-2, 5e-2),
     "bf16": (5e-2, 1e-1, 3e-1),
     "fp16": (1e-2, 5e-2, 2e-1),
-    "fp64": (1e-7, 1e-5, 1e-5),  # Keras keeps gelu constants and the learning rate in float32 (~1e-8)
+    # fp64: the fp32 bounds, met where rounding noise stays far below them. Not tighter: Keras and MXNet keep
+    # some constants (gelu's, the learning rate, batchnorm momentum) in float32 (~1e-8), which training amplifies
+    "fp64": (1e-7, 1e-4, 1e-3),
 }
 NOISE_FACTOR = 3
 REFERENCE_ORDER = ("torch", "tensorflow", "mxnet")  # the first present is the reference

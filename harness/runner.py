@@ -24,11 +24,14 @@ from harness.worker import RunRequest
 STDERR_TAIL_LINES = 8
 
 
-def matrix(framework: str, models: list[str], precisions: list[str], repeats: int, **common) -> list[RunRequest]:
+def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str], repeats: int,
+           **common) -> list[RunRequest]:
+    """Requests for every (model with its overrides) x precision x repeat."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
     return [RunRequest(framework=framework, model=m, precision=p, repeat=r,
-                       run_id=f"{framework}-{Path(m).stem}-{p}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}", **common)
-            for m, p, r in itertools.product(models, precisions, range(repeats))]
+                       run_id=f"{framework}-{Path(m).stem}-{p}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}",
+                       **{**common, **{k: v for k, v in overrides.items() if v is not None}})
+            for (m, overrides), p, r in itertools.product(cells, precisions, range(repeats))]
 
 
 def _stderr_tail(path: Path) -> str:

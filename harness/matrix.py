@@ -1,0 +1,51 @@
+"""Matrix files: a comparison campaign in YAML (models with their own size overrides, precisions, repeats),
+for `amp-harness run --matrix FILE`. See benchmarks/compare.yaml."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
+
+from harness.errors import HarnessError
+from harness.precision import parse_precision
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MatrixModel(_Strict):
+    model: str
+    batch_size: Optional[PositiveInt] = None
+    input_size: Optional[tuple[PositiveInt, PositiveInt]] = None
+    steps: Optional[PositiveInt] = None
+
+    def overrides(self) -> dict:
+        return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps}
+
+
+class Matrix(_Strict):
+    models: list[MatrixModel] = Field(min_length=1)
+    precisions: list[str] = Field(min_length=1)
+    repeats: PositiveInt = 1
+    warmup: NonNegativeInt = 5
+    steps: Optional[PositiveInt] = None  # for models that give none
+
+
+def load_matrix(path: str) -> Matrix:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        matrix = Matrix.model_validate(data)
+    except OSError as exc:
+        raise HarnessError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"{path}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise HarnessError(f"{path}: {where}: {err['msg']}") from None
+    for name in matrix.precisions:
+        parse_precision(name)
+    return matrix

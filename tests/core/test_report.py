@@ -1,0 +1,111 @@
+"""The HTML report, from records that the runner really wrote (through the fake adapter) and hand-edited ones."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+
+from harness.report import build_view, render, write_report
+from harness.results import read_records
+from tests.conftest import ROOT
+from tests.core.test_runner import amp
+
+SPEC = "tests/specs/pitfall_rmsprop_epsilon.yaml"
+
+
+@pytest.fixture(scope="module")
+def results_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    ok = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp32,amp_bf16,amp_fp16",
+             "--repeats", "2", "--steps", "8", "--warmup", "1", "--loss-scale", "dynamic", "--out", str(out))
+    assert ok.returncode == 0, ok.stderr
+    faults = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,tf32,fp64",
+                 "--steps", "5", "--timeout", "6", "--out", str(out),
+                 faults="fp16=nan,bf16=hang,fp64=abort")
+    assert faults.returncode == 0, faults.stderr
+    return out
+
+
+def test_report_covers_every_status_and_section(results_dir, tmp_path):
+    records = read_records([results_dir])
+    html, csv = write_report(records, tmp_path / "index.html")
+    page = html.read_text()
+    for anchor in ("summary-table", "fastest-table", "speed-table", "memory-table", "accuracy-table",
+                   "scaling-table", "not-run-table", "environment-table", "hash-table"):
+        assert f'id="{anchor}"' in page, anchor
+    for status in ("diverged", "timeout", "failed", "unsupported"):
+        assert f"<td>{status}</td>" in page, status
+    assert page.count("<svg") >= 3
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page  # offline
+    assert len(csv.read_text().splitlines()) == len(records) + 1
+    view = build_view(records)
+    assert {(s["framework"], s["precision"]) for s in view["summary"]} == {("fake", "amp_bf16"), ("fake", "amp_fp16")}
+    # no figure from a failed run: only ok runs feed the speed table
+    assert {r["precision"] for r in view["speed"]} == {"fp32", "amp_bf16", "amp_fp16"}
+
+
+def test_speedup_is_computed_from_raw_step_times(results_dir):
+    records = read_records([results_dir])
+    fp32 = [r for r in records if r["precision"] == "fp32"]
+    bf16 = [r for r in records if r["precision"] == "amp_bf16"]
+    import numpy as np
+
+    expected = np.median([np.median(r["step_times_ms"]) for r in fp32]) / \
+        np.median([np.median(r["step_times_ms"]) for r in bf16])
+    (row,) = [s for s in build_view(records)["summary"] if s["precision"] == "amp_bf16"]
+    assert row["ratio"] == pytest.approx(expected) and row["lo"] <= row["ratio"] <= row["hi"]
+
+
+def test_names_are_escaped(results_dir, tmp_path):
+    records = read_records([results_dir])
+    evil = [{**r, "model": "<script>alert(1)</script>", "reason": "<img src=x onerror=alert(2)>"} for r in records]
+    page = render(build_view(evil))
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_no_ok_runs_and_single_framework_still_render(results_dir):
+    failed = [r for r in read_records([results_dir]) if r["status"] != "ok"]
+    page = render(build_view(failed))
+    assert 'id="no-ok-runs"' in page and 'id="not-run-table"' in page
+
+
+def test_report_cli_and_bad_input(results_dir, tmp_path):
+    out = amp("report", str(results_dir), "-o", str(tmp_path / "r.html"))
+    assert out.returncode == 0 and (tmp_path / "r.html").exists() and (tmp_path / "r.csv").exists()
+    missing = amp("report", str(tmp_path / "nothing"), "-o", str(tmp_path / "x.html"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_report_in_a_real_browser(results_dir, tmp_path):
+    """Headless Chromium opens the page: no console errors, the summary table and every chart are there."""
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium and chromium-driver (see .ci/run)")
+        pytest.skip("chromium / chromedriver not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.common.by import By
+
+    html, _ = write_report(read_records([results_dir]), tmp_path / "index.html")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1800"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
+    try:
+        driver.get(html.as_uri())
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+        assert driver.find_element(By.ID, "summary-table").is_displayed()
+        charts = driver.find_elements(By.CSS_SELECTOR, "div.chart svg")
+        assert len(charts) == len(driver.find_elements(By.CSS_SELECTOR, "div.chart")) >= 3
+        assert all(c.size["width"] > 100 for c in charts)
+        artifacts = ROOT / "reports" / "test-artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(artifacts / "report.png"))
+    finally:
+        driver.quit()
