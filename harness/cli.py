@@ -116,7 +116,7 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> li
     """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
     from harness.adapter import discover, load_adapter
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.runner import matrix, run_matrix, summary_line
+    from harness.runner import matrix, pending, run_matrix, summary_line
     from harness.spec import load_spec
 
     if args.framework not in discover():
@@ -143,12 +143,20 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> li
     requests = matrix(args.framework, cells, precisions, repeats, warmup=warmup, loss_scale=args.loss_scale,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode)
     out = Path(args.out)
+    if args.resume:
+        total, requests = len(requests), pending(requests, out, filename)
+        print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
+              f"running {len(requests)}", file=sys.stderr)
     show = sys.stderr.isatty() and not args.no_progress
-    records = run_matrix(requests, out, args.timeout, show, filename)
+    records, interrupted = run_matrix(requests, out, args.timeout, show, filename)
     if show:
         for r in records:
             print(summary_line(r))
     print(f"{len(records)} records appended to {out / filename}")
+    if interrupted:
+        print(f"interrupted after {len(records)} of {len(requests)} runs; every finished run is recorded. "
+              f"Resume with the same command plus --resume.", file=sys.stderr)
+        raise SystemExit(130)
     return records
 
 
@@ -243,6 +251,7 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
     run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--resume", action="store_true", help="skip runs already recorded in the output directory")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amp-harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("amp-harness: interrupted", file=sys.stderr)
+        print("amp-harness: interrupted; finished runs are recorded (run again with --resume)", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()

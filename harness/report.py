@@ -37,6 +37,13 @@ def _speed_phrase(ratio: float) -> str:
     return f"{1 / ratio:.2f}x slower than" if ratio > 0 else "not comparable to"
 
 
+def _ms(value) -> str:
+    """Milliseconds with three significant digits below 100, whole numbers above."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+
+
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -130,8 +137,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None) ->
             curves.setdefault(c.framework, {})[c.precision] = c.loss_curve()
             base = cells.get((model, c.framework, "fp32"))
             speed.append({"model": model, "framework": c.framework, "precision": c.precision, "batch": c.batch_size,
-                          "median": _fmt(c.median_ms), "spread": f"{_fmt(c.p10_ms)} - {_fmt(c.p90_ms)}",
-                          "samples": _fmt(c.samples_per_s, 0), "first": _fmt(c.first_step_ms, 1),
+                          "median": _ms(c.median_ms), "spread": f"{_ms(c.p10_ms)} - {_ms(c.p90_ms)}",
+                          "samples": _fmt(c.samples_per_s, 0), "first": _ms(c.first_step_ms),
                           "gflops": _fmt(c.gflops, 1), "repeats": len(c.repeats)})
             memory.append({"model": model, "framework": c.framework, "precision": c.precision,
                            "peak": _fmt(c.peak_mb, 1), "kind": c.memory_kind,
@@ -174,7 +181,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None) ->
             contenders = [c for k, c in cells.items() if k[0] == model and k[2] == precision]
             best = min(contenders, key=lambda c: c.median_ms)
             fastest.append({"model": model, "precision": precision, "framework": best.framework,
-                            "median": _fmt(best.median_ms), "of": len(contenders)})
+                            "median": _ms(best.median_ms), "of": len(contenders)})
 
     return {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -224,8 +231,8 @@ def explain(records: list[dict], cells: dict, summary: list[dict]) -> list[dict]
         slower = [s for s in on_cpu if dtype in s["precision"] and s["ratio"] < 1]
         if not slower:
             continue
-        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_ms(cells, s)} ms vs fp32 "
-                          f"{_ms(cells, s, 'fp32')} ms per step" for s in slower[:6])
+        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
+                          f"{_cell_ms(cells, s, 'fp32')} ms per step" for s in slower[:6])
         have = sorted(flags & set(native))
         if not have:
             text = (f"This CPU ({env.get('cpu', 'unknown')}) has no native {name} arithmetic (none of "
@@ -283,8 +290,8 @@ def explain(records: list[dict], cells: dict, summary: list[dict]) -> list[dict]
     return out
 
 
-def _ms(cells, s, precision=None) -> str:
-    return _fmt(cells[(s["model"], s["framework"], precision or s["precision"])].median_ms)
+def _cell_ms(cells, s, precision=None) -> str:
+    return _ms(cells[(s["model"], s["framework"], precision or s["precision"])].median_ms)
 
 
 # ---- environment --------------------------------------------------------------------------------------

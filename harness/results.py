@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -58,12 +59,17 @@ def read_records(paths: Iterable[Path | str], filename: str = RESULTS_FILE) -> l
         file = path / filename if path.is_dir() else path
         if not file.exists():
             raise HarnessError(f"{file}: no such file" + (f" (no {filename} in {path})" if path.is_dir() else ""))
-        for number, line in enumerate(file.read_text().splitlines(), 1):
+        text = file.read_text()
+        lines = text.splitlines()
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
+                if number == len(lines) and not text.endswith("\n"):  # a write cut short by a crash
+                    print(f"note: {file}: skipped a partial last line (an interrupted write)", file=sys.stderr)
+                    continue
                 raise HarnessError(f"{file}: line {number}: not a JSON record ({exc.msg})") from None
             if not isinstance(record, dict) or "run_id" not in record:
                 raise HarnessError(f"{file}: line {number}: not a result record (no run_id)")

@@ -34,6 +34,16 @@ def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str],
             for (m, overrides), p, r in itertools.product(cells, precisions, range(repeats))]
 
 
+def _die_with_parent() -> None:
+    """In the worker, before exec: get SIGKILL if the runner dies (Linux), so no orphan runs on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _stderr_tail(path: Path) -> str:
     lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
     return " | ".join(lines[-STDERR_TAIL_LINES:])
@@ -51,7 +61,8 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
         with open(stderr_file, "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(request_file), str(record_file)],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                    start_new_session=True)  # its own process group, killable as a whole
+                                    start_new_session=True,  # its own group: Ctrl-C reaches the runner only
+                                    preexec_fn=_die_with_parent)
             reader = threading.Thread(target=_read_progress, args=(proc.stdout, on_progress), daemon=True)
             reader.start()
             try:
@@ -60,11 +71,16 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 code = None
+            except KeyboardInterrupt:  # a second Ctrl-C: abort the run in progress too
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
             reader.join(timeout=5)
         if code == 0 and record_file.exists():
             return json.loads(record_file.read_text())
-        record = results.empty_record(run_id=req.run_id, framework=req.framework, model=Path(req.model).stem,
-                                      precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,
+        spec = req.resolved_spec()  # validated before the matrix started
+        record = results.empty_record(run_id=req.run_id, framework=req.framework, model=spec.name,
+                                      spec_hash=spec.spec_hash(), precision=req.precision, repeat=req.repeat,
+                                      warmup_steps=req.warmup, batch_size=spec.batch_size, steps=spec.steps,
                                       wall_s=round(time.time() - started, 3))
         if code is None:
             record.update(status="timeout", reason=f"killed after the {timeout_s:g} s timeout")
@@ -82,15 +98,51 @@ def _read_progress(stream, on_progress) -> None:
             on_progress(int(parts[1]), int(parts[2]))
 
 
+def run_key(framework: str, spec_hash: str, precision: str, repeat: int) -> tuple:
+    """What identifies a run for --resume."""
+    return framework, spec_hash, precision, repeat
+
+
+def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[RunRequest]:
+    """The requests that have no record in out_dir yet (whatever that record's status)."""
+    if not (out_dir / filename).exists():
+        return requests
+    done = {run_key(r["framework"], r.get("spec_hash"), r["precision"], r["repeat"])
+            for r in results.read_records([out_dir], filename)}
+    return [q for q in requests
+            if run_key(q.framework, q.resolved_spec().spec_hash(), q.precision, q.repeat) not in done]
+
+
 def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool,
-               filename: str = results.RESULTS_FILE) -> list[dict]:
-    """Run every request, appending each record to out_dir/filename as soon as it is known."""
+               filename: str = results.RESULTS_FILE) -> tuple[list[dict], bool]:
+    """Run every request, appending each record to out_dir/filename as soon as it is known. Ctrl-C stops
+    after the current run (a second one aborts it); returns the records and whether it was interrupted."""
     from tqdm import tqdm
 
-    records = []
+    records, stop = [], []
+
+    def on_sigint(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(True)
+        print("\nCtrl-C: stopping after the current run (Ctrl-C again aborts it)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     bar = tqdm(total=len(requests), desc="runs", unit="run", disable=not show_progress, position=0)
     steps = tqdm(total=0, desc="steps", unit="step", disable=not show_progress, position=1, leave=False)
+    try:
+        _run_all(requests, out_dir, timeout_s, show_progress, filename, records, stop, bar, steps)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        steps.close()
+        bar.close()
+    return records, bool(stop)
+
+
+def _run_all(requests, out_dir, timeout_s, show_progress, filename, records, stop, bar, steps) -> None:
     for req in requests:
+        if stop:
+            break
         bar.set_postfix_str(f"{req.framework} {Path(req.model).stem} {req.precision} r{req.repeat}")
         steps.reset()
 
@@ -105,9 +157,6 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
         bar.update(1)
         if not show_progress:
             print(summary_line(record), file=sys.stderr, flush=True)
-    steps.close()
-    bar.close()
-    return records
 
 
 def summary_line(r: dict) -> str:

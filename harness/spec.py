@@ -206,6 +206,12 @@ def _where(loc: tuple) -> str:
     return out or "(top level)"
 
 
+def _known_fields() -> set[str]:
+    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, RMSprop, Dense, Conv2D, MaxPool2D, AvgPool2D, GELU,
+              BatchNorm, LayerNorm, Dropout, Residual]
+    return {name for model in models for name in model.model_fields}
+
+
 def validate(data: object, source: str) -> ModelSpec:
     """Validate parsed YAML; raise a one-line SpecError naming `source`, the place and the problem."""
     if not isinstance(data, dict):
@@ -217,6 +223,12 @@ def validate(data: object, source: str) -> ModelSpec:
         msg = err["msg"]
         if err["type"] == "union_tag_invalid":
             msg = f"unknown type {err['input'].get('type')!r}" if isinstance(err.get("input"), dict) else msg
+            msg += f" (valid: {', '.join(LAYER_TYPES) if 'layers' in err['loc'] or 'projection' in err['loc'] else 'sgd, adam, rmsprop'})"
+        elif err["type"] == "extra_forbidden":
+            import difflib
+
+            guess = difflib.get_close_matches(str(err["loc"][-1]), _known_fields(), n=1)
+            msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else "")
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
     from harness.graph import infer  # the shapes must fit, before any framework starts

@@ -61,8 +61,8 @@ def test_pitfall_specs_are_valid(path):
 
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["layers"][1].update(units=-3), "layers[1].units: Input should be greater than 0"),
-    (lambda d: d["layers"][1].update(type="dense3d"), "layers[1]: unknown type 'dense3d'"),
-    (lambda d: d["layers"][1].update(unitz=5), "layers[1].unitz: Extra inputs are not permitted"),
+    (lambda d: d["layers"][1].update(type="dense3d"), "layers[1]: unknown type 'dense3d' (valid: dense, conv2d"),
+    (lambda d: d["layers"][1].update(unitz=5), "layers[1].unitz: unknown key; did you mean 'units'?"),
     (lambda d: d["optimizer"].pop("epsilon"), "optimizer.epsilon: Field required"),
     (lambda d: d.update(batch_size="many"), "batch_size: Input should be a valid integer"),
     (lambda d: d["layers"].insert(1, {"type": "conv2d", "filters": 4, "kernel_size": 3}),

@@ -1,5 +1,5 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
-fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang"."""
+fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, hang, slow, raise, nan)."""
 from __future__ import annotations
 
 import os
@@ -28,6 +28,12 @@ class FakeTrainer(Trainer):
         self.steps += 1
         if self.fault == "abort" and self.steps == 3:
             os.abort()
+        if self.fault == "segv" and self.steps == 2:
+            import ctypes
+
+            ctypes.string_at(0)  # a real segmentation fault in native code
+        if self.fault == "slow":
+            time.sleep(0.3)
         if self.fault == "hang":
             time.sleep(3600)
         if self.fault == "raise":
