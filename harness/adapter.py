@@ -110,6 +110,23 @@ class Adapter(ABC):
               loss_scale: LossScale, device: Device) -> Trainer: ...
 
 
+def device_limits(precision: Precision, device: Device) -> str | None:
+    """Reasons that hold whatever the framework: GPU-only math modes on a CPU, and the compute capability a
+    dtype's tensor cores need (from device.details["compute_capability"], when the adapter knows it)."""
+    if device.kind == "cpu":
+        if precision.gpu_only:
+            return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
+        return None
+    cc = device.details.get("compute_capability")
+    if not cc:
+        return None
+    major = int(str(cc).split(".")[0])
+    if major < 8 and (precision.tf32 or "bfloat16" in (precision.compute_dtype, precision.param_dtype)):
+        what = "TF32" if precision.tf32 else "bfloat16"
+        return f"{what} needs compute capability 8.0 (Ampere) or newer; {device.description} has {cc}"
+    return None
+
+
 def discover() -> dict[str, EntryPoint]:
     """Installed adapters by name, without importing them."""
     blocked = {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}

@@ -96,6 +96,10 @@ def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None)
 
 
 def compare(records: list[dict]) -> list[Comparison]:
+    from harness.results import usable
+
+    records, _ = usable(records)
+    records = [r for r in records if r.get("fingerprint") or r.get("status") != "ok"]  # not plain run records
     groups: dict[tuple, dict[str, dict]] = {}
     for (model, spec_hash, precision, framework), r in latest(records).items():
         groups.setdefault((model, spec_hash, precision), {})[framework] = r

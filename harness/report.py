@@ -89,15 +89,6 @@ def _mean(values):
     return float(np.mean(values)) if values else None
 
 
-def _dedupe(records: list[dict]) -> tuple[list[dict], int]:
-    seen, out = set(), []
-    for r in records:
-        if r["run_id"] not in seen:
-            seen.add(r["run_id"])
-            out.append(r)
-    return out, len(records) - len(out)
-
-
 def _label_models(records: list[dict]) -> list[dict]:
     """A model trained under several specs (other batch or input sizes) gets one label per spec hash, so
     that runs of different sizes are never compared."""
@@ -114,7 +105,9 @@ def _label_models(records: list[dict]) -> list[dict]:
 
 
 def build_view(records: list[dict], parity_records: list[dict] | None = None) -> dict:
-    records, duplicates = _dedupe(records)
+    from harness.results import usable
+
+    records, skipped = usable(records)
     records = _label_models(records)
     ok = [r for r in records if r.get("status") == "ok" and r.get("step_times_ms")]
     not_run = [r for r in records if r.get("status") != "ok"]
@@ -185,7 +178,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None) ->
 
     return {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "n_records": len(records), "n_ok": len(ok), "duplicates": duplicates,
+        "n_records": len(records), "n_ok": len(ok), "skipped": skipped,
         "models": models, "frameworks": frameworks,
         "headline": _headline(summary),
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,

@@ -77,6 +77,25 @@ def read_records(paths: Iterable[Path | str], filename: str = RESULTS_FILE) -> l
     return records
 
 
+def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """Records a report can use, and why the others were skipped: duplicates (the same run_id twice, e.g. a
+    file given twice), records of a newer schema, and records missing the fields that identify a run."""
+    kept, seen, skipped = [], set(), {}
+    for r in records:
+        if r.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
+            why = f"written by a newer amp-harness (schema {r.get('schema')})"
+        elif any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
+            why = "missing run_id, framework, precision or status"
+        elif r["run_id"] in seen:
+            why = "duplicate run_id"
+        else:
+            seen.add(r["run_id"])
+            kept.append(r)
+            continue
+        skipped[why] = skipped.get(why, 0) + 1
+    return kept, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]
+
+
 def _flatten(record: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in record.items():

@@ -31,3 +31,22 @@ def initial_weights(graph: Graph, seed: int) -> dict[str, np.ndarray]:
             raise AssertionError(f"no initialiser for parameter kind {kind!r}")
         weights[name] = value.astype(np.float32)
     return weights
+
+
+def to_channels_first(array: np.ndarray) -> np.ndarray:
+    """A canonical weight in the layout of channels-first frameworks (PyTorch, MXNet): conv kernels
+    [kH, kW, in, out] -> [out, in, kH, kW], dense kernels [in, out] -> [out, in]; vectors unchanged."""
+    if array.ndim == 4:
+        return array.transpose(3, 2, 0, 1)
+    if array.ndim == 2:
+        return array.T
+    return array
+
+
+def from_channels_first(array: np.ndarray) -> np.ndarray:
+    """The inverse of to_channels_first."""
+    if array.ndim == 4:
+        return array.transpose(2, 3, 1, 0)
+    if array.ndim == 2:
+        return array.T
+    return array

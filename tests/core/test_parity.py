@@ -6,7 +6,7 @@ from harness.parity import compare
 
 def fp(framework, precision="fp32", losses=(1.0, 0.9, 0.8), initial=(1.0, 2.0), final=(1.5, 2.5), skipped=(),
        status="ok"):
-    return {"framework": framework, "model": "m", "spec_hash": "h", "precision": precision, "status": status,
+    return {"run_id": f"{framework}-{precision}-{losses}-{initial}", "framework": framework, "model": "m", "spec_hash": "h", "precision": precision, "status": status,
             "reason": None if status == "ok" else "why", "loss": list(losses),
             "fingerprint": {"initial_outputs": [list(initial)], "final_outputs": [list(final)],
                             "skipped_steps": list(skipped)}}

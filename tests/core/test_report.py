@@ -66,6 +66,16 @@ def test_names_are_escaped(results_dir, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
+def test_duplicate_and_foreign_records_are_skipped_and_said(results_dir):
+    records = read_records([results_dir, results_dir])  # the same file twice
+    newer = {**records[0], "run_id": "future", "schema": 99}
+    view = build_view(records + [newer])
+    assert view["n_records"] == len(records) // 2
+    assert set(view["skipped"]) == {f"{len(records) // 2} records skipped: duplicate run_id",
+                                    "1 record skipped: written by a newer amp-harness (schema 99)"}
+    assert "records skipped: duplicate run_id" in render(view)
+
+
 def test_no_ok_runs_and_single_framework_still_render(results_dir):
     failed = [r for r in read_records([results_dir]) if r["status"] != "ok"]
     page = render(build_view(failed))

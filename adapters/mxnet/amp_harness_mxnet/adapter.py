@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
 from harness.errors import HarnessError
 
 
@@ -53,17 +53,17 @@ class MXNetAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     def unsupported(self, precision, device) -> str | None:
-        if device.kind == "cpu":
-            if precision.gpu_only:
-                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
-            if "float16" in (precision.compute_dtype, precision.param_dtype):
-                error = _cpu_float16_error()
-                if error:
-                    return f"MXNet has no float16 kernels on this CPU: {error}"
-            if precision.name == "bf16":
-                # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid
-                # pointer) or failed with "Unknown type enum 12"; bfloat16 works inside AMP only
-                return "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network cast to it crashes"
+        reason = device_limits(precision, device)
+        if reason or device.kind != "cpu":
+            return reason
+        if "float16" in (precision.compute_dtype, precision.param_dtype):
+            error = _cpu_float16_error()
+            if error:
+                return f"MXNet has no float16 kernels on this CPU: {error}"
+        if precision.name == "bf16":
+            # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid
+            # pointer) or failed with "Unknown type enum 12"; bfloat16 works inside AMP only
+            return "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network cast to it crashes"
         return None
 
     def set_threads(self, threads: int) -> None:

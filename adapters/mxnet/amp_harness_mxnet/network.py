@@ -10,22 +10,9 @@ import numpy as np
 from mxnet import gluon
 
 from harness.graph import Graph, same_padding
+from harness.weights import from_channels_first, to_channels_first
 
 
-def to_mxnet_layout(array: np.ndarray) -> np.ndarray:
-    if array.ndim == 4:  # [kH, kW, in, out] -> [out, in, kH, kW]
-        return array.transpose(3, 2, 0, 1)
-    if array.ndim == 2:  # [in, out] -> [out, in]
-        return array.T
-    return array
-
-
-def from_mxnet_layout(array: np.ndarray) -> np.ndarray:
-    if array.ndim == 4:
-        return array.transpose(2, 3, 1, 0)
-    if array.ndim == 2:
-        return array.T
-    return array
 
 
 def _key(name: str) -> str:
@@ -53,7 +40,7 @@ class Network(gluon.HybridBlock):
                 state = name.rsplit(".", 1)[1].startswith("moving_")
                 # attributes, because Gluon passes only attribute-registered parameters to hybrid_forward
                 self.handles[name] = self._register(_key(name), self.params.get(
-                    _key(name), shape=to_mxnet_layout(np.empty(shape)).shape, dtype=dtype,
+                    _key(name), shape=to_channels_first(np.empty(shape)).shape, dtype=dtype,
                     init=mx.init.Zero(), grad_req="null" if state else "write", differentiable=not state))
             # constant divisors for asymmetric 'same' average pooling (TF excludes padded pixels)
             for layer in graph.layers:
@@ -82,10 +69,10 @@ class Network(gluon.HybridBlock):
 
     def load(self, weights: dict[str, np.ndarray], ctx) -> None:
         for name, param in self.handles.items():
-            param.set_data(mx.nd.array(to_mxnet_layout(weights[name]), ctx=ctx, dtype=param.dtype))
+            param.set_data(mx.nd.array(to_channels_first(weights[name]), ctx=ctx, dtype=param.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_mxnet_layout(p.data().astype("float32").asnumpy()) for name, p in self.handles.items()}
+        return {name: from_channels_first(p.data().astype("float32").asnumpy()) for name, p in self.handles.items()}
 
     def hybrid_forward(self, F, x, **params):
         return self._layers(F, self.spec.layers, "", x, params)

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
 from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
@@ -53,16 +53,7 @@ class TensorFlowAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     def unsupported(self, precision, device) -> str | None:
-        if device.kind == "cpu":
-            if precision.gpu_only:
-                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
-            return None
-        major = int(str(device.details.get("compute_capability") or "0").split(".")[0])
-        if precision.tf32 and major < 8:
-            return f"TF32 needs compute capability 8.0 (Ampere) or newer; {device.description} has {major}.x"
-        if "bfloat16" in (precision.compute_dtype, precision.param_dtype) and major < 8:
-            return f"bfloat16 on GPU needs compute capability 8.0 or newer; {device.description} has {major}.x"
-        return None
+        return device_limits(precision, device)
 
     def set_threads(self, threads: int) -> None:
         import tensorflow as tf

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
 from harness.errors import HarnessError
 
 
@@ -39,18 +39,7 @@ class TorchAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     def unsupported(self, precision, device) -> str | None:
-        import torch
-
-        if device.kind == "cpu":
-            if precision.gpu_only:
-                return f"{precision.name} is a GPU math mode (TensorFloat-32 tensor cores); this device is a CPU"
-            return None
-        major = torch.cuda.get_device_capability(0)[0]
-        if precision.tf32 and major < 8:
-            return f"TF32 needs compute capability 8.0 (Ampere) or newer; {device.description} has {major}.x"
-        if "bfloat16" in (precision.compute_dtype, precision.param_dtype) and not torch.cuda.is_bf16_supported():
-            return f"{device.description} has no bfloat16 support in torch"
-        return None
+        return device_limits(precision, device)
 
     def set_threads(self, threads: int) -> None:
         import torch

@@ -11,22 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.graph import Graph, LayerInfo, same_padding
+from harness.weights import from_channels_first, to_channels_first
 
 
-def to_torch_layout(array: np.ndarray) -> np.ndarray:
-    if array.ndim == 4:  # conv kernel [kH, kW, in, out] -> [out, in, kH, kW]
-        return array.transpose(3, 2, 0, 1)
-    if array.ndim == 2:  # dense kernel [in, out] -> [out, in]
-        return array.T
-    return array
-
-
-def from_torch_layout(array: np.ndarray) -> np.ndarray:
-    if array.ndim == 4:
-        return array.transpose(2, 3, 1, 0)
-    if array.ndim == 2:
-        return array.T
-    return array
 
 
 class Layer(nn.Module):
@@ -36,7 +23,7 @@ class Layer(nn.Module):
         super().__init__()
         self.info = info
         for name in info.params:
-            value = torch.from_numpy(np.ascontiguousarray(to_torch_layout(weights[f"{info.path}.{name}"])))
+            value = torch.from_numpy(np.ascontiguousarray(to_channels_first(weights[f"{info.path}.{name}"])))
             if name.startswith("moving_"):
                 self.register_buffer(name, value)
             else:
@@ -208,5 +195,5 @@ class Network(nn.Module):
         return x
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_torch_layout(getattr(module, attr).detach().float().cpu().numpy())
+        return {name: from_channels_first(getattr(module, attr).detach().float().cpu().numpy())
                 for name, (module, attr) in self._owners.items()}
