@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 
 import mxnet as mx
+import numpy as np
 from mxnet import nd
+from mxnet.contrib.amp.amp import bfloat16
 
 from harness.spec import PROB_EPSILON
 
@@ -81,13 +83,13 @@ def make_optimizer(spec) -> mx.optimizer.Optimizer:
 
 
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32 (not Gluon's per-sample losses: the trainer steps with batch size 1)."""
-    out = outputs if outputs.dtype == "float32" else outputs.astype("float32")
+    """Batch-mean loss in float32 or wider (not Gluon's per-sample losses: the trainer steps with batch 1)."""
+    out = outputs.astype("float32") if outputs.dtype in (np.float16, bfloat16) else outputs
+    labels = labels.astype(out.dtype)
     if spec.type == "sparse_categorical_crossentropy":
-        if spec.from_logits:
-            logp = nd.log_softmax(out, axis=-1)
-        else:
-            logp = nd.log(nd.clip(out / out.sum(axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
+        if spec.from_logits:  # one fused operator: the summed cross-entropy of the batch
+            return nd.softmax_cross_entropy(out, labels) / out.shape[0]
+        logp = nd.log(nd.clip(out / out.sum(axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
         return -nd.pick(logp, labels, axis=-1).mean()
     z = out[:, 0]
     if spec.from_logits:

@@ -86,15 +86,15 @@ def make_optimizer(spec) -> keras.optimizers.Optimizer:
 
 
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32, whatever the compute dtype."""
-    out = ops.cast(outputs, "float32")
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    out = outputs if outputs.dtype == "float64" else ops.cast(outputs, "float32")
     if spec.type == "sparse_categorical_crossentropy":
         if spec.from_logits:
             logp = ops.log_softmax(out, axis=-1)
         else:
             logp = ops.log(ops.clip(out / ops.sum(out, axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
         return -ops.mean(ops.take_along_axis(logp, ops.expand_dims(labels, -1), axis=-1))
-    z, y = out[:, 0], ops.cast(labels, "float32")
+    z, y = out[:, 0], ops.cast(labels, out.dtype)
     if spec.from_logits:
         return ops.mean(ops.relu(z) - z * y + ops.log1p(ops.exp(-ops.abs(z))))
     p = ops.clip(z, PROB_EPSILON, 1 - PROB_EPSILON)

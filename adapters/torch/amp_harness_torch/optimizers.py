@@ -37,14 +37,14 @@ def make_optimizer(spec, params) -> torch.optim.Optimizer:
 
 
 def loss_fn(spec, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Batch-mean loss in float32, whatever the compute dtype."""
-    out = outputs.float()
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    out = outputs if outputs.dtype == torch.float64 else outputs.float()
     if spec.type == "sparse_categorical_crossentropy":
         if spec.from_logits:
             return F.cross_entropy(out, labels)
         probs = (out / out.sum(dim=1, keepdim=True)).clamp(PROB_EPSILON, 1 - PROB_EPSILON)
         return F.nll_loss(probs.log(), labels)
-    z, y = out[:, 0], labels.float()
+    z, y = out[:, 0], labels.to(out.dtype)
     if spec.from_logits:
         return F.binary_cross_entropy_with_logits(z, y)
     p = z.clamp(PROB_EPSILON, 1 - PROB_EPSILON)
