@@ -1,4 +1,4 @@
-"""The amp-harness command line: models, check, adapters, run."""
+"""The amp-harness command line: models, check, adapters, run, fingerprint, parity, report."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,13 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad options get one line and exit code 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _csv(text: str) -> list[str]:
@@ -207,7 +214,7 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="amp-harness", description=__doc__)
+    parser = _Parser(prog="amp-harness", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the built-in models").set_defaults(func=cmd_models)

@@ -63,6 +63,12 @@ def test_every_record_has_every_field(tmp_path):
     (["run", "--framework", "fake", "--model", "nosuch"], "unknown model 'nosuch'"),
     (["run", "--framework", "fake", "--model", "mnist_mlp", "--precision", "fp8"], "unknown precision 'fp8'"),
     (["check", "tests/specs/missing.yaml"], "cannot read"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--steps", "0"], "argument --steps: '0' is not a positive"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--input-size", "big"], "'big' is not HEIGHTxWIDTH"),
+    (["run", "--framework", "fake"], "--model (or, for run, --matrix) is required"),
+    (["run", "--framework", "fake", "--matrix", "nope.yaml"], "nope.yaml: cannot read"),
+    (["report", "x", "--nosuch"], "unrecognized arguments: --nosuch"),
+    (["parity", "tests"], "no fingerprints.jsonl in tests"),
 ])
 def test_bad_cli_input_is_one_line_and_exit_2(args, message):
     out = amp(*args)
