@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GPU check of the PyTorch adapter: fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet,
-# then a table of median step times. Run it on a machine with a CUDA GPU and torch installed:
+# then a table of median step times. Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
+# pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu_check}
-python3 -m pip install --quiet --no-deps -e . -e adapters/torch
-python3 -m pip install --quiet pydantic pyyaml pandas tqdm scikit-learn pillow jinja2
+python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch
 python3 -m harness adapters
 python3 -m harness run --framework torch --device gpu --model resnet8,small_convnet \
   --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 2 --no-progress --out "$out"

@@ -335,14 +335,14 @@ def render(view: dict) -> str:
 
 
 def write_report(records: list[dict], out: Path, parity_records: list[dict] | None = None) -> tuple[Path, Path]:
-    import pandas as pd
-
-    from harness.results import _flatten
+    from harness.results import to_frame
 
     view = build_view(records, parity_records)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(view))
-    rows = [{k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in _flatten(r).items()} for r in records]
+    frame = to_frame(records)
+    for column in frame.columns:  # lists (per-step times, losses) and option dicts as JSON cells
+        frame[column] = frame[column].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     csv = out.with_suffix(".csv")
-    pd.DataFrame(rows).to_csv(csv, index=False)
+    frame.to_csv(csv, index=False)
     return out, csv

@@ -107,8 +107,13 @@ def _flatten(record: dict, prefix: str = "") -> dict:
     return flat
 
 
-def load(paths: Iterable[Path | str]):
+def to_frame(records: list[dict]):
     """A DataFrame of records, one row per run, nested fields flattened to dotted column names."""
     import pandas as pd
 
-    return pd.DataFrame([_flatten(r) for r in read_records(paths)])
+    return pd.DataFrame([_flatten(r) for r in records])
+
+
+def load(paths: Iterable[Path | str]):
+    """The records of results.jsonl files (or directories holding one) as a DataFrame (see to_frame)."""
+    return to_frame(read_records(paths))
