@@ -63,12 +63,13 @@ def test_ctrl_c_stops_after_the_current_run_and_says_how_to_resume(tmp_path):
     assert 1 <= len(records) < 6 and all(r["status"] == "ok" for r in records)  # the run in flight finished
 
 
-def test_segfaulting_worker_is_recorded_and_the_matrix_goes_on(tmp_path):
-    out = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp16,fp32", "--steps", "4",
-              "--out", str(tmp_path), faults="fp16=segv")
+def test_segfaulting_or_oom_killed_worker_is_recorded_and_the_matrix_goes_on(tmp_path):
+    out = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,fp32", "--steps", "4",
+              "--out", str(tmp_path), faults="fp16=segv,bf16=oom")
     assert out.returncode == 0, out.stderr
     status = {r["precision"]: (r["status"], r["reason"]) for r in results.read_records([tmp_path])}
     assert status["fp16"][0] == "failed" and status["fp16"][1].startswith("worker killed by signal SIGSEGV")
+    assert status["bf16"][0] == "failed" and status["bf16"][1].startswith("worker killed by signal SIGKILL")
     assert status["fp32"] == ("ok", None)
 
 

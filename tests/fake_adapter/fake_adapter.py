@@ -1,5 +1,5 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
-fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, hang, slow, raise, nan)."""
+fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, oom, hang, slow, raise, nan)."""
 from __future__ import annotations
 
 import os
@@ -32,6 +32,8 @@ class FakeTrainer(Trainer):
             import ctypes
 
             ctypes.string_at(0)  # a real segmentation fault in native code
+        if self.fault == "oom" and self.steps == 2:
+            os.kill(os.getpid(), 9)  # what the out-of-memory killer does
         if self.fault == "slow":
             time.sleep(0.3)
         if self.fault == "hang":
