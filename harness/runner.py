@@ -86,6 +86,8 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
             record.update(status="timeout", reason=f"killed after the {timeout_s:g} s timeout")
         else:
             how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+            if code == -signal.SIGKILL:
+                how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
             tail = _stderr_tail(stderr_file)
             record.update(status="failed", reason=f"worker {how}" + (f": {tail}" if tail else ""))
         return record
