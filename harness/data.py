@@ -51,15 +51,8 @@ class Source:
     def __init__(self, spec: ModelSpec):
         self.shape = tuple(spec.input.shape)
 
-    def raw(self, indices: np.ndarray) -> np.ndarray:  # [n, h, w, c] before resizing
-        raise NotImplementedError
-
     def samples(self, indices: np.ndarray) -> np.ndarray:
-        raw = self.raw(indices)
-        if len(self.shape) == 1:  # vector input: resize to a square-ish image first, then flatten
-            return raw.reshape(len(indices), -1)
-        h, w, c = self.shape
-        return _fit_channels(_resize(raw, h, w), c)
+        raise NotImplementedError
 
 
 class Synthetic(Source):
@@ -81,13 +74,10 @@ class Synthetic(Source):
             self.templates = rng.standard_normal((ds.num_classes, *self.shape)).astype(np.float32)
         self.seed = spec.seed
 
-    def raw(self, indices):
+    def samples(self, indices):
         noise = np.stack([np.random.default_rng([self.seed, 2, int(i)]).standard_normal(self.shape, np.float32)
                           for i in indices])
         return self.templates[self.labels[indices]] + self.NOISE * noise
-
-    def samples(self, indices):
-        return self.raw(indices)  # generated at the input shape already
 
 
 class Digits(Source):
@@ -101,20 +91,17 @@ class Digits(Source):
         self.images = (digits.images / 16.0).astype(np.float32)[..., None]
         labels = digits.target.astype(np.int64)
         self.labels = (labels >= 5).astype(np.int64) if spec.dataset.num_classes == 2 else labels
-        if len(self.shape) == 1:
+        self.flat = len(self.shape) == 1  # a vector input: square images, flattened
+        if self.flat:
             side = math.isqrt(self.shape[0])
             if side * side != self.shape[0]:
                 raise HarnessError(f"{spec.name}: digits as vectors needs a square size, got {self.shape[0]}")
             self.shape = (side, side, 1)
-            self._flat = True
-
-    def raw(self, indices):
-        return self.images[indices]
 
     def samples(self, indices):
         h, w, c = self.shape
         out = _fit_channels(_resize(self.images[indices], h, w), c)
-        return out.reshape(len(indices), -1) if getattr(self, "_flat", False) else out
+        return out.reshape(len(indices), -1) if self.flat else out
 
 
 class ImageFolder(Source):

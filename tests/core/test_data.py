@@ -36,6 +36,17 @@ def test_digits_resize_and_channels():
     assert 0.0 <= x.min() and x.max() <= 1.0 + 1e-6
 
 
+def test_digits_as_vectors():
+    data = yaml.safe_load(open("tests/specs/pitfall_rmsprop_epsilon.yaml"))
+    data.update(input={"shape": [64]}, dataset={"name": "digits", "num_classes": 10})
+    data["layers"][-2]["units"] = 10
+    x, y = Data(validate(data, "test")).train_batch(0)
+    assert x.shape == (16, 64) and y.max() <= 9
+    data["input"]["shape"] = [60]
+    with pytest.raises(HarnessError, match="needs a square size, got 60"):
+        Data(validate(data, "test"))
+
+
 def test_synthetic_is_learnable_by_its_templates():
     spec = load_spec("resnet8")
     data = Data(spec)
