@@ -97,9 +97,10 @@ class Adapter(ABC):
     def device(self, requested: str) -> Device:
         """Resolve "auto", "cpu" or "gpu" to a device this framework can use here."""
 
-    @abstractmethod
     def unsupported(self, precision: Precision, device: Device) -> str | None:
-        """A one-line reason why this precision cannot run on this device, or None."""
+        """A one-line reason why this precision cannot run on this device, or None. The default knows the
+        limits that hold for every framework (device_limits); override to add the framework's own."""
+        return device_limits(precision, device)
 
     @abstractmethod
     def set_threads(self, threads: int) -> None:

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
 
 
@@ -53,7 +53,7 @@ class MXNetAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     def unsupported(self, precision, device) -> str | None:
-        reason = device_limits(precision, device)
+        reason = super().unsupported(precision, device)
         if reason or device.kind != "cpu":
             return reason
         if "float16" in (precision.compute_dtype, precision.param_dtype):

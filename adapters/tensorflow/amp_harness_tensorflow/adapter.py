@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
@@ -52,9 +52,6 @@ class TensorFlowAdapter(Adapter):
                            "cuda": tf.sysconfig.get_build_info().get("cuda_version")})
         return Device("cpu", "cpu", cpu_info()[0])
 
-    def unsupported(self, precision, device) -> str | None:
-        return device_limits(precision, device)
-
     def set_threads(self, threads: int) -> None:
         import tensorflow as tf
 
@@ -74,7 +71,6 @@ class TensorFlowTrainer(Trainer):
         from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
 
         self.tf = tf
-        self.device = device
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
         policy, floatx = POLICIES[precision.name]

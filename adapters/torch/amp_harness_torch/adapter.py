@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer, device_limits
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
 
 
@@ -37,9 +37,6 @@ class TorchAdapter(Adapter):
         if requested == "gpu":
             raise HarnessError("--device gpu: torch sees no CUDA GPU (is this a CPU build of torch?)")
         return Device("cpu", "cpu", cpu_info()[0])
-
-    def unsupported(self, precision, device) -> str | None:
-        return device_limits(precision, device)
 
     def set_threads(self, threads: int) -> None:
         import torch
