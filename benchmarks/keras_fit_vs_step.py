@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 from harness.adapter import load_adapter
-from harness.data import Data
-from harness.graph import infer
+from harness.model.data import Data
+from harness.model.graph import infer
+from harness.model.spec import load_spec
+from harness.model.weights import initial_weights
 from harness.precision import LossScale, parse_precision
-from harness.spec import load_spec
-from harness.weights import initial_weights
 
 
 def main() -> None:
@@ -43,7 +43,6 @@ def main() -> None:
     batches = [data.train_batch(s) for s in range(args.warmup + args.steps)]
 
     import keras
-
     from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
 
     model = keras.models.clone_model(trainer.net.model)  # same architecture, same policy
@@ -57,7 +56,7 @@ def main() -> None:
     for _ in range(args.rounds):
         times = []
         for step, batch in enumerate(batches):
-            device_batch = trainer.to_device(*batch)
+            device_batch = trainer.to_device(*batch, {})  # no dropout masks: the plain loop has no dropout
             t0 = time.perf_counter()
             trainer.train_step(device_batch)
             if step >= args.warmup:

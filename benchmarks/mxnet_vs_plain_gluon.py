@@ -18,11 +18,11 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from harness.adapter import load_adapter
-from harness.data import Data
-from harness.graph import infer
+from harness.model.data import Data
+from harness.model.graph import infer
+from harness.model.spec import load_spec
+from harness.model.weights import initial_weights
 from harness.precision import LossScale, parse_precision
-from harness.spec import load_spec
-from harness.weights import initial_weights
 
 
 def plain_net(spec) -> gluon.nn.HybridSequential:
@@ -62,7 +62,7 @@ def main() -> None:
     trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), parse_precision("fp32"), LossScale(),
                             adapter.device("cpu"))
     batches = [data.train_batch(s) for s in range(args.warmup + args.steps)]
-    harness_batches = [trainer.to_device(*b) for b in batches]
+    harness_batches = [trainer.to_device(*b, {}) for b in batches]  # no dropout: the plain loop has none
     plain_batches = [(mx.nd.array(x.transpose(0, 3, 1, 2)), mx.nd.array(y)) for x, y in batches]
 
     net = plain_net(spec)

@@ -9,12 +9,19 @@ An adapter is a class registered under the entry-point group ``amp_harness.adapt
 Rules:
 - Importing the adapter module must not import the framework: import it inside methods. The core lists
   adapters without loading any framework, and runs each (framework, precision) in its own process.
-- ``build`` loads the core's canonical weights (``harness.weights``) and reproduces the spec's math exactly
-  (see ``harness.spec``): never use the framework's own initialisers or a loss/optimizer whose math differs.
+- ``build`` loads the core's canonical weights (``harness.model.weights``) and reproduces the spec's math exactly
+  (see ``harness.model.spec``): never use the framework's own initialisers or a loss/optimizer whose math differs.
 - A precision the framework or device cannot run is reported by ``unsupported`` with a one-line reason;
   the core records it as an ``unsupported`` result instead of running it.
 - ``Trainer.train_step`` returns the loss as a float *after the device has finished the step* (synchronise:
   the core reads the clock right after it returns).
+- The core owns every rule that is not framework-specific, and adapters use it rather than restate it:
+  padding and pooling geometry (``harness.model.graph.window_padding``, ``avgpool_divisors``), the precision
+  policy (``Precision.compute_dtype`` / ``param_dtype``), the loss-scale rules (``harness.precision.LossScaler``;
+  a framework's own scaler is checked against them after every step) and dropout masks
+  (``harness.model.dropout``: applied as given, ``x * mask / (1 - rate)``, never drawn by the framework).
+- A float64 (``fp64``) run computes entirely in float64, constants and hyper-parameters included: the parity
+  check holds float64 fingerprints to 1e-9.
 """
 from __future__ import annotations
 
@@ -27,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from harness.errors import HarnessError
-from harness.graph import Graph
+from harness.model.graph import Graph
+from harness.model.spec import ModelSpec
 from harness.precision import LossScale, Precision
-from harness.spec import ModelSpec
 
 ENTRY_POINT_GROUP = "amp_harness.adapters"
 BLOCK_ENV = "AMP_HARNESS_BLOCK_ADAPTERS"  # comma-separated adapter names to ignore
@@ -56,8 +63,10 @@ class Trainer(ABC):
     options: dict[str, Any]
 
     @abstractmethod
-    def to_device(self, x: np.ndarray, y: np.ndarray) -> Any:
-        """Convert a numpy batch for train_step; the core keeps this out of the timed region."""
+    def to_device(self, x: np.ndarray, y: np.ndarray, masks: dict[str, np.ndarray]) -> Any:
+        """Convert a numpy batch for train_step: inputs, labels and the step's dropout masks by layer path
+        (float32 0/1 in the canonical layout of each dropout layer's output; {} without dropout). The core
+        keeps this out of the timed region."""
 
     @abstractmethod
     def train_step(self, batch: Any) -> float:
@@ -69,11 +78,13 @@ class Trainer(ABC):
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Inference-mode outputs (batchnorm running statistics, no dropout) as float32 numpy."""
+        """Inference-mode outputs (batchnorm running statistics, no dropout) as numpy: float32, or float64 in a
+        float64 run (the parity check compares float64 fingerprints at 1e-10)."""
 
     @abstractmethod
     def get_weights(self) -> dict[str, np.ndarray]:
-        """Current weights in the core's canonical names and layouts, as float32 numpy."""
+        """Current weights in the core's canonical names and layouts, as numpy: float32, or float64 in a
+        float64 run."""
 
     @abstractmethod
     def param_count(self) -> int:

@@ -63,8 +63,8 @@ def _fmt_int(n: int) -> str:
 
 
 def cmd_models(args) -> int:
-    from harness.graph import infer
-    from harness.spec import builtin_models, load_spec
+    from harness.model.graph import infer
+    from harness.model.spec import builtin_models, load_spec
 
     print(f"{'model':<16}{'params':>10}{'FLOPs/step':>12}  {'batch':>5} {'steps':>5}  {'input':<14}dataset")
     for name in builtin_models():
@@ -77,16 +77,17 @@ def cmd_models(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from harness.graph import infer
-    from harness.spec import load_spec
+    from harness.model.graph import infer
+    from harness.model.spec import load_spec
 
     for path in args.specs:
         spec = load_spec(path)
         graph = infer(spec)
         print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}  spec_hash {spec.spec_hash()}")
+        width = max(len(layer.path) + layer.path.count(".") for layer in graph.layers) + 2
         for layer in graph.layers:
             depth = layer.path.count(".") // 2
-            print(f"  {'  ' * depth}{layer.path:<16}{layer.type:<18}{str(list(layer.out_shape)):<18}"
+            print(f"  {('  ' * depth + layer.path):<{width}}{layer.type:<18}{str(list(layer.out_shape)):<18}"
                   f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
         print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
               f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")
@@ -102,7 +103,7 @@ def cmd_adapters(args) -> int:
         return 0
     for name in sorted(found):
         # one framework per process: probe each adapter in its own subprocess
-        out = subprocess.run([sys.executable, "-m", "harness.worker", "probe", name],
+        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "probe", name],
                              capture_output=True, text=True, timeout=300)
         try:
             info = json.loads(out.stdout.strip().splitlines()[-1])
@@ -122,16 +123,16 @@ def cmd_adapters(args) -> int:
 def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> list[dict]:
     """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
     from harness.adapter import discover, load_adapter
+    from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.runner import matrix, pending, run_matrix, summary_line
-    from harness.spec import load_spec
+    from harness.run.runner import matrix, pending, run_matrix, summary_line
 
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
     precisions = args.precision
     cli = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
     if getattr(args, "matrix", None):
-        from harness.matrix import load_matrix
+        from harness.run.matrix import load_matrix
 
         if args.model:
             raise HarnessError("give either --model or --matrix, not both")
@@ -187,8 +188,8 @@ def cmd_parity(args) -> int:
 
     comparisons = compare(read_records(args.dirs, FINGERPRINTS_FILE))
     print(table(comparisons))
-    failed = [c for c in comparisons if c.verdict == "FAIL"]
-    compared = [c for c in comparisons if c.verdict in ("pass", "FAIL")]
+    failed = [c for c in comparisons if c.failed]
+    compared = [c for c in comparisons if c.compared]
     if failed:
         print(f"parity FAILED for {len(failed)} of {len(compared)} comparisons", file=sys.stderr)
         return 1

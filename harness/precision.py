@@ -71,6 +71,35 @@ class LossScale:
         return asdict(self)
 
 
+class LossScaler:
+    """The loss-scale rules, once: what every adapter's scaler must do, step by step (PyTorch's GradScaler
+    semantics). After a step whose unscaled gradients were not all finite, the step is skipped and a dynamic
+    scale is multiplied by `backoff_factor`; after `growth_interval` consecutive finite steps it is
+    multiplied by `growth_factor`. `scale` is always the scale the *next* step will use, which is what
+    Trainer.loss_scale_state reports. Adapters without a framework scaler use this class; adapters with one
+    are checked against it after every step (harness.run.worker)."""
+
+    def __init__(self, settings: LossScale):
+        self.settings = settings
+        self.scale = settings.initial
+        self.clean_steps = 0
+
+    def update(self, finite: bool) -> bool:
+        """Account for one step; return True when that step must be skipped."""
+        s = self.settings
+        if s.mode != "dynamic":
+            return not finite
+        if not finite:
+            self.scale *= s.backoff_factor
+            self.clean_steps = 0
+            return True
+        self.clean_steps += 1
+        if self.clean_steps == s.growth_interval:
+            self.scale *= s.growth_factor
+            self.clean_steps = 0
+        return False
+
+
 def parse_loss_scale(text: str | None, precision: Precision, growth_interval: int = 2000) -> LossScale:
     """`None` -> the precision's default; 'dynamic', 'dynamic:INITIAL', 'none', or a number (fixed)."""
     if text is None:

@@ -3,17 +3,22 @@ so every adapter passes the same tests. In an env that names a framework, a miss
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from harness.adapter import load_adapter
 
+HERE = Path(__file__).resolve().parent
+
 
 def pytest_collection_modifyitems(config, items):
+    # a hook in a conftest sees every collected item: skip only this directory's tests
     if not os.environ.get("AMP_HARNESS_FRAMEWORK"):
         skip = pytest.mark.skip(reason="set AMP_HARNESS_FRAMEWORK to the adapter to test (the tox envs do)")
         for item in items:
-            item.add_marker(skip)
+            if HERE in Path(item.fspath).resolve().parents:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from harness.cli import main
 from harness.errors import SpecError
-from harness.spec import MODELS_DIR, validate
+from harness.model.spec import MODELS_DIR, validate
 
 BASE = yaml.safe_load((MODELS_DIR / "resnet8.yaml").read_text())
 MLP = yaml.safe_load((MODELS_DIR / "mnist_mlp.yaml").read_text())

@@ -6,13 +6,13 @@ import pytest
 import yaml
 from PIL import Image
 
-from harness.data import Data
 from harness.errors import HarnessError
-from harness.graph import infer
-from harness.metrics import loss_and_correct
-from harness.reference import forward
-from harness.spec import load_spec, validate
-from harness.weights import initial_weights
+from harness.model.data import Data
+from harness.model.graph import infer
+from harness.model.reference import forward
+from harness.model.spec import load_spec, validate
+from harness.model.weights import initial_weights
+from harness.run.metrics import loss_and_correct
 
 
 def test_batches_are_deterministic_and_cover_each_epoch():

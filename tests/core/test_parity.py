@@ -37,9 +37,22 @@ def test_trajectory_drift_within_the_references_own_noise_passes_only_with_fp64(
     assert verdicts(far)[("fp32", "tensorflow")] == "FAIL"
 
 
-def test_unsupported_runs_and_different_skips_are_not_compared():
+def test_only_unsupported_is_a_legitimate_not_compared():
     v = verdicts([fp("torch", "amp_fp16", skipped=()), fp("tensorflow", "amp_fp16", skipped=(0, 1)),
-                  fp("torch", "bf16"), fp("mxnet", "bf16", status="unsupported"), fp("torch", "fp16")])
-    assert v[("amp_fp16", "tensorflow")].startswith("n/a: the loss scalers skipped different steps")
+                  fp("torch", "bf16"), fp("mxnet", "bf16", status="unsupported"), fp("torch", "fp16"),
+                  fp("torch", "fp64"), fp("tensorflow", "fp64", status="diverged")])
     assert v[("bf16", "mxnet")] == "n/a: mxnet unsupported (why)"
-    assert v[("fp16", "torch")] == "n/a: only one framework has a fingerprint"
+    assert v[("amp_fp16", "tensorflow")] == ("FAIL: the loss scalers skipped different steps "
+                                             "(torch [], tensorflow [0, 1])")
+    assert v[("fp16", "torch")] == "FAIL: only torch has a fp16 fingerprint"
+    assert v[("fp64", "tensorflow")] == "FAIL: tensorflow diverged (why)"
+
+
+def test_float64_rows_are_strict():
+    # 1e-8 in the losses is float32 rounding of a constant: it passes fp32, and fails fp64
+    near = (1.0, 0.9 * (1 + 1e-8), 0.8)
+    assert verdicts([fp("torch"), fp("tensorflow", losses=near)])[("fp32", "tensorflow")] == "pass"
+    v = verdicts([fp("torch", "fp64"), fp("tensorflow", "fp64", losses=near)])
+    assert v[("fp64", "tensorflow")] == "FAIL"
+    v = verdicts([fp("torch", "fp64"), fp("tensorflow", "fp64", losses=(1.0, 0.9 * (1 + 1e-12), 0.8))])
+    assert v[("fp64", "tensorflow")] == "pass"

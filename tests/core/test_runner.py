@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -91,3 +90,23 @@ def test_adapters_command_probes_in_a_subprocess():
     out = amp("adapters")
     assert out.returncode == 0
     assert "fake 0.0-test" in out.stdout and "tf32      unsupported: fake cannot do TF32" in out.stdout
+
+
+def test_a_loss_scaler_that_breaks_the_core_rules_fails_the_run(tmp_path):
+    amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--precision",
+        "amp_fp16", "--steps", "4", "--warmup", "0", "--out", str(tmp_path), faults="amp_fp16=stuckscale")
+    (record,) = results.read_records([tmp_path])
+    assert record["status"] == "failed"
+    assert record["reason"] == ("the adapter's loss scaler broke the core's rules at step 1: it skipped the step "
+                                "and reported a next scale of 65536, the rules give 32768 (harness.precision.LossScaler)")
+
+
+def test_an_adapter_whose_scaler_skips_every_step_fails_parity(tmp_path):
+    for framework in ("fake", "fake_skipping"):
+        out = amp("fingerprint", "--framework", framework, "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml",
+                  "--precision", "amp_fp16", "--steps", "4", "--out", str(tmp_path / framework))
+        assert out.returncode == 0, out.stderr
+    out = amp("parity", str(tmp_path / "fake"), str(tmp_path / "fake_skipping"))
+    assert out.returncode == 1
+    assert "FAIL: the loss scalers skipped different steps (fake [1], fake_skipping [0, 1, 2, 3])" in out.stdout
+    assert "parity FAILED for 1 of 1 comparisons" in out.stderr

@@ -8,12 +8,12 @@ import pytest
 import yaml
 
 from harness.errors import HarnessError, SpecError
-from harness.graph import infer, same_padding
+from harness.model.graph import infer, same_padding
+from harness.model.spec import builtin_models, load_spec
 from harness.precision import PRECISIONS, parse_loss_scale, parse_precision
-from harness.spec import builtin_models, load_spec
 from tests.conftest import pitfall_specs
 
-BASE = yaml.safe_load((__import__("harness.spec", fromlist=["MODELS_DIR"]).MODELS_DIR / "mnist_mlp.yaml").read_text())
+BASE = yaml.safe_load((__import__("harness.model.spec", fromlist=["MODELS_DIR"]).MODELS_DIR / "mnist_mlp.yaml").read_text())
 
 
 def write(tmp_path, data, name="spec.yaml"):
@@ -109,7 +109,7 @@ def test_spec_hash_is_stable_and_covers_overrides():
     assert a.with_overrides(batch_size=8).spec_hash() != a.spec_hash()
     assert a.with_overrides(input_size=(16, 16)).spec_hash() != a.spec_hash()
     # the same hash in another process (no per-process randomness in it)
-    out = subprocess.run([sys.executable, "-c", "from harness.spec import load_spec;"
+    out = subprocess.run([sys.executable, "-c", "from harness.model.spec import load_spec;"
                           "print(load_spec('resnet8').spec_hash())"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == a.spec_hash()
 

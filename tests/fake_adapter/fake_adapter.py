@@ -1,5 +1,6 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
-fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, oom, hang, slow, raise, nan)."""
+fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, oom, hang, slow, raise, nan,
+stuckscale: report the initial loss scale after an overflow, against the core's rules)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import time
 import numpy as np
 
 from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.precision import LossScaler
 
 
 def _fault(precision: str) -> str:
@@ -16,12 +18,16 @@ def _fault(precision: str) -> str:
 
 
 class FakeTrainer(Trainer):
+    overflows = (2,)  # the steps (counted from 1) whose gradients overflow
+
     def __init__(self, graph, weights, precision, loss_scale):
         self.weights, self.out_shape = weights, graph.output_shape
-        self.fault, self.loss_scale, self.steps = _fault(precision.name), loss_scale, 0
+        self.fault, self.steps = _fault(precision.name), 0
+        self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
+        self.skipped = False
         self.options = {"fake": True}
 
-    def to_device(self, x, y):
+    def to_device(self, x, y, masks):
         return x, y
 
     def train_step(self, batch):
@@ -40,14 +46,17 @@ class FakeTrainer(Trainer):
             time.sleep(3600)
         if self.fault == "raise":
             raise RuntimeError("simulated framework error\nsecond line")
+        if self.scaler:
+            self.skipped = self.scaler.update(finite=self.steps not in self.overflows)
         if self.fault == "nan" and self.steps == 4:
             return float("nan")
         return 1.0 / self.steps
 
     def loss_scale_state(self):
-        if self.loss_scale.mode == "none":
+        if not self.scaler:
             return None
-        return LossScaleState(self.loss_scale.initial / (2 if self.steps >= 2 else 1), self.steps == 2)
+        return LossScaleState(self.scaler.settings.initial if self.fault == "stuckscale" else self.scaler.scale,
+                              self.skipped)
 
     def predict(self, x):
         return np.full((len(x), *self.out_shape), 1.0 / self.out_shape[-1], np.float32)  # uniform
@@ -76,3 +85,17 @@ class FakeAdapter(Adapter):
 
     def build(self, spec, graph, weights, precision, loss_scale, device):
         return FakeTrainer(graph, weights, precision, loss_scale)
+
+
+class SkippingTrainer(FakeTrainer):
+    overflows = range(1, 10**6)
+
+
+class SkippingAdapter(FakeAdapter):
+    """A broken adapter: its loss scaler skips every step (by the rules: it backs off each time), so it never
+    trains. The parity check must fail it."""
+
+    name = "fake_skipping"
+
+    def build(self, spec, graph, weights, precision, loss_scale, device):
+        return SkippingTrainer(graph, weights, precision, loss_scale)

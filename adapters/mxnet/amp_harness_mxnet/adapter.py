@@ -17,7 +17,6 @@ from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
 
 
-
 def _cpu_float16_error() -> str | None:
     """MXNet's own words when a float16 layer runs on the CPU (1.9.1 has no such kernels), or None."""
     import mxnet as mx
@@ -42,7 +41,7 @@ class MXNetAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import mxnet as mx
 
-        from harness.measure import cpu_info
+        from harness.run.measure import cpu_info
 
         gpus = mx.context.num_gpus()
         if requested == "gpu" and not gpus:
@@ -94,8 +93,8 @@ class MXNetTrainer(Trainer):
         if self.amp_on:  # before the network is built: amp patches the operators it will use
             amp.init(target_dtype=precision.compute_dtype)
         self.dtype = precision.param_dtype
-        self.images = len(spec.input.shape) == 3
         self.net = Network(spec, graph, self.dtype)
+        self.dropout_rates = {info.path: info.spec.rate for info in graph.layers if info.type == "dropout"}
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
         self.hybridize = os.environ.get("AMP_HARNESS_MXNET_HYBRIDIZE", "1") == "1"
@@ -113,29 +112,37 @@ class MXNetTrainer(Trainer):
             self.scaler = self.trainer._amp_loss_scaler  # MXNet exposes no public setter for these
             self.scaler._loss_scale = self.scaler._next_loss_scale = loss_scale.initial
             self.scaler._scale_seq_len = loss_scale.growth_interval
+            self.scaler._max_loss_scale = float("inf")  # MXNet's cap of 2^24 is not in the core's rules
         self.skipped = False
         self.peak_bytes = 0
         self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
-                        "loss_scaler": "contrib.amp LossScaler (max 2^24; back-off applies one step late)"
+                        "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                         if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
                         "tf32": precision.tf32}
 
-    def _input(self, x: np.ndarray):
-        if self.images:  # NHWC -> NCHW copy, outside the timed step
-            x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-        return self.mx.nd.array(x, ctx=self.ctx, dtype=self.dtype)
+    def _array(self, a: np.ndarray):
+        if a.ndim == 4:  # NHWC -> NCHW copy, outside the timed step
+            a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+        return self.mx.nd.array(a, ctx=self.ctx, dtype=self.dtype)
 
-    def to_device(self, x, y):
-        batch = self._input(x), self.mx.nd.array(y, ctx=self.ctx, dtype="float32")
+    def _masks(self, masks: dict[str, np.ndarray]) -> list:
+        # divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)
+        return [self._array(masks[path].astype(np.float64) / (1 - self.dropout_rates[path]))
+                for path in self.net.mask_paths]
+
+    def to_device(self, x, y, masks):
+        batch = self._array(x), self.mx.nd.array(y, ctx=self.ctx, dtype="float32"), self._masks(masks)
         self.mx.nd.waitall()
         return batch
 
     def train_step(self, batch) -> float:
         from amp_harness_mxnet.optimizers import loss_fn
 
-        mx, (x, y) = self.mx, batch
+        mx, (x, y, masks) = self.mx, batch
         with mx.autograd.record():
-            loss = loss_fn(self.spec.loss, self.net(x), y)
+            outputs = self.net(x, *masks)
+            stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
+            loss = loss_fn(self.spec.loss, outputs[0] if stats else outputs, y)
             if self.scaler is not None:
                 with self.amp.scale_loss(loss, self.trainer) as scaled:
                     mx.autograd.backward(scaled)
@@ -150,24 +157,37 @@ class MXNetTrainer(Trainer):
                 self.trainer.step(self.loss_scale.initial)  # rescale_grad = 1 / scale
         else:
             self.trainer.step(1)  # the loss is a batch mean already
+        self._update_running_statistics(stats)
+        if self.scaler is not None:
+            # has_overflow (inside trainer.step) set the next scale but leaves the current one for one more
+            # step: a back-off would come a step late. Apply it now, as the core's rules (LossScaler) say.
+            self.skipped = self.scaler._next_loss_scale < self.scaler._loss_scale
+            self.scaler._loss_scale = self.scaler._next_loss_scale
         mx.nd.waitall()  # the engine is asynchronous: wait for the update too
         if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
             free, total = mx.context.gpu_memory_info(0)
             self.peak_bytes = max(self.peak_bytes, total - free)
         return float(loss.asscalar())
 
+    def _update_running_statistics(self, stats) -> None:
+        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring)."""
+        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
+            layer = self.net.infos[path].spec
+            mean, inv_std = stats[2 * i], stats[2 * i + 1]
+            for name, batch in (("moving_mean", mean), ("moving_variance", 1 / (inv_std * inv_std) - layer.epsilon)):
+                running = self.net.handles[f"{path}.{name}"].data(self.ctx)
+                running[:] = layer.momentum * running + (1 - layer.momentum) * batch
+
     def loss_scale_state(self) -> LossScaleState | None:
-        if self.scaler is not None:
-            # has_overflow() ran inside trainer.step: a back-off shows as a smaller next scale
-            skipped = self.scaler._next_loss_scale < self.scaler._loss_scale
-            return LossScaleState(float(self.scaler.loss_scale), skipped)
-        if self.loss_scale.mode == "fixed":
-            return LossScaleState(self.loss_scale.initial, self.skipped)
+        if self.scaler is not None or self.loss_scale.mode == "fixed":
+            return LossScaleState(self.scaler.loss_scale if self.scaler else self.loss_scale.initial, self.skipped)
         return None
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        out = self.net(self._input(x))  # outside autograd.record: inference mode
-        return out.astype("float32").asnumpy()
+        ones = [self._array(np.ones((len(x), *self.net.infos[path].out_shape))) for path in self.net.mask_paths]
+        out = self.net(self._array(x), *ones)  # outside autograd.record: inference mode, no dropout
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        return out.asnumpy() if out.dtype == np.float64 else out.astype("float32").asnumpy()
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.net.canonical_weights()

@@ -5,35 +5,39 @@ so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padd
 """
 from __future__ import annotations
 
+import math
+
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from harness.graph import Graph, same_padding
-from harness.weights import from_channels_first, to_channels_first
-
-
+from harness.model.dropout import DropoutMasks
+from harness.model.graph import Graph, avgpool_divisors, window_padding
+from harness.model.weights import from_channels_first, to_channels_first
 
 
 def _key(name: str) -> str:
     return "p" + name.replace(".", "_")
 
 
-def _padding(in_shape, kernel: int, stride: int, padding: str):
-    """(symmetric pad for the op, explicit pad_width or None) reproducing TF's 'same'."""
-    if padding == "valid":
-        return (0, 0), None
-    (top, bottom), (left, right) = (same_padding(n, kernel, stride) for n in in_shape[:2])
-    if top == bottom and left == right:
-        return (top, left), None
-    return (0, 0), (0, 0, 0, 0, top, bottom, left, right)
+def _pad_width(padding) -> tuple[int, ...]:
+    top, bottom, left, right = padding.explicit
+    return 0, 0, 0, 0, top, bottom, left, right  # NCHW
 
 
 class Network(gluon.HybridBlock):
+    """Called as net(x, *masks): the dropout masks in `mask_paths` order, each already divided by its
+    1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get dropout's identity.
+
+    Returns the outputs; in a float64 run with batchnorm, (outputs, mean, inv_std, mean, inv_std, ...) with
+    each batchnorm's batch statistics in `batchnorm_paths` order (MXNetTrainer updates the running ones)."""
+
     def __init__(self, spec, graph: Graph, dtype: str):
         super().__init__(prefix="spec_")
-        self.spec = spec
+        self.spec, self.float64 = spec, dtype == "float64"
         self.infos = {info.path: info for info in graph.layers}
+        self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
+        self.mask_paths = [path for path, _, _ in DropoutMasks(graph, spec.seed).layers]
         self.handles = {}
         with self.name_scope():
             for name, shape in graph.param_shapes().items():
@@ -42,47 +46,39 @@ class Network(gluon.HybridBlock):
                 self.handles[name] = self._register(_key(name), self.params.get(
                     _key(name), shape=to_channels_first(np.empty(shape)).shape, dtype=dtype,
                     init=mx.init.Zero(), grad_req="null" if state else "write", differentiable=not state))
-            # constant divisors for asymmetric 'same' average pooling (TF excludes padded pixels)
-            for layer in graph.layers:
-                spec_layer = self._spec_of(layer.path)
-                if layer.type == "avgpool2d" and spec_layer.padding == "same":
-                    k, s = spec_layer.pool_size, spec_layer.strides or spec_layer.pool_size
-                    _, explicit = _padding(layer.in_shape, k, s, "same")
-                    if explicit:
-                        ones = mx.nd.pad(mx.nd.ones((1, 1, *layer.in_shape[:2])), mode="constant",
-                                         pad_width=explicit)
-                        counts = mx.nd.Pooling(ones, kernel=(k, k), stride=(s, s), pool_type="sum")
-                        key = _key(f"{layer.path}.counts")
-                        self._register(key, self.params.get_constant(key, counts.astype(dtype)))
+            for layer in graph.layers:  # the core's divisors for asymmetric 'same' average pooling
+                if layer.type == "avgpool2d":
+                    k, s = layer.spec.pool_size, layer.spec.strides or layer.spec.pool_size
+                    if window_padding(layer.in_shape, k, s, layer.spec.padding).explicit:
+                        divisors = avgpool_divisors(layer.in_shape, k, s, layer.spec.padding)[None, None]
+                        key = _key(f"{layer.path}.divisors")
+                        self._register(key, self.params.get_constant(key, mx.nd.array(divisors, dtype=dtype)))
 
     def _register(self, key: str, param):
         setattr(self, key, param)
         return param
-
-    def _spec_of(self, path: str):
-        parts, layers, layer = path.split("."), self.spec.layers, None
-        for i in range(0, len(parts), 2):
-            layer = layers[int(parts[i])]
-            if i + 1 < len(parts):
-                layers = getattr(layer, parts[i + 1])
-        return layer
 
     def load(self, weights: dict[str, np.ndarray], ctx) -> None:
         for name, param in self.handles.items():
             param.set_data(mx.nd.array(to_channels_first(weights[name]), ctx=ctx, dtype=param.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(p.data().astype("float32").asnumpy()) for name, p in self.handles.items()}
+        def numpy(a):
+            return a.asnumpy() if a.dtype == np.float64 else a.astype("float32").asnumpy()
 
-    def hybrid_forward(self, F, x, **params):
-        return self._layers(F, self.spec.layers, "", x, params)
+        return {name: from_channels_first(numpy(p.data())) for name, p in self.handles.items()}
 
-    def _layers(self, F, layers, prefix, x, params):
+    def hybrid_forward(self, F, x, *masks, **params):
+        stats = []  # float64 runs: each batchnorm's batch (mean, 1/sqrt(var + eps)), in batchnorm_paths order
+        out = self._layers(F, self.spec.layers, "", x, dict(zip(self.mask_paths, masks)), stats, params)
+        return (out, *stats) if stats else out
+
+    def _layers(self, F, layers, prefix, x, masks, stats, params):
         for index, layer in enumerate(layers):
-            x = self._layer(F, layer, f"{prefix}{index}", x, params)
+            x = self._layer(F, layer, f"{prefix}{index}", x, masks, stats, params)
         return x
 
-    def _layer(self, F, layer, path, x, p):
+    def _layer(self, F, layer, path, x, masks, stats, p):
         t, info = layer.type, self.infos[path]
         w = lambda name: p[_key(f"{path}.{name}")]  # noqa: E731
         if t == "dense":
@@ -90,23 +86,25 @@ class Network(gluon.HybridBlock):
                                     no_bias=not layer.use_bias, flatten=False)
         if t == "conv2d":
             k, s = layer.kernel_size, layer.strides
-            pad, explicit = _padding(info.in_shape, k, s, layer.padding)
-            if explicit:
-                x = F.pad(x, mode="constant", pad_width=explicit)
+            padding = window_padding(info.in_shape, k, s, layer.padding)
+            if padding.explicit:
+                x = F.pad(x, mode="constant", pad_width=_pad_width(padding))
             return F.Convolution(x, w("kernel"), w("bias") if layer.use_bias else None, kernel=(k, k),
-                                 stride=(s, s), pad=pad, num_filter=layer.filters, no_bias=not layer.use_bias)
+                                 stride=(s, s), pad=padding.symmetric, num_filter=layer.filters,
+                                 no_bias=not layer.use_bias)
         if t in ("maxpool2d", "avgpool2d"):
             k, s = layer.pool_size, layer.strides or layer.pool_size
-            pad, explicit = _padding(info.in_shape, k, s, layer.padding)
+            padding = window_padding(info.in_shape, k, s, layer.padding)
             if t == "maxpool2d":
-                if explicit:
-                    x = F.pad(x, mode="constant", pad_width=explicit, constant_value=float("-inf"))
-                return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=pad, pool_type="max")
-            if explicit:
-                sums = F.Pooling(F.pad(x, mode="constant", pad_width=explicit), kernel=(k, k), stride=(s, s),
-                                 pool_type="sum")
-                return F.broadcast_div(sums, w("counts"))
-            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=pad, pool_type="avg", count_include_pad=False)
+                if padding.explicit:
+                    x = F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
+                return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
+            if padding.explicit:
+                sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
+                                 stride=(s, s), pool_type="sum")
+                return F.broadcast_div(sums, w("divisors"))
+            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="avg",
+                             count_include_pad=False)
         if t == "global_avgpool2d":
             return F.mean(x, axis=(2, 3))
         if t == "flatten":  # H, W, C order; with one channel NCHW already is
@@ -118,17 +116,37 @@ class Network(gluon.HybridBlock):
             return F.softmax(x, axis=1)  # channels in NCHW, features in [N, F]
         if t == "gelu":
             if layer.approximate:
-                return 0.5 * x * (1 + F.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x * x * x)))
+                return 0.5 * x * (1 + F.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+            if self.float64:
+                # MXNet's fused gelu is off by ~1e-7 in float64, and erf's backward by ~3e-8: the exact value,
+                # with the exact derivative Phi(x) + x*phi(x) attached as a straight-through gradient
+                value = 0.5 * x * (1 + F.erf(x / math.sqrt(2)))
+                slope = 0.5 * (1 + F.erf(x / math.sqrt(2))) + x * F.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+                return F.BlockGrad(value) + F.BlockGrad(slope) * (x - F.BlockGrad(x))
             return F.LeakyReLU(x, act_type="gelu")  # the erf form
         if t == "batchnorm":  # Gluon's momentum form and biased running variance are the spec's
+            if self.float64:
+                # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
+                # statistics as they are (momentum 1) and update them in float64 from the batch statistics
+                out = F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
+                                  eps=layer.epsilon, momentum=1.0, fix_gamma=False, axis=1, output_mean_var=True)
+                stats += [out[1], out[2]]
+                return out[0]
             return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
                                eps=layer.epsilon, momentum=layer.momentum, fix_gamma=False, axis=1)
         if t == "layernorm":
+            if self.float64:  # the operator takes epsilon as a float32 attribute
+                shape = (1, -1, 1, 1) if len(info.in_shape) == 3 else (1, -1)
+                centred = F.broadcast_sub(x, F.mean(x, axis=1, keepdims=True))
+                norm = F.broadcast_div(centred, F.sqrt(F.mean(F.square(centred), axis=1, keepdims=True) + layer.epsilon))
+                return F.broadcast_add(F.broadcast_mul(norm, F.reshape(w("gamma"), shape=shape)),
+                                       F.reshape(w("beta"), shape=shape))
             return F.LayerNorm(x, w("gamma"), w("beta"), axis=1, eps=layer.epsilon)
-        if t == "dropout":
-            return F.Dropout(x, p=layer.rate) if layer.rate > 0 else x
+        if t == "dropout":  # the core's mask, pre-divided by 1 - rate; ones in inference
+            return x * masks[path] if path in masks else x
         if t == "residual":
-            main = self._layers(F, layer.layers, f"{path}.layers.", x, p)
-            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, p) if layer.projection else x
+            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p)
+            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p) \
+                if layer.projection else x
             return main + shortcut
         raise AssertionError(f"no MXNet op for {t!r}")

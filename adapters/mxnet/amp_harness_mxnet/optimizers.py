@@ -12,7 +12,7 @@ import numpy as np
 from mxnet import nd
 from mxnet.contrib.amp.amp import bfloat16
 
-from harness.spec import PROB_EPSILON
+from harness.model.spec import PROB_EPSILON
 
 
 class SpecOptimizer(mx.optimizer.Optimizer):
@@ -20,6 +20,12 @@ class SpecOptimizer(mx.optimizer.Optimizer):
 
     def create_state(self, index, weight):
         return tuple(nd.zeros(weight.shape, weight.context, dtype=weight.dtype) for _ in range(self.SLOTS))
+
+
+def _float64(weight) -> bool:
+    """Fused update operators take their hyper-parameters as float32 attributes (0.9 becomes 0.8999999762):
+    a float64 run writes each update out in NDArray operators, whose Python scalars stay float64."""
+    return weight.dtype == np.float64
 
 
 class SGD(SpecOptimizer):
@@ -30,6 +36,15 @@ class SGD(SpecOptimizer):
         self.momentum, self.nesterov = momentum, nesterov
 
     def update(self, index, weight, grad, state):
+        if _float64(weight):
+            g = grad * self.rescale_grad
+            if self.momentum == 0:
+                weight[:] -= self.learning_rate * g
+                return
+            buf = state[0]
+            buf[:] = self.momentum * buf + g
+            weight[:] -= self.learning_rate * (g + self.momentum * buf if self.nesterov else buf)
+            return
         kw = {"lr": self.learning_rate, "rescale_grad": self.rescale_grad, "wd": 0.0, "out": weight}
         if self.momentum == 0:
             nd.sgd_update(weight, grad, **kw)
@@ -49,6 +64,13 @@ class Adam(SpecOptimizer):
     def update(self, index, weight, grad, state):
         self._update_count(index)
         t = self._index_update_count[index]
+        if _float64(weight):
+            g, (m, v) = grad * self.rescale_grad, state
+            m[:] = self.beta_1 * m + (1 - self.beta_1) * g
+            v[:] = self.beta_2 * v + (1 - self.beta_2) * nd.square(g)
+            m_hat, v_hat = m / (1 - self.beta_1**t), v / (1 - self.beta_2**t)
+            weight[:] -= self.learning_rate * m_hat / (nd.sqrt(v_hat) + self.epsilon)
+            return
         # lr*m_hat/(sqrt(v_hat)+eps) == lr'*m/(sqrt(v)+eps') with these two:
         c2 = math.sqrt(1 - self.beta_2**t)
         nd.adam_update(weight, grad, state[0], state[1], out=weight, lr=self.learning_rate * c2 / (1 - self.beta_1**t),
@@ -65,13 +87,14 @@ class RMSprop(SpecOptimizer):
 
     def update(self, index, weight, grad, state):
         (v,) = state
-        if self.eps_inside:  # MXNet's operator: w -= lr*g/sqrt(v + eps)
+        if self.eps_inside and not _float64(weight):  # MXNet's operator: w -= lr*g/sqrt(v + eps)
             nd.rmsprop_update(weight, grad, v, out=weight, lr=self.learning_rate, gamma1=self.rho,
                               epsilon=self.epsilon, rescale_grad=self.rescale_grad, wd=0.0)
             return
         g = grad * self.rescale_grad
         v[:] = self.rho * v + (1 - self.rho) * nd.square(g)
-        weight[:] -= self.learning_rate * g / (nd.sqrt(v) + self.epsilon)
+        denom = nd.sqrt(v + self.epsilon) if self.eps_inside else nd.sqrt(v) + self.epsilon
+        weight[:] -= self.learning_rate * g / denom
 
 
 def make_optimizer(spec) -> mx.optimizer.Optimizer:

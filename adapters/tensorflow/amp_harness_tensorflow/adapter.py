@@ -16,10 +16,12 @@ from harness.errors import HarnessError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-# precision -> (Keras dtype policy, floatx). Pure fp16 is the old `"floatx": "float16"` keras.json setup.
-POLICIES = {"fp32": ("float32", "float32"), "tf32": ("float32", "float32"),
-            "amp_fp16": ("mixed_float16", "float32"), "amp_bf16": ("mixed_bfloat16", "float32"),
-            "fp16": ("float16", "float16"), "bf16": ("bfloat16", "bfloat16"), "fp64": ("float64", "float64")}
+
+def keras_policy(precision) -> tuple[str, str]:
+    """(Keras dtype policy, floatx) of a core precision: "mixed_float16" / "mixed_bfloat16" for mixed ones,
+    else the weights' dtype (pure fp16 is the old `"floatx": "float16"` keras.json setup)."""
+    policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
+    return policy, precision.param_dtype
 
 
 class TensorFlowAdapter(Adapter):
@@ -34,7 +36,7 @@ class TensorFlowAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import tensorflow as tf
 
-        from harness.measure import cpu_info
+        from harness.run.measure import cpu_info
 
         gpus = tf.config.list_physical_devices("GPU")
         if requested == "gpu" and not gpus:
@@ -73,14 +75,14 @@ class TensorFlowTrainer(Trainer):
         self.tf = tf
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
-        policy, floatx = POLICIES[precision.name]
+        policy, floatx = keras_policy(precision)
         # global, process-wide state: set before building (the runner gives each precision its own process)
         keras.config.set_floatx(floatx)
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(spec.seed)
         self.input_dtype = floatx
         self.net = Network(spec, graph, weights, floatx)
-        model = self.net.model
+        model = self.net.train_model
         optimizer = make_optimizer(spec.optimizer)
         self.loss_scale = loss_scale
         self.scaler = None
@@ -99,9 +101,9 @@ class TensorFlowTrainer(Trainer):
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         variables = model.trainable_variables
 
-        def step(x, y):
+        def step(x, y, *masks):
             with tf.GradientTape() as tape:
-                loss = loss_fn(spec.loss, model(x, training=True), y)
+                loss = loss_fn(spec.loss, model([x, *masks] if masks else x, training=True), y)
                 scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, variables)
             if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
@@ -117,13 +119,14 @@ class TensorFlowTrainer(Trainer):
             return loss, tf.cond(finite, apply, lambda: tf.constant(False))
 
         self._step = tf.function(step, jit_compile=self.xla)
-        self._predict = tf.function(lambda x: model(x, training=False), jit_compile=self.xla)
+        self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function"}
 
-    def to_device(self, x, y):
+    def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
-            batch = self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y)
+            batch = (self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y),
+                     *(self.tf.constant(masks[path], dtype=self.input_dtype) for path in self.net.mask_paths))
         if self.is_gpu:
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch
@@ -142,8 +145,8 @@ class TensorFlowTrainer(Trainer):
         return LossScaleState(float(self.optimizer.dynamic_scale.numpy()), skipped)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        out = self._predict(self.tf.constant(x, dtype=self.input_dtype))
-        return np.asarray(out.numpy(), dtype=np.float32)
+        out = self._predict(self.tf.constant(x, dtype=self.input_dtype)).numpy()
+        return out if out.dtype == np.float64 else out.astype(np.float32)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.net.canonical_weights()

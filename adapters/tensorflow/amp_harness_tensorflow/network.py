@@ -5,21 +5,48 @@ flatten order) and its 'same' padding is the spec's, so weights load without con
 """
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
+from keras import ops
 
-from harness.graph import Graph
+from harness.model.dropout import DropoutMasks
+from harness.model.graph import Graph
 
 # canonical parameter name -> attribute of the Keras layer holding that variable
 ATTRIBUTES = {"kernel": "kernel", "bias": "bias", "gamma": "gamma", "beta": "beta",
               "moving_mean": "moving_mean", "moving_variance": "moving_variance"}
 
 
-def _gelu(approximate: bool):
-    return lambda x: keras.activations.gelu(x, approximate=approximate)
+class GELU(keras.layers.Layer):
+    """GELU with its constants in the compute dtype: Keras' (tf.nn.gelu) rounds them to float32 first,
+    which an fp64 run must not."""
+
+    def __init__(self, approximate: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.approximate = approximate
+
+    def call(self, x):
+        c = lambda v: ops.convert_to_tensor(v, dtype=x.dtype)  # noqa: E731
+        if self.approximate:
+            inner = c(math.sqrt(2 / math.pi)) * (x + c(0.044715) * x * x * x)
+            return c(0.5) * x * (c(1.0) + ops.tanh(inner))
+        return c(0.5) * x * (c(1.0) + ops.erf(x / c(math.sqrt(2.0))))
 
 
-def _layer(spec, seed: int) -> keras.layers.Layer:
+class MaskedDropout(keras.layers.Layer):
+    """Dropout with the core's mask (harness.model.dropout), a second input of the training model."""
+
+    def __init__(self, rate: float, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = rate
+
+    def call(self, x, mask):
+        return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - self.rate, dtype=x.dtype)
+
+
+def _layer(spec) -> keras.layers.Layer:
     t = spec.type
     if t == "dense":
         return keras.layers.Dense(spec.units, use_bias=spec.use_bias)
@@ -39,43 +66,56 @@ def _layer(spec, seed: int) -> keras.layers.Layer:
     if t == "softmax":
         return keras.layers.Softmax(axis=-1)
     if t == "gelu":
-        return keras.layers.Activation(_gelu(spec.approximate))
+        return GELU(spec.approximate)
     if t == "batchnorm":  # Keras' momentum form and biased batch variance are the spec's
         return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon)
     if t == "layernorm":
         return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon)
     if t == "dropout":
-        return keras.layers.Dropout(spec.rate, seed=seed)
+        return MaskedDropout(spec.rate)
+    if t == "residual":
+        return keras.layers.Add()
     raise AssertionError(f"no Keras layer for {t!r}")
 
 
-def _apply(specs, prefix: str, x, owners: dict, seed: int):
+def _apply(specs, prefix: str, x, layers: dict, masks: dict | None):
+    """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference."""
     for index, spec in enumerate(specs):
         path = f"{prefix}{index}"
+        if path not in layers:
+            layers[path] = _layer(spec)
         if spec.type == "residual":
-            main = _apply(spec.layers, f"{path}.layers.", x, owners, seed)
-            shortcut = _apply(spec.projection, f"{path}.projection.", x, owners, seed) if spec.projection else x
-            x = keras.layers.Add()([main, shortcut])
+            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks)
+            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks) if spec.projection else x
+            x = layers[path]([main, shortcut])
+        elif spec.type == "dropout":
+            if masks is not None and path in masks:
+                x = layers[path](x, masks[path])
         else:
-            layer = _layer(spec, seed)
-            x = layer(x)
-            owners[path] = layer
+            x = layers[path](x)
     return x
 
 
 class Network:
+    """Two functional models sharing every layer: `train_model` takes [inputs, *dropout masks] (masks in
+    `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
+
     def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], input_dtype: str):
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=input_dtype)
-        owners: dict[str, keras.layers.Layer] = {}
-        outputs = _apply(spec.layers, "", inputs, owners, spec.seed)
-        self.model = keras.Model(inputs, outputs, name=spec.name)
+        dropouts = DropoutMasks(graph, spec.seed).layers
+        self.mask_paths = [path for path, _, _ in dropouts]
+        masks = {path: keras.Input(shape=shape, dtype=input_dtype) for path, _, shape in dropouts}
+        layers: dict[str, keras.layers.Layer] = {}
+        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
+        self.train_model = keras.Model([inputs, *masks.values()], _apply(spec.layers, "", inputs, layers, masks)) \
+            if masks else self.model
         self.variables = {}
         for name in graph.param_shapes():
             path, param = name.rsplit(".", 1)
-            self.variables[name] = getattr(owners[path], ATTRIBUTES[param])
+            self.variables[name] = getattr(layers[path], ATTRIBUTES[param])
         for name, variable in self.variables.items():
             variable.assign(weights[name].astype(variable.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: np.asarray(keras.ops.convert_to_numpy(v), dtype=np.float32)
-                for name, v in self.variables.items()}
+        values = {name: keras.ops.convert_to_numpy(v) for name, v in self.variables.items()}
+        return {name: v if v.dtype == np.float64 else v.astype(np.float32) for name, v in values.items()}

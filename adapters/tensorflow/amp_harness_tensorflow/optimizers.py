@@ -1,12 +1,13 @@
 """The spec's optimizers and losses in Keras 3 ops. All three optimizers are written out: Keras' Adam
 folds epsilon into a bias-corrected learning rate ("epsilon hat") and its SGD keeps a velocity in learning-rate
-units, so their rounding and, for Adam, their math differ from the spec's."""
+units, so their rounding and, for Adam, their math differ from the spec's. Hyper-parameters are used as
+Python floats converted to the variable's dtype (not Keras' float learning-rate variable): exact in float64."""
 from __future__ import annotations
 
 import keras
 from keras import ops
 
-from harness.spec import PROB_EPSILON
+from harness.model.spec import PROB_EPSILON
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
@@ -22,23 +23,28 @@ class SpecOptimizer(keras.optimizers.Optimizer):
         return self.slots[name][self._get_variable_index(variable)]
 
 
+def _const(value: float, like):
+    """A Python hyper-parameter as a tensor of `like`'s dtype, converted directly: `ops.cast(0.9, "float64")`
+    would go through float32 first (0.8999999761...), which an fp64 run must not."""
+    return ops.convert_to_tensor(value, dtype=like.dtype)
+
+
 class SGD(SpecOptimizer):
     SLOTS = ("momentum",)
 
     def __init__(self, learning_rate, momentum, nesterov, **kwargs):
         super().__init__(learning_rate=learning_rate, name="spec_sgd", **kwargs)
-        self.momentum, self.nesterov = momentum, nesterov
+        self.lr, self.momentum, self.nesterov = learning_rate, momentum, nesterov
 
     def update_step(self, gradient, variable, learning_rate):
-        lr = ops.cast(learning_rate, variable.dtype)
-        g = ops.cast(gradient, variable.dtype)
+        lr, g = _const(self.lr, variable), ops.cast(gradient, variable.dtype)
         if self.momentum == 0:
             self.assign_sub(variable, lr * g)
             return
-        buf = self.slot("momentum", variable)
+        momentum, buf = _const(self.momentum, variable), self.slot("momentum", variable)
         # torch's first step sets buf = g; with buf starting at 0, momentum*0 + g is the same
-        self.assign(buf, self.momentum * buf + g)
-        step = g + self.momentum * buf if self.nesterov else buf
+        self.assign(buf, momentum * buf + g)
+        step = g + momentum * buf if self.nesterov else buf
         self.assign_sub(variable, lr * step)
 
 
@@ -47,18 +53,18 @@ class Adam(SpecOptimizer):
 
     def __init__(self, learning_rate, beta_1, beta_2, epsilon, **kwargs):
         super().__init__(learning_rate=learning_rate, name="spec_adam", **kwargs)
-        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.lr, self.beta_1, self.beta_2, self.epsilon = learning_rate, beta_1, beta_2, epsilon
 
     def update_step(self, gradient, variable, learning_rate):
-        lr = ops.cast(learning_rate, variable.dtype)
+        c = lambda value: _const(value, variable)  # noqa: E731
         g = ops.cast(gradient, variable.dtype)
         t = ops.cast(self.iterations + 1, variable.dtype)
         m, v = self.slot("m", variable), self.slot("v", variable)
-        self.assign(m, self.beta_1 * m + (1 - self.beta_1) * g)
-        self.assign(v, self.beta_2 * v + (1 - self.beta_2) * ops.square(g))
-        m_hat = m / (1 - ops.power(ops.cast(self.beta_1, variable.dtype), t))
-        v_hat = v / (1 - ops.power(ops.cast(self.beta_2, variable.dtype), t))
-        self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + self.epsilon))
+        self.assign(m, c(self.beta_1) * m + c(1 - self.beta_1) * g)
+        self.assign(v, c(self.beta_2) * v + c(1 - self.beta_2) * ops.square(g))
+        m_hat = m / (c(1.0) - ops.power(c(self.beta_1), t))
+        v_hat = v / (c(1.0) - ops.power(c(self.beta_2), t))
+        self.assign_sub(variable, c(self.lr) * m_hat / (ops.sqrt(v_hat) + c(self.epsilon)))
 
 
 class RMSprop(SpecOptimizer):
@@ -66,15 +72,15 @@ class RMSprop(SpecOptimizer):
 
     def __init__(self, learning_rate, rho, epsilon, eps_inside, **kwargs):
         super().__init__(learning_rate=learning_rate, name="spec_rmsprop", **kwargs)
-        self.rho, self.epsilon, self.eps_inside = rho, epsilon, eps_inside
+        self.lr, self.rho, self.epsilon, self.eps_inside = learning_rate, rho, epsilon, eps_inside
 
     def update_step(self, gradient, variable, learning_rate):
-        lr = ops.cast(learning_rate, variable.dtype)
+        c = lambda value: _const(value, variable)  # noqa: E731
         g = ops.cast(gradient, variable.dtype)
         v = self.slot("square_avg", variable)
-        self.assign(v, self.rho * v + (1 - self.rho) * ops.square(g))
-        denom = ops.sqrt(v + self.epsilon) if self.eps_inside else ops.sqrt(v) + self.epsilon
-        self.assign_sub(variable, lr * g / denom)
+        self.assign(v, c(self.rho) * v + c(1 - self.rho) * ops.square(g))
+        denom = ops.sqrt(v + c(self.epsilon)) if self.eps_inside else ops.sqrt(v) + c(self.epsilon)
+        self.assign_sub(variable, c(self.lr) * g / denom)
 
 
 def make_optimizer(spec) -> keras.optimizers.Optimizer:

@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
-
+from harness.precision import LossScaler
 
 
 class TorchAdapter(Adapter):
@@ -26,7 +26,7 @@ class TorchAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import torch
 
-        from harness.measure import cpu_info
+        from harness.run.measure import cpu_info
 
         if requested in ("auto", "gpu") and torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
@@ -74,10 +74,10 @@ class TorchTrainer(Trainer):
         self.optimizer = make_optimizer(spec.optimizer, net.parameters())
         self.loss_scale = loss_scale
         self.grad_scaler = None
-        self.scale = loss_scale.initial
-        self.good_steps = 0
+        self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
         self.skipped = False
         if loss_scale.mode == "dynamic" and precision.mixed:
+            self.last_scale = loss_scale.initial
             self.grad_scaler = torch.amp.GradScaler(
                 self.device.type, init_scale=loss_scale.initial, growth_factor=loss_scale.growth_factor,
                 backoff_factor=loss_scale.backoff_factor, growth_interval=loss_scale.growth_interval)
@@ -95,8 +95,13 @@ class TorchTrainer(Trainer):
                 t = t.contiguous()
         return t.to(self.param_dtype) if self.autocast_dtype is None else t
 
-    def to_device(self, x, y):
-        batch = self._input(x), self.torch.from_numpy(y).to(self.device)
+    def _mask(self, mask: np.ndarray):
+        t = self.torch.from_numpy(mask).to(self.device, dtype=self.param_dtype, non_blocking=True)
+        return t.permute(0, 3, 1, 2) if t.dim() == 4 else t  # canonical NHWC seen as NCHW, like the input
+
+    def to_device(self, x, y, masks):
+        batch = self._input(x), self.torch.from_numpy(y).to(self.device), \
+            {path: self._mask(mask) for path, mask in masks.items()}
         if self.is_cuda:
             self.torch.cuda.synchronize()
         return batch
@@ -112,10 +117,10 @@ class TorchTrainer(Trainer):
     def train_step(self, batch) -> float:
         from amp_harness_torch.optimizers import loss_fn
 
-        x, y = batch
+        x, y, masks = batch
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            loss = loss_fn(self.spec.loss, self.net(x), y)
+            loss = loss_fn(self.spec.loss, self.net(x, masks), y)
         if self.grad_scaler is not None:
             self.grad_scaler.scale(loss).backward()
             self.grad_scaler.step(self.optimizer)
@@ -129,37 +134,31 @@ class TorchTrainer(Trainer):
 
     def _manual_scaled_step(self, loss) -> None:
         """Fixed scaling, or dynamic scaling of pure-fp16 weights (GradScaler refuses fp16 gradients)."""
-        torch, ls = self.torch, self.loss_scale
-        (loss * self.scale).backward()
+        torch, scale = self.torch, self.scaler.scale
+        (loss * scale).backward()
         grads = [p.grad for p in self.net.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, 1.0 / self.scale)
-        self.skipped = not bool(torch.stack([g.isfinite().all() for g in grads]).all())
+        torch._foreach_mul_(grads, 1.0 / scale)
+        self.skipped = self.scaler.update(finite=bool(torch.stack([g.isfinite().all() for g in grads]).all()))
         if not self.skipped:
             self.optimizer.step()
-        if ls.mode == "dynamic":
-            self.good_steps = 0 if self.skipped else self.good_steps + 1
-            if self.skipped:
-                self.scale *= ls.backoff_factor
-            elif self.good_steps == ls.growth_interval:
-                self.scale *= ls.growth_factor
-                self.good_steps = 0
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.grad_scaler is not None:
             scale = self.grad_scaler.get_scale()
-            skipped = scale < self.scale  # GradScaler backs off exactly when it skips a step
-            self.scale = scale
-            return LossScaleState(scale, skipped)
+            # GradScaler backs off exactly when it skips a step
+            self.skipped, self.last_scale = scale < self.last_scale, scale
+            return LossScaleState(scale, self.skipped)
         if self.loss_scale.mode == "none":
             return None
-        return LossScaleState(self.scale, self.skipped)
+        return LossScaleState(self.scaler.scale, self.skipped)
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         self.net.eval()
         try:
             with self.torch.no_grad(), self._autocast():
-                return self.net(self._input(x)).float().cpu().numpy()
+                out = self.net(self._input(x))
+                return out.to(self.torch.float64 if out.dtype == self.torch.float64 else self.torch.float32).cpu().numpy()
         finally:
             self.net.train()
 

@@ -10,10 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.graph import Graph, LayerInfo, same_padding
-from harness.weights import from_channels_first, to_channels_first
-
-
+from harness.errors import HarnessError
+from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
+from harness.model.weights import from_channels_first, to_channels_first
 
 
 class Layer(nn.Module):
@@ -35,47 +34,41 @@ class Dense(Layer):
         return F.linear(x, self.kernel, getattr(self, "bias", None))
 
 
-def _padding(info: LayerInfo, kernel: int, stride: int, padding: str):
-    """(symmetric padding for the op, explicit F.pad tuple or None) reproducing TF's 'same'."""
-    if padding == "valid":
-        return 0, None
-    (top, bottom), (left, right) = (same_padding(n, kernel, stride) for n in info.in_shape[:2])
-    if top == bottom and left == right:
-        return (top, left), None
-    return 0, (left, right, top, bottom)
-
-
 class Conv2D(Layer):
     def __init__(self, spec, info, weights):
         super().__init__(info, weights)
         self.stride = spec.strides
-        self.pad, self.explicit_pad = _padding(info, spec.kernel_size, spec.strides, spec.padding)
+        self.padding = window_padding(info.in_shape, spec.kernel_size, spec.strides, spec.padding)
 
     def forward(self, x):
-        if self.explicit_pad:
-            x = F.pad(x, self.explicit_pad)
-        return F.conv2d(x, self.kernel, getattr(self, "bias", None), self.stride, self.pad)
+        if self.padding.explicit:
+            x = F.pad(x, _pad_arg(self.padding))
+        return F.conv2d(x, self.kernel, getattr(self, "bias", None), self.stride, self.padding.symmetric)
+
+
+def _pad_arg(padding) -> tuple[int, int, int, int]:
+    top, bottom, left, right = padding.explicit
+    return left, right, top, bottom  # F.pad: last axis (W) first
 
 
 class Pool2D(Layer):
     def __init__(self, spec, info, weights):
         super().__init__(info, weights)
         self.kind, self.k, self.s = spec.type, spec.pool_size, spec.strides or spec.pool_size
-        self.pad, self.explicit_pad = _padding(info, self.k, self.s, spec.padding)
-        if self.kind == "avgpool2d" and self.explicit_pad:
-            # TF excludes padded pixels from the mean: divide window sums by the real pixel counts
-            ones = F.pad(torch.ones(1, 1, *info.in_shape[:2]), self.explicit_pad)
-            self.register_buffer("counts", F.avg_pool2d(ones, self.k, self.s, divisor_override=1))
+        self.padding = window_padding(info.in_shape, self.k, self.s, spec.padding)
+        if self.kind == "avgpool2d" and self.padding.explicit:  # TF excludes padded pixels from the mean
+            divisors = avgpool_divisors(info.in_shape, self.k, self.s, spec.padding)
+            self.register_buffer("divisors", torch.from_numpy(divisors))
 
     def forward(self, x):
         if self.kind == "maxpool2d":
-            if self.explicit_pad:
-                x = F.pad(x, self.explicit_pad, value=float("-inf"))
-            return F.max_pool2d(x, self.k, self.s, self.pad)
-        if self.explicit_pad:
-            sums = F.avg_pool2d(F.pad(x, self.explicit_pad), self.k, self.s, divisor_override=1)
-            return sums / self.counts.to(sums.dtype)
-        return F.avg_pool2d(x, self.k, self.s, self.pad, count_include_pad=False)
+            if self.padding.explicit:
+                x = F.pad(x, _pad_arg(self.padding), value=float("-inf"))
+            return F.max_pool2d(x, self.k, self.s, self.padding.symmetric)
+        if self.padding.explicit:
+            sums = F.avg_pool2d(F.pad(x, _pad_arg(self.padding)), self.k, self.s, divisor_override=1)
+            return sums / self.divisors.to(sums.dtype)
+        return F.avg_pool2d(x, self.k, self.s, self.padding.symmetric, count_include_pad=False)
 
 
 class GlobalAvgPool2D(Layer):
@@ -117,7 +110,7 @@ class BatchNorm(Layer):
         # uses the biased one, so the running statistics are updated here instead.
         with torch.no_grad():
             dims = [d for d in range(x.dim()) if d != 1]
-            var, mean = torch.var_mean(x.float(), dim=dims, correction=0)
+            var, mean = torch.var_mean(x if x.dtype == torch.float64 else x.float(), dim=dims, correction=0)
             m = self.momentum
             self.moving_mean.mul_(m).add_(mean.to(self.moving_mean.dtype), alpha=1 - m)
             self.moving_variance.mul_(m).add_(var.to(self.moving_variance.dtype), alpha=1 - m)
@@ -137,12 +130,19 @@ class LayerNorm(Layer):
 
 
 class Dropout(Layer):
+    """Applies the core's mask for this step (set by Network.forward); torch's own RNG is never used."""
+
     def __init__(self, spec, info, weights):
         super().__init__(info, weights)
         self.rate = spec.rate
+        self.mask = None
 
     def forward(self, x):
-        return F.dropout(x, self.rate, self.training)
+        if not self.training or self.rate == 0:
+            return x
+        if self.mask is None:
+            raise HarnessError(f"dropout layer {self.info.path}: no mask was given with the batch")
+        return x * self.mask.to(x.dtype) / (1 - self.rate)
 
 
 class Residual(Layer):
@@ -188,12 +188,17 @@ class Network(nn.Module):
         self.layers = build_layers(layer_specs, "", weights, infos)
         self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
                         for name in m.info.params}
+        self._dropouts = {m.info.path: m for m in self.modules() if isinstance(m, Dropout) and m.rate > 0}
 
-    def forward(self, x):
+    def forward(self, x, masks=None):
+        for path, dropout in self._dropouts.items():
+            dropout.mask = masks.get(path) if masks else None
         for layer in self.layers:
             x = layer(x)
         return x
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(getattr(module, attr).detach().float().cpu().numpy())
-                for name, (module, attr) in self._owners.items()}
+        def numpy(t):
+            return (t if t.dtype == torch.float64 else t.float()).detach().cpu().numpy()
+
+        return {name: from_channels_first(numpy(getattr(module, attr))) for name, (module, attr) in self._owners.items()}

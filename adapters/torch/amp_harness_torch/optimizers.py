@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.spec import PROB_EPSILON
+from harness.model.spec import PROB_EPSILON
 
 
 class RMSprop(torch.optim.Optimizer):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.spec import PROB_EPSILON, Loss
+from harness.model.spec import PROB_EPSILON, Loss
 
 
 def loss_and_correct(loss: Loss, outputs: np.ndarray, labels: np.ndarray) -> tuple[float, int]:

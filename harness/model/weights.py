@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from harness.graph import Graph
+from harness.model.graph import Graph
 
 
 def initial_weights(graph: Graph, seed: int) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""One run in its own process: ``python -m harness.worker REQUEST.json RECORD.json``.
+"""One run in its own process: ``python -m harness.run.worker REQUEST.json RECORD.json``.
 
 The runner starts this module once per (framework, model, precision, repeat) so that process-wide framework
 state (mixed-precision policies, MXNet's AMP patching, allocator peaks) never leaks between runs. It writes
@@ -18,16 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import measure
-from harness.adapter import load_adapter
-from harness.data import Data
+from harness.adapter import LossScaleState, load_adapter
 from harness.errors import HarnessError
-from harness.graph import infer
-from harness.metrics import loss_and_correct
-from harness.precision import parse_loss_scale, parse_precision
+from harness.model.data import Data
+from harness.model.dropout import DropoutMasks
+from harness.model.graph import infer
+from harness.model.spec import load_spec
+from harness.model.weights import initial_weights
+from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
-from harness.spec import load_spec
-from harness.weights import initial_weights
+from harness.run import measure
+from harness.run.metrics import loss_and_correct
 
 
 @dataclass
@@ -77,10 +78,11 @@ def run(req: RunRequest, progress=None) -> dict:
         data = Data(spec)
         trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, loss_scale, device)
         record["options"] = dict(trainer.options)
+        masks = DropoutMasks(graph, spec.seed)
         if req.mode == "fingerprint":
-            _fingerprint(spec, data, trainer, record)
+            _fingerprint(spec, data, masks, trainer, loss_scale, record)
         else:
-            _train(req, spec, data, trainer, loss_scale, record, progress)
+            _train(req, spec, data, masks, trainer, loss_scale, record, progress)
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
     except Exception as exc:  # a framework error: keep the run's record, with the cause
@@ -100,29 +102,52 @@ def _one_line(exc: Exception) -> str:
     return named[-1] if named else f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _train(req, spec, data, trainer, loss_scale, record, progress) -> None:
+class LossScaleLog:
+    """The loss-scale state an adapter reports after each step, checked against the core's rules
+    (harness.precision.LossScaler): a scaler that skips, backs off or grows differently stops the run."""
+
+    def __init__(self, settings: LossScale):
+        self.rules = LossScaler(settings) if settings.mode != "none" else None
+        self.history: list[float] = []
+        self.skipped: list[int] = []
+
+    def after_step(self, trainer, step: int) -> LossScaleState | None:
+        if self.rules is None:
+            return None
+        state = trainer.loss_scale_state()
+        if state is None:
+            raise HarnessError(f"loss scaling is {self.rules.settings.mode} but the adapter reported no "
+                               f"loss-scale state after step {step}")
+        self.rules.update(finite=not state.skipped)
+        if not math.isclose(state.scale, self.rules.scale, rel_tol=1e-9):
+            raise HarnessError(f"the adapter's loss scaler broke the core's rules at step {step}: it "
+                               f"{'skipped' if state.skipped else 'applied'} the step and reported a next scale of "
+                               f"{state.scale:g}, the rules give {self.rules.scale:g} (harness.precision.LossScaler)")
+        self.history.append(state.scale)
+        if state.skipped:
+            self.skipped.append(step)
+        return state
+
+
+def _train(req, spec, data, masks, trainer, loss_scale, record, progress) -> None:
     total = req.warmup + spec.steps
     losses, times_ms, input_ms = [], [], []
-    scale_history, skipped, first_overflow = [], 0, None
+    scales = LossScaleLog(loss_scale)
     baseline_kb = measure.reset_peak_rss()
     trainer.reset_memory_peak()
     status, reason = "ok", None
     for step in range(total):
         x, y = data.train_batch(step)
+        dropout = masks.for_step(step, len(y))
         t0 = time.perf_counter_ns()
-        batch = trainer.to_device(x, y)
+        batch = trainer.to_device(x, y, dropout)
         t1 = time.perf_counter_ns()
         loss = trainer.train_step(batch)  # returns once the device has finished the step
         t2 = time.perf_counter_ns()
         input_ms.append((t1 - t0) / 1e6)
         times_ms.append((t2 - t1) / 1e6)
         losses.append(loss)
-        state = trainer.loss_scale_state()
-        if state is not None:
-            scale_history.append(state.scale)
-            if state.skipped:
-                skipped += 1
-                first_overflow = step if first_overflow is None else first_overflow
+        state = scales.after_step(trainer, step)
         if progress:
             progress(step + 1, total)
         if not math.isfinite(loss) and not (state and state.skipped):
@@ -145,9 +170,11 @@ def _train(req, spec, data, trainer, loss_scale, record, progress) -> None:
     elif baseline_kb is not None:
         record["peak_memory_mb"] = (measure.peak_rss_kb() - baseline_kb) / 1024
         record["memory_kind"] = "process peak RSS above the post-build baseline (VmHWM)"
-    if scale_history:
-        record["loss_scale"].update(initial=loss_scale.initial, final=scale_history[-1], skipped_steps=skipped,
-                                    first_overflow_step=first_overflow, history=scale_history)
+    if scales.history:
+        record["loss_scale"].update(initial=loss_scale.initial, final=scales.history[-1],
+                                    skipped_steps=len(scales.skipped),
+                                    first_overflow_step=scales.skipped[0] if scales.skipped else None,
+                                    history=scales.history)
     if status == "ok":
         total_loss, correct, n = 0.0, 0, 0
         for x, y in data.eval_batches():
@@ -158,24 +185,22 @@ def _train(req, spec, data, trainer, loss_scale, record, progress) -> None:
             record.update(eval_loss=None, status="diverged", reason="evaluation loss is not finite")
 
 
-def _fingerprint(spec, data, trainer, record) -> None:
+def _fingerprint(spec, data, masks, trainer, loss_scale, record) -> None:
     """What the parity check compares across frameworks: outputs on a fixed batch before and after
     `spec.steps` untimed training steps, and the loss (and loss scale) of every step."""
     x, _ = data.fixed_batch()
     initial = trainer.predict(x)
-    losses, scales, skipped = [], [], []
+    losses, scales = [], LossScaleLog(loss_scale)
     for step in range(spec.steps):
-        losses.append(trainer.train_step(trainer.to_device(*data.train_batch(step))))
-        state = trainer.loss_scale_state()
-        scales.append(state.scale if state else None)
-        if state and state.skipped:
-            skipped.append(step)
+        bx, by = data.train_batch(step)
+        losses.append(trainer.train_step(trainer.to_device(bx, by, masks.for_step(step, len(by)))))
+        scales.after_step(trainer, step)
     final = trainer.predict(x)
     finite = all(math.isfinite(v) for v in losses) and np.isfinite(final).all()
     record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss or outputs",
                   loss=[v if math.isfinite(v) else None for v in losses],
                   fingerprint={"initial_outputs": _listed(initial), "final_outputs": _listed(final),
-                               "loss_scales": scales, "skipped_steps": skipped})
+                               "loss_scales": scales.history or None, "skipped_steps": scales.skipped})
 
 
 def _listed(a: np.ndarray) -> list:

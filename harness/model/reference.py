@@ -5,19 +5,21 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from harness.graph import same_padding
-from harness.spec import ModelSpec
+from harness.model.graph import avgpool_divisors, same_padding
+from harness.model.spec import ModelSpec
 
 
-def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, training: bool = False) -> np.ndarray:
-    """Outputs for inputs x. training=True uses batch statistics in batchnorm (running stats untouched)."""
+def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, training: bool = False,
+            masks: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Outputs for inputs x. training=True uses batch statistics in batchnorm (running stats untouched)
+    and applies the dropout `masks` (harness.model.dropout) by layer path."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
-    return _layers(spec.layers, "", w, x.astype(np.float64), training)
+    return _layers(spec.layers, "", w, x.astype(np.float64), training, masks or {})
 
 
-def _layers(layers, prefix, w, x, training):
+def _layers(layers, prefix, w, x, training, masks):
     for index, layer in enumerate(layers):
-        x = _layer(layer, f"{prefix}{index}", w, x, training)
+        x = _layer(layer, f"{prefix}{index}", w, x, training, masks)
     return x
 
 
@@ -32,7 +34,7 @@ def _windows(x, k, s):  # [N, Ho, Wo, C, k, k]
     return sliding_window_view(x, (k, k), axis=(1, 2))[:, ::s, ::s]
 
 
-def _layer(layer, path, w, x, training):
+def _layer(layer, path, w, x, training, masks):
     t = layer.type
     if t == "dense":
         return x @ w[f"{path}.kernel"] + w.get(f"{path}.bias", 0.0)
@@ -45,8 +47,7 @@ def _layer(layer, path, w, x, training):
         if t == "maxpool2d":
             return _windows(_pad(x, k, s, layer.padding, -np.inf), k, s).max(axis=(-2, -1))
         sums = _windows(_pad(x, k, s, layer.padding), k, s).sum(axis=(-2, -1))
-        counts = _windows(_pad(np.ones_like(x[:1, :, :, :1]), k, s, layer.padding), k, s).sum(axis=(-2, -1))
-        return sums / counts
+        return sums / avgpool_divisors(x.shape[1:], k, s, layer.padding)[None, :, :, None]
     if t == "global_avgpool2d":
         return x.mean(axis=(1, 2))
     if t == "flatten":
@@ -75,10 +76,10 @@ def _layer(layer, path, w, x, training):
         return (x - mean) / np.sqrt(var + layer.epsilon) * w[f"{path}.gamma"] + w[f"{path}.beta"]
     if t == "dropout":
         if training and layer.rate > 0:
-            raise ValueError("the reference has no dropout in training mode (random streams differ)")
+            return x * masks[path] / (1 - layer.rate)
         return x
     if t == "residual":
-        main = _layers(layer.layers, f"{path}.layers.", w, x, training)
-        shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training) if layer.projection else x
+        main = _layers(layer.layers, f"{path}.layers.", w, x, training, masks)
+        shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training, masks) if layer.projection else x
         return main + shortcut
     raise AssertionError(f"reference forward has no layer {t!r}")

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from harness.errors import SpecError
-from harness.spec import ModelSpec
+
+if TYPE_CHECKING:  # spec.py validates through infer(): graph must not import it at run time
+    from harness.model.spec import ModelSpec
 
 
 @dataclass
@@ -21,6 +26,7 @@ class LayerInfo:
     out_shape: tuple[int, ...]
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # canonical layouts
     flops: int = 0  # forward, per sample
+    spec: Any = None  # the spec's layer (its hyper-parameters: a dropout's rate, a pool's size...)
 
     @property
     def param_count(self) -> int:
@@ -60,6 +66,36 @@ def window_output(size: int, kernel: int, stride: int, padding: str) -> int:
     return (size - kernel) // stride + 1
 
 
+@dataclass(frozen=True)
+class Padding:
+    """The spec's padding of a conv or pool window, for frameworks whose ops pad symmetrically only
+    (PyTorch, MXNet): `symmetric` (h, w) goes to the op; when TF's 'same' puts an odd pixel at the
+    bottom/right, `symmetric` is (0, 0) and `explicit` (top, bottom, left, right) must be padded first."""
+
+    symmetric: tuple[int, int]
+    explicit: tuple[int, int, int, int] | None
+
+
+def window_padding(in_shape: tuple[int, ...], kernel: int, stride: int, padding: str) -> Padding:
+    if padding == "valid":
+        return Padding((0, 0), None)
+    (top, bottom), (left, right) = (same_padding(n, kernel, stride) for n in in_shape[:2])
+    if top == bottom and left == right:
+        return Padding((top, left), None)
+    return Padding((0, 0), (top, bottom, left, right))
+
+
+def avgpool_divisors(in_shape: tuple[int, ...], kernel: int, stride: int, padding: str) -> np.ndarray:
+    """[Ho, Wo] float64: how many real (unpadded) pixels each average-pooling window covers. The spec's
+    'same' average pooling divides each window's sum by this, as TensorFlow does."""
+    def counts(size: int) -> np.ndarray:
+        before = same_padding(size, kernel, stride)[0] if padding == "same" else 0
+        starts = np.arange(window_output(size, kernel, stride, padding)) * stride - before
+        return np.minimum(starts + kernel, size) - np.maximum(starts, 0)
+
+    return np.outer(counts(in_shape[0]), counts(in_shape[1])).astype(np.float64)
+
+
 def infer(spec: ModelSpec, source: str | None = None) -> Graph:
     source = source or spec.name
     out: list[LayerInfo] = []
@@ -92,7 +128,7 @@ def _display(path: str) -> str:
 
 def _infer_one(layer, shape, path, out, source) -> tuple[int, ...]:
     t = layer.type
-    info = LayerInfo(path, t, shape, shape)
+    info = LayerInfo(path, t, shape, shape, spec=layer)
     out.append(info)
     if t == "dense":
         if len(shape) != 1:

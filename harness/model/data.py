@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import HarnessError
-from harness.spec import ModelSpec
+from harness.model.spec import ModelSpec
 
 CACHE_LIMIT_BYTES = 256 * 2**20  # materialise a whole dataset only when it is this small
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp"}

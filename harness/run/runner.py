@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness import results
-from harness.worker import RunRequest
+from harness.run.worker import RunRequest
 
 STDERR_TAIL_LINES = 8
 
@@ -59,7 +59,7 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
                    MKL_NUM_THREADS=str(req.threads))
         started = time.time()
         with open(stderr_file, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(request_file), str(record_file)],
+            proc = subprocess.Popen([sys.executable, "-m", "harness.run.worker", str(request_file), str(record_file)],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                     start_new_session=True,  # its own group: Ctrl-C reaches the runner only
                                     preexec_fn=_die_with_parent)

@@ -8,7 +8,10 @@ The spec defines the math. Every adapter must reproduce it exactly:
 - rmsprop: v = rho*v + (1-rho)*g^2; p -= lr*g/sqrt(v+eps) ("inside") or lr*g/(sqrt(v)+eps) ("outside");
 - adam: bias-corrected moments, p -= lr*m_hat/(sqrt(v_hat)+eps) (PyTorch's form, epsilon outside);
 - sgd: buf = momentum*buf + g; p -= lr*buf (nesterov: p -= lr*(g + momentum*buf));
-- losses are batch means computed in float32; probabilities are clipped to [1e-7, 1-1e-7].
+- dropout: x * mask / (1 - rate) in training, with the masks the core draws (harness.model.dropout);
+  identity in inference;
+- losses are batch means computed in float32 (float64 in float64 runs); probabilities are clipped to
+  [1e-7, 1-1e-7].
 """
 from __future__ import annotations
 
@@ -18,11 +21,19 @@ from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from harness.errors import SpecError
+from harness.model.graph import infer
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 PROB_EPSILON = 1e-7  # clip for losses on probabilities (Keras' backend epsilon)
 
 
@@ -231,9 +242,7 @@ def validate(data: object, source: str) -> ModelSpec:
             msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else "")
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
-    from harness.graph import infer  # the shapes must fit, before any framework starts
-
-    infer(spec, source)
+    infer(spec, source)  # the shapes must fit, before any framework starts
     return spec
 
 

@@ -1,0 +1,1 @@
+"""Running: the matrix runner, the per-run worker process, measurement helpers."""

@@ -1,0 +1,79 @@
+"""The specs that `tox` fingerprints in every framework cover the whole spec language, so that parity proves
+identity for every layer, activation, loss and optimizer a user can write."""
+from __future__ import annotations
+
+import configparser
+import shlex
+
+from harness.model.graph import infer
+from harness.model.spec import LAYER_TYPES, load_spec
+from tests.conftest import ROOT
+
+
+def fingerprinted_specs() -> list:
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    models = []
+    for line in tox["framework"]["commands"].splitlines():
+        args = shlex.split(line)
+        if args[:2] == ["amp-harness", "fingerprint"]:
+            models += args[args.index("--model") + 1].split(",")
+    return [load_spec(str(ROOT / m) if m.endswith(".yaml") else m) for m in models]
+
+
+def features(spec) -> set[str]:
+    graph = infer(spec)
+    found = {info.type for info in graph.layers}
+    for info in graph.layers:
+        layer = info.spec
+        if info.type == "gelu":
+            found.add(f"gelu approximate={layer.approximate}")
+        if info.type in ("batchnorm", "layernorm"):
+            found.add(f"{info.type} on {'images' if len(info.in_shape) == 3 else 'vectors'}")
+        if info.type == "residual":
+            if layer.projection:
+                found.add("residual with projection")
+            if info.path.count("."):
+                found.add("nested residual")
+        if info.type in ("maxpool2d", "avgpool2d", "conv2d"):
+            found.add(f"{info.type} {layer.padding}")
+        if info.type == "dropout" and layer.rate > 0:
+            found.add(f"dropout with {spec.optimizer.type}")
+    found.add(f"{spec.loss.type} from_logits={spec.loss.from_logits}")
+    o = spec.optimizer
+    found.add({"sgd": lambda: f"sgd momentum={o.momentum > 0} nesterov={o.nesterov}",
+               "adam": lambda: "adam",
+               "rmsprop": lambda: f"rmsprop epsilon {o.epsilon_placement}"}[o.type]())
+    return found
+
+
+REQUIRED = {
+    *LAYER_TYPES,
+    "gelu approximate=True", "gelu approximate=False",
+    "batchnorm on images", "batchnorm on vectors", "layernorm on images", "layernorm on vectors",
+    "residual with projection", "nested residual",
+    "conv2d same", "conv2d valid", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
+    "dropout with adam",
+    "sparse_categorical_crossentropy from_logits=True", "sparse_categorical_crossentropy from_logits=False",
+    "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",
+    "sgd momentum=False nesterov=False", "sgd momentum=True nesterov=False", "sgd momentum=True nesterov=True",
+    "adam", "rmsprop epsilon inside", "rmsprop epsilon outside",
+}
+
+
+def test_the_fingerprinted_specs_cover_the_spec_language():
+    specs = fingerprinted_specs()
+    covered = set().union(*(features(s) for s in specs))
+    assert not REQUIRED - covered, f"not fingerprinted by tox in any spec: {sorted(REQUIRED - covered)}"
+    with_dropout = [s.name for s in specs if any(i.type == "dropout" and i.spec.rate > 0 for i in infer(s).layers)]
+    assert len(with_dropout) >= 2, with_dropout
+
+
+def test_hyper_parameters_are_not_float32_exact():
+    """A float32-rounded constant in one adapter shows only where float32 cannot hold the value exactly."""
+    import numpy as np
+
+    for spec in fingerprinted_specs():
+        values = [v for k, v in spec.optimizer.model_dump().items() if isinstance(v, float) and v not in (0.0,)]
+        inexact = [v for v in values if float(np.float32(v)) != v]
+        assert inexact, f"{spec.name}: every optimizer hyper-parameter is exact in float32: {values}"

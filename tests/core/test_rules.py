@@ -1,0 +1,76 @@
+"""The rules every adapter follows, kept once in the core: dropout masks, window geometry, loss-scale rules."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.model import reference
+from harness.model.dropout import DropoutMasks
+from harness.model.graph import avgpool_divisors, infer, window_padding
+from harness.model.spec import load_spec, validate
+from harness.model.weights import initial_weights
+from harness.precision import LossScale, LossScaler
+from tests.conftest import SPECS
+
+
+def test_dropout_masks_are_a_function_of_seed_layer_and_step_alone():
+    spec = load_spec(str(SPECS / "pitfall_nested_residual_dropout.yaml"))
+    masks = DropoutMasks(infer(spec), spec.seed)
+    (path, rate, shape), = masks.layers
+    assert path == "2.layers.2.layers.2" and rate == 0.2 and shape == (12, 12, 6)
+    step7 = masks.for_step(7, 16)[path]
+    assert step7.shape == (16, 12, 12, 6) and step7.dtype == np.float32 and set(np.unique(step7)) == {0.0, 1.0}
+    for step in range(7):
+        masks.for_step(step, 16)  # drawing other steps first changes nothing: no stream to replay
+    np.testing.assert_array_equal(DropoutMasks(infer(spec), spec.seed).for_step(7, 16)[path], step7)
+    assert not np.array_equal(masks.for_step(8, 16)[path], step7)
+    assert not np.array_equal(DropoutMasks(infer(spec), spec.seed + 1).for_step(7, 16)[path], step7)
+    assert abs(1 - step7.mean() - rate) < 0.02  # 13824 draws: the dropped share is the rate
+
+
+def test_each_dropout_layer_has_its_own_mask_and_rate_zero_has_none():
+    spec = load_spec(str(SPECS / "pitfall_dropout_adam.yaml"))
+    masks = DropoutMasks(infer(spec), spec.seed).for_step(0, 64)
+    assert sorted(masks) == ["3", "6"]
+    assert abs(1 - masks["3"].mean() - 0.3) < 0.03 and abs(1 - masks["6"].mean() - 0.15) < 0.03
+    rate_zero = load_spec(str(SPECS / "pitfall_rmsprop_epsilon.yaml"))
+    assert not DropoutMasks(infer(rate_zero), rate_zero.seed)
+
+
+def test_the_reference_applies_masks_as_x_times_mask_over_keep_probability():
+    spec = validate({"name": "d", "input": {"shape": [4]}, "dataset": {"name": "synthetic", "num_classes": 2},
+                     "layers": [{"type": "dropout", "rate": 0.25}, {"type": "dense", "units": 2}],
+                     "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
+                     "optimizer": {"type": "sgd", "learning_rate": 0.1, "momentum": 0.0, "nesterov": False},
+                     "batch_size": 3, "steps": 1}, "test")
+    weights = initial_weights(infer(spec), 0)
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    mask = np.array([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]], np.float32)
+    expected = (x * mask / 0.75) @ weights["1.kernel"] + weights["1.bias"]
+    np.testing.assert_allclose(reference.forward(spec, weights, x, training=True, masks={"0": mask}), expected)
+    np.testing.assert_allclose(reference.forward(spec, weights, x), x @ weights["1.kernel"] + weights["1.bias"])
+
+
+@pytest.mark.parametrize("size, kernel, stride", [(10, 3, 2), (12, 2, 1), (5, 3, 2), (7, 1, 3), (6, 4, 4)])
+def test_window_geometry_matches_tensorflow_same_padding(size, kernel, stride):
+    padding = window_padding((size, size, 3), kernel, stride, "same")
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    if padding.explicit is None:
+        assert padding.symmetric[0] * 2 == total
+    else:
+        top, bottom, _, _ = padding.explicit
+        assert (top, bottom) == (total // 2, total - total // 2) and bottom == top + 1
+    # divisors: count the real pixels of each window by brute force
+    divisors = avgpool_divisors((size, size, 1), kernel, stride, "same")
+    before = total // 2
+    rows = [sum(0 <= start * stride - before + i < size for i in range(kernel)) for start in range(-(-size // stride))]
+    np.testing.assert_array_equal(divisors, np.outer(rows, rows))
+    assert (avgpool_divisors((size, size, 1), min(kernel, size), stride, "valid") == min(kernel, size) ** 2).all()
+
+
+def test_loss_scale_rules_back_off_at_once_and_grow_after_the_interval():
+    rules = LossScaler(LossScale("dynamic", initial=8.0, growth_interval=3))
+    trace = [(rules.update(finite), rules.scale) for finite in (True, False, True, True, True, True, False)]
+    assert trace == [(False, 8.0), (True, 4.0), (False, 4.0), (False, 4.0), (False, 8.0), (False, 8.0), (True, 4.0)]
+    fixed = LossScaler(LossScale("fixed", initial=1e30))
+    assert [fixed.update(f) for f in (False, True)] == [True, False] and fixed.scale == 1e30
