@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the PyTorch adapter: fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet,
-# then a table of median step times. Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
+# `diagnose` (tensor capture, numerics verdicts) on resnet8 and mnist_mlp, then a table of median step times.
+# Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 set -euo pipefail
@@ -9,7 +10,9 @@ out=${1:-results/gpu_check}
 python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch
 python3 -m harness adapters
 python3 -m harness run --framework torch --device gpu --model resnet8,small_convnet \
-  --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 2 --no-progress --out "$out"
+  --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 3 --no-progress --out "$out"
+python3 -m harness diagnose --framework torch --device gpu --model resnet8,mnist_mlp --steps 20 --every 10 \
+  --no-progress --out "$out/diagnose"
 python3 - "$out" <<'PY'
 import sys
 from harness.results import load

@@ -22,6 +22,12 @@ Rules:
   (``harness.model.dropout``: applied as given, ``x * mask / (1 - rate)``, never drawn by the framework).
 - A float64 (``fp64``) run computes entirely in float64, constants and hyper-parameters included: the parity
   check holds float64 fingerprints to 1e-9.
+- ``build`` creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
+  timed step allocates state lazily, and the memory figure holds the same things in every framework.
+- Nothing but the step runs in ``train_step``: conversions belong in ``to_device``, bookkeeping in
+  ``after_step``, imports in ``build``.
+- ``variants`` names the framework's own idioms for running a step (eager or compiled, memory layouts...);
+  ``build`` gets one of them, and the record keeps it. The first is the default.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,16 +96,33 @@ class Trainer(ABC):
     def param_count(self) -> int:
         """Trainable parameters as the framework itself counts them (checked against the spec's count)."""
 
-    def reset_memory_peak(self) -> None:
-        """Reset the device allocator's peak counter (GPU); nothing to do on CPU."""
+    def captured_step(self, batch: Any) -> tuple[float, dict[str, np.ndarray]] | None:
+        """Diagnose mode only (optional): one train_step that also returns the weight gradients it applied,
+        unscaled and before the update, by canonical weight name in canonical layouts (trainable weights only).
+        None: this adapter cannot capture (the report then says "not available")."""
+        return None
+
+    def layer_outputs(self, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+        """Diagnose mode only (optional): on this batch, in inference mode and changing no state, each layer's
+        output and the gradient of the loss with respect to it, by canonical layer path, in canonical layouts
+        (NHWC). None: this adapter cannot capture."""
+        return None
+
+    def after_step(self) -> None:
+        """Called after every step, outside the timed region (MXNet samples GPU memory here: it has no peak
+        counter)."""
 
     def memory_peak_mb(self) -> tuple[float, str] | None:
-        """(peak MB, what kind of figure) from the device allocator, or None to use the process RSS."""
+        """(peak MB the device allocator held above its level when build() began, what kind of figure); None
+        on a CPU, where the core measures the process's resident memory the same way for every framework."""
         return None
 
 
 class Adapter(ABC):
     name: str  # the --framework name
+    #: the framework's idioms for running a training step (name -> what it is), swept by `run --variant`;
+    #: the first is the default
+    variants: dict[str, str] = {"default": "the adapter's one way to run a step"}
 
     @abstractmethod
     def framework_version(self) -> str: ...
@@ -119,7 +142,12 @@ class Adapter(ABC):
 
     @abstractmethod
     def build(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
-              loss_scale: LossScale, device: Device) -> Trainer: ...
+              loss_scale: LossScale, device: Device, variant: str) -> Trainer: ...
+
+    def matmul(self, n: int, dtype: str, device: Device) -> Callable[[], None] | None:
+        """A function that multiplies two n x n matrices of `dtype` on `device` and waits for the result: the
+        core times it to know the device's peak (harness.run.peak). None where the framework cannot."""
+        return None
 
 
 def device_limits(precision: Precision, device: Device) -> str | None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.report.stats import MIN_REPEATS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,10 +118,13 @@ def cmd_adapters(args) -> int:
         print(f"{name} {info['version']}  ({found[name].value})  device {dev['name']}: {dev['description']}")
         for precision, reason in info["precisions"].items():
             print(f"  {precision:<9} {'runs' if reason is None else 'unsupported: ' + reason}")
+        for number, (variant, what) in enumerate(info["variants"].items()):
+            print(f"  variant {variant}: {what}" + (" (default)" if number == 0 else ""))
     return 0
 
 
-def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> list[dict]:
+def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_scales: list[str | None] | None = None,
+                **extra) -> list[dict]:
     """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
     from harness.adapter import discover, load_adapter
     from harness.model.spec import load_spec
@@ -144,12 +148,16 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> li
         cells = [(model, cli) for model in args.model]
     else:
         raise HarnessError("--model (or, for run, --matrix) is required")
+    loss_scales = loss_scales or [args.loss_scale]
     for name in precisions:
-        parse_loss_scale(args.loss_scale, parse_precision(name))
+        for loss_scale in loss_scales:
+            parse_loss_scale(loss_scale, parse_precision(name))
     for model, overrides in cells:
         load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"), overrides.get("input_size"))
-    requests = matrix(args.framework, cells, precisions, repeats, warmup=warmup, loss_scale=args.loss_scale,
-                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode)
+    variants = _variants(load_adapter(args.framework), args.variant)
+    requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
+                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
+                      **extra)
     out = Path(args.out)
     if args.resume:
         total, requests = len(requests), pending(requests, out, filename)
@@ -168,6 +176,15 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str) -> li
     return records
 
 
+def _variants(adapter, asked: list[str] | None) -> list[str]:
+    """The variants to run, by name (the adapter's default when none is asked for)."""
+    unknown = [v for v in asked or [] if v not in adapter.variants]
+    if unknown:
+        raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
+                           + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items()))
+    return asked or [next(iter(adapter.variants))]
+
+
 def cmd_run(args) -> int:
     from harness.results import RESULTS_FILE
 
@@ -179,6 +196,33 @@ def cmd_fingerprint(args) -> int:
     from harness.results import FINGERPRINTS_FILE
 
     _run_matrix(args, "fingerprint", 1, 0, FINGERPRINTS_FILE)
+    return 0
+
+
+def cmd_diagnose(args) -> int:
+    from harness.results import DIAGNOSES_FILE
+
+    args.precision = ["fp32"]  # strict float32: what each 16-bit format would do is derived from it
+    for r in _run_matrix(args, "diagnose", 1, 0, DIAGNOSES_FILE, every=args.every):
+        diagnosis = r.get("diagnosis") or {}
+        if r["status"] != "ok" or not diagnosis.get("available"):
+            why = r.get("reason") or f"{r['framework']} cannot capture tensors (not available)"
+            print(f"{r['framework']} {r['model']}: {r['status']}: {why}")
+            continue
+        print(f"{r['framework']} {r['model']} (captured after steps {diagnosis['captured_steps']}):")
+        for line in diagnosis["verdicts"].values():
+            print(f"  {line}")
+    return 0
+
+
+def cmd_study(args) -> int:
+    import time
+
+    from harness.results import RESULTS_FILE
+
+    study = f"loss-scale-{time.strftime('%Y%m%dT%H%M%S')}"
+    records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, loss_scales=args.scales, study=study)
+    print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows them")
     return 0
 
 
@@ -202,14 +246,16 @@ def cmd_parity(args) -> int:
 
 def cmd_report(args) -> int:
     from harness.report import write_report
-    from harness.results import FINGERPRINTS_FILE, read_records
+    from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
 
     records = read_records(args.dirs)
     parity_dirs = [d for d in args.parity or [] if (Path(d) / FINGERPRINTS_FILE).exists()]
     for missing in sorted(set(args.parity or []) - set(parity_dirs)):
         print(f"note: no {FINGERPRINTS_FILE} in {missing}; run `tox` first to show parity", file=sys.stderr)
     parity = read_records(parity_dirs, FINGERPRINTS_FILE) if parity_dirs else None
-    html, csv = write_report(records, Path(args.output), parity)
+    diagnosis_dirs = [d for d in args.dirs + (args.diagnoses or []) if (Path(d) / DIAGNOSES_FILE).exists()]
+    diagnoses = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else None
+    html, csv = write_report(records, Path(args.output), parity, diagnoses)
     print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB) and {csv} from {len(records)} records")
     return 0
 
@@ -225,12 +271,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("adapters", help="installed adapters and what they can run here").set_defaults(func=cmd_adapters)
     run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
-    for p in (run, fingerprint):
+    diagnose = sub.add_parser("diagnose", help="is 16-bit safe for this model? fp32 training with tensor capture, "
+                                               "reduced to histograms and verdicts")
+    study = sub.add_parser("study", help="studies made of ordinary runs: `study loss-scale` sweeps loss scales")
+    study.add_argument("kind", choices=["loss-scale"])
+    for p in (run, fingerprint, diagnose, study):
         _add_matrix_options(p)
+    diagnose.add_argument("--every", type=_positive, default=10, help="capture after every K steps (and the last)")
+    diagnose.set_defaults(func=cmd_diagnose, out="diagnoses")
+    study.add_argument("--scales", type=_csv, required=True,
+                       help="loss scales to sweep, e.g. none,1,2^4,2^8,2^12,2^16,2^20,2^24,2^28,2^32,dynamic")
+    study.add_argument("--warmup", type=_count, default=5)
+    study.add_argument("--repeats", type=_positive, default=1)
+    study.set_defaults(func=cmd_study, out="results")
     run.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
                      "benchmarks/compare.yaml")
     run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
-    run.add_argument("--repeats", type=_positive, default=1, help="runs of each cell, each in a fresh process")
+    run.add_argument("--repeats", type=_positive, default=MIN_REPEATS,
+                     help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
+                          "give a 95%% interval)")
     run.set_defaults(func=cmd_run, out="results")
     fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
     parity = sub.add_parser("parity", help="compare fingerprints across frameworks; exit 1 on a mismatch")
@@ -240,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dirs", nargs="+", metavar="DIR", help="result directories or results.jsonl files")
     report.add_argument("-o", "--output", default="reports/index.html")
     report.add_argument("--parity", nargs="*", metavar="DIR", help="fingerprint directories to show parity from")
+    report.add_argument("--diagnoses", nargs="*", metavar="DIR", help="diagnose directories (diagnoses.jsonl) for "
+                        "the Numerics section; result directories holding one are read anyway")
     report.set_defaults(func=cmd_report)
     return parser
 
@@ -254,6 +315,8 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
     run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
     run.add_argument("--growth-interval", type=_positive, default=2000, help="clean steps before the scale grows")
+    run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated (see "
+                     "`amp-harness adapters`; default: the adapter's first)")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")

@@ -35,6 +35,9 @@ TOLERANCES = {
     # agreeing frameworks within ~1e-12 here, so these bounds leave room for summation order only
     "fp64": (1e-10, 1e-9, 1e-8),
 }
+# the first step's weight gradients (a norm and random projections per weight, where the adapter can capture
+# them): like initial outputs, nothing has been trained yet to amplify rounding
+GRADIENT_TOLERANCES = {"fp64": 1e-9, "fp32": 1e-4}
 NOISE_FACTOR = 3
 REFERENCE_ORDER = ("torch", "tensorflow", "mxnet")  # the first present is the reference
 
@@ -50,7 +53,8 @@ class Comparison:
     logits_error: float | None
     loss_error: float | None
     final_error: float | None
-    verdict: str  # "pass...", "FAIL...", or "n/a: ... unsupported ..." (see the module docstring)
+    verdict: str
+    gradient_error: float | None = None  # None: not captured by both  # "pass...", "FAIL...", or "n/a: ... unsupported ..." (see the module docstring)
 
     @property
     def failed(self) -> bool:
@@ -63,7 +67,8 @@ class Comparison:
     def row(self) -> list[str]:
         fmt = lambda v: "-" if v is None else f"{v:.1e}"  # noqa: E731
         return [self.model, self.precision, f"{self.framework} vs {self.reference}", str(self.steps),
-                fmt(self.logits_error), fmt(self.loss_error), fmt(self.final_error), self.verdict]
+                fmt(self.logits_error), fmt(self.gradient_error), fmt(self.loss_error), fmt(self.final_error),
+                self.verdict]
 
 
 def _relative(a, b) -> float:
@@ -95,10 +100,22 @@ def _errors(a: dict, b: dict) -> tuple[float, float, float]:
             _relative(fa["final_outputs"], fb["final_outputs"]))
 
 
-def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None) -> str:
+def gradient_error(a: dict, b: dict) -> float | None:
+    """Max over weights of the gradient fingerprints' difference relative to b's gradient norm."""
+    ga, gb = a["fingerprint"].get("gradients"), b["fingerprint"].get("gradients")
+    if not ga or not gb:
+        return None
+    if sorted(ga) != sorted(gb):
+        return float("inf")
+    return max(float(np.max(np.abs(np.subtract(ga[k], gb[k]))) / max(gb[k][0], 1e-300)) for k in gb)
+
+
+def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None, grad_error: float | None) -> str:
     tol = TOLERANCES.get(precision, TOLERANCES["fp16"])
     if errors[0] > tol[0]:
         return "FAIL"
+    if grad_error is not None and grad_error > GRADIENT_TOLERANCES.get(precision, tol[1]):
+        return "FAIL: first-step gradients differ"
     if errors[1] <= tol[1] and errors[2] <= tol[2]:
         return "pass"
     if ref64 is None or precision == "fp64" or ref64.get("status") != "ok":
@@ -139,23 +156,24 @@ def compare(records: list[dict]) -> list[Comparison]:
                                               ("n/a: " if legit else "FAIL: ") + why))
                 continue
             skips = [r["fingerprint"].get("skipped_steps") or [] for r in pair]
-            errors = _errors(other, ref)
+            errors, grad_error = _errors(other, ref), gradient_error(other, ref)
             if skips[0] != skips[1]:
                 verdict = f"FAIL: the loss scalers skipped different steps ({ref_name} {skips[0]}, {name} {skips[1]})"
             else:
                 ref64 = groups.get((model, spec_hash, "fp64"), {}).get(ref_name)
-                verdict = _verdict(precision, ref, other, errors, ref64)
+                verdict = _verdict(precision, ref, other, errors, ref64, grad_error)
             comparisons.append(Comparison(model, spec_hash, precision, ref_name, name, len(ref["loss"]), *errors,
-                                          verdict))
+                                          verdict, grad_error))
     return comparisons
 
 
 def table(comparisons: list[Comparison]) -> str:
-    header = ["model", "precision", "frameworks", "steps", "logits", "losses", "after K", "verdict"]
+    header = ["model", "precision", "frameworks", "steps", "logits", "gradients", "losses", "after K", "verdict"]
     rows = [header] + [c.row() for c in comparisons]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     tol = "; ".join(f"{p} {a:g}/{b:g}/{c:g}" for p, (a, b, c) in TOLERANCES.items())
-    lines.append(f"max relative errors; tolerances (logits/losses/after K): {tol}")
+    lines.append(f"max relative errors; tolerances (logits/losses/after K): {tol}; first-step gradients: "
+                 + "; ".join(f"{p} {t:g}" for p, t in GRADIENT_TOLERANCES.items()))
     return "\n".join(lines)

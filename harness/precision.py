@@ -100,15 +100,39 @@ class LossScaler:
         return False
 
 
+def _number(text: str) -> float:
+    """A positive finite number, also written as a power of two: '65536', '1e4', '2^16'."""
+    base, caret, exponent = text.partition("^")
+    value = float(base) ** float(exponent) if caret else float(text)
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(text)
+    return value
+
+
 def parse_loss_scale(text: str | None, precision: Precision, growth_interval: int = 2000) -> LossScale:
-    """`None` -> the precision's default; 'dynamic', 'dynamic:INITIAL', 'none', or a number (fixed)."""
+    """`None` -> the precision's default; 'dynamic', 'dynamic:INITIAL', 'none', or a number (fixed); numbers
+    may be powers of two written as 2^K."""
     if text is None:
         text = precision.default_loss_scale
     mode, _, value = text.partition(":")
-    if mode in ("dynamic", "none"):
-        initial = float(value) if value else 2.0**16
-        return LossScale(mode=mode, initial=initial, growth_interval=growth_interval)
     try:
-        return LossScale(mode="fixed", initial=float(text), growth_interval=growth_interval)
+        if mode in ("dynamic", "none"):
+            if mode == "none" and value:
+                raise ValueError(text)
+            return LossScale(mode=mode, initial=_number(value) if value else 2.0**16, growth_interval=growth_interval)
+        return LossScale(mode="fixed", initial=_number(text), growth_interval=growth_interval)
     except ValueError:
-        raise HarnessError(f"--loss-scale '{text}': expected dynamic, dynamic:INITIAL, none or a number") from None
+        raise HarnessError(f"--loss-scale '{text}': expected dynamic, dynamic:INITIAL, none or a positive number "
+                           f"(2^K works too)") from None
+
+
+def loss_scale_key(settings: dict | None) -> str:
+    """One string per loss-scale setting, e.g. 'none', 'fixed:16', 'dynamic:65536/2000': what tells runs of a
+    loss-scale study apart (for --resume and the report)."""
+    settings = settings or {}
+    mode = settings.get("mode", "none")
+    if mode == "none":
+        return "none"
+    if mode == "fixed":
+        return f"fixed:{settings['initial']:g}"
+    return f"dynamic:{settings['initial']:g}/{settings.get('growth_interval')}"

@@ -16,16 +16,18 @@ from harness.errors import HarnessError
 
 RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
-SCHEMA_VERSION = 1
+DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
+SCHEMA_VERSION = 2  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
 #: every record carries these keys (None where a figure does not apply or was not reached)
 FIELDS = (
-    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "precision", "device", "status",
-    "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms", "samples_per_s",
-    "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "loss", "final_train_loss", "eval_loss",
-    "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops", "param_count", "options", "env",
-    "started_at", "wall_s", "fingerprint",
+    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "precision", "variant", "device",
+    "status", "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms",
+    "samples_per_s", "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "state_memory_mb", "loss",
+    "final_train_loss", "eval_loss", "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops",
+    "device_peak_gflops", "efficiency", "param_count", "options", "env", "started_at", "wall_s", "study",
+    "fingerprint", "diagnosis",
 )
 
 

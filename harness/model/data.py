@@ -175,9 +175,19 @@ class Data:
         perm = np.random.default_rng([self.spec.seed, 4, epoch]).permutation(self.train_idx)
         return perm[k * self.spec.batch_size:(k + 1) * self.spec.batch_size]
 
-    def train_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    def train_batch(self, step: int, out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The batch of a training step; written into `out` (a batch of an earlier call) when given, so that a
+        training loop allocates no new batch."""
         idx = self.train_indices(step)
-        return self._samples(idx), self.source.labels[idx]
+        if out is None:
+            return self._samples(idx), self.source.labels[idx]
+        x, y = out
+        if self._all is not None:
+            np.take(self._all, idx, axis=0, out=x)
+        else:
+            x[...] = self.source.samples(idx)
+        np.take(self.source.labels, idx, out=y)
+        return x, y
 
     def eval_batches(self):
         bs = self.spec.batch_size

@@ -29,11 +29,17 @@ class DropoutMasks:
     def __bool__(self) -> bool:
         return bool(self.layers)
 
-    def for_step(self, step: int, batch_size: int) -> dict[str, np.ndarray]:
-        """The masks of training step `step` (warm-up steps count), by layer path; {} without dropout."""
+    def for_step(self, step: int, batch_size: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The masks of training step `step` (warm-up steps count), by layer path; {} without dropout. Written
+        into `out` (masks of an earlier call) when given, so that a training loop allocates no new masks."""
         masks = {}
         for path, rate, shape in self.layers:
             key = int(self._keys[path][0]) << 64 | int(self._keys[path][1])
             generator = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, step]))
-            masks[path] = (generator.random((batch_size, *shape), dtype=np.float32) >= rate).astype(np.float32)
+            if out is None:
+                masks[path] = (generator.random((batch_size, *shape), dtype=np.float32) >= rate).astype(np.float32)
+            else:
+                mask = masks[path] = out[path]
+                generator.random(dtype=np.float32, out=mask)
+                np.greater_equal(mask, rate, out=mask, casting="unsafe")
         return masks

@@ -54,6 +54,20 @@ class Graph:
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
 
 
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def state_memory_mb(graph: Graph, optimizer, param_dtype: str) -> dict[str, float]:
+    """What training keeps besides activations, from the graph alone: weights (with batchnorm's moving
+    statistics), their gradients and the optimizer's slots, all in the weights' dtype. Pure 16-bit training
+    halves all three; mixed precision keeps them in float32."""
+    size = DTYPE_BYTES[param_dtype] / 2**20
+    trainable = graph.param_count
+    weights = sum(math.prod(shape) for shape in graph.param_shapes().values())
+    slots = {"adam": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
+    return {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
+
+
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
     """TensorFlow's 'same' padding (before, after): the odd pixel goes after."""
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)

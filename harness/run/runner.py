@@ -19,19 +19,24 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness import results
+from harness.precision import loss_scale_key, parse_loss_scale, parse_precision
 from harness.run.worker import RunRequest
 
 STDERR_TAIL_LINES = 8
 
 
 def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str], repeats: int,
-           **common) -> list[RunRequest]:
-    """Requests for every (model with its overrides) x precision x repeat."""
+           variants: list[str], loss_scales: list[str | None] = (None,), **common) -> list[RunRequest]:
+    """Requests for every (model with its overrides) x repeat x variant x loss scale x precision, in that
+    order: the precisions, scales and variants of a model take turns (fp32, amp_bf16, amp_fp16, fp32, ...), so
+    that a drift of the machine during the matrix spreads over all of them instead of falling on one."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    return [RunRequest(framework=framework, model=m, precision=p, repeat=r,
-                       run_id=f"{framework}-{Path(m).stem}-{p}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}",
-                       **{**common, **{k: v for k, v in overrides.items() if v is not None}})
-            for (m, overrides), p, r in itertools.product(cells, precisions, range(repeats))]
+    return [RunRequest(framework=framework, model=m, precision=p, repeat=r, variant=v, loss_scale=s,
+                       run_id=f"{framework}-{Path(m).stem}-{p}-{v}{'-' + s if s else ''}-r{r}-{stamp}-"
+                              f"{uuid.uuid4().hex[:6]}",
+                       **{**common, **{key: val for key, val in overrides.items() if val is not None}})
+            for (m, overrides), r, v, s, p in itertools.product(cells, range(repeats), variants, loss_scales,
+                                                                 precisions)]
 
 
 def _die_with_parent() -> None:
@@ -100,19 +105,26 @@ def _read_progress(stream, on_progress) -> None:
             on_progress(int(parts[1]), int(parts[2]))
 
 
-def run_key(framework: str, spec_hash: str, precision: str, repeat: int) -> tuple:
-    """What identifies a run for --resume."""
-    return framework, spec_hash, precision, repeat
+def run_key(framework: str, spec_hash: str, precision: str, variant: str | None, loss_scale: str,
+            repeat: int) -> tuple:
+    """What identifies a run for --resume (loss_scale as harness.precision.loss_scale_key gives it)."""
+    return framework, spec_hash, precision, variant, loss_scale, repeat
+
+
+def _request_key(q: RunRequest) -> tuple:
+    settings = parse_loss_scale(q.loss_scale, parse_precision(q.precision), q.growth_interval).to_dict()
+    return run_key(q.framework, q.resolved_spec().spec_hash(), q.precision, q.variant, loss_scale_key(settings),
+                   q.repeat)
 
 
 def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[RunRequest]:
     """The requests that have no record in out_dir yet (whatever that record's status)."""
     if not (out_dir / filename).exists():
         return requests
-    done = {run_key(r["framework"], r.get("spec_hash"), r["precision"], r["repeat"])
+    done = {run_key(r["framework"], r.get("spec_hash"), r["precision"], r.get("variant"),
+                    loss_scale_key((r.get("loss_scale") or {}).get("settings")), r["repeat"])
             for r in results.read_records([out_dir], filename)}
-    return [q for q in requests
-            if run_key(q.framework, q.resolved_spec().spec_hash(), q.precision, q.repeat) not in done]
+    return [q for q in requests if _request_key(q) not in done]
 
 
 def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool,

@@ -22,13 +22,16 @@ from harness.adapter import LossScaleState, load_adapter
 from harness.errors import HarnessError
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import infer
+from harness.model.graph import infer, state_memory_mb
 from harness.model.spec import load_spec
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
-from harness.run import measure
+from harness.run import measure, peak
+from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
+
+PROGRESS_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -46,7 +49,11 @@ class RunRequest:
     growth_interval: int = 2000
     device: str = "auto"
     threads: int = 1
-    mode: str = "run"  # "run": timed training; "fingerprint": outputs and losses for the parity check
+    variant: str | None = None  # one of the adapter's variants; None: its default
+    measure_peak: bool = True  # measure (or read from the cache) the device's matmul peak for `efficiency`
+    mode: str = "run"  # "run": timed training; "fingerprint": for the parity check; "diagnose": numerics
+    every: int = 10  # diagnose: capture after every this many steps (and the last)
+    study: str | None = None  # the id tying the runs of one study together
 
     def resolved_spec(self):
         return load_spec(self.model).with_overrides(self.batch_size, self.steps,
@@ -64,6 +71,7 @@ def run(req: RunRequest, progress=None) -> dict:
         precision = parse_precision(req.precision)
         loss_scale = parse_loss_scale(req.loss_scale, precision, req.growth_interval)
         record.update(model=spec.name, spec_hash=spec.spec_hash(), batch_size=spec.batch_size, steps=spec.steps,
+                      study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
                       loss_scale={"settings": loss_scale.to_dict()})
         adapter = load_adapter(req.framework)
@@ -71,18 +79,29 @@ def run(req: RunRequest, progress=None) -> dict:
         device = adapter.device(req.device)
         record.update(framework_version=adapter.framework_version(), device=device.name)
         record["env"].update(device=asdict(device))
+        variant = req.variant or next(iter(adapter.variants))
+        if variant not in adapter.variants:
+            raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
+                               f"{', '.join(adapter.variants)})")
+        record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision.param_dtype))
         reason = adapter.unsupported(precision, device)
         if reason:
             record.update(status="unsupported", reason=reason)
             return record
-        data = Data(spec)
-        trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, loss_scale, device)
+        data, masks = Data(spec), DropoutMasks(graph, spec.seed)
+        weights = initial_weights(graph, spec.seed)
+        buffers = data.train_batch(0), masks.for_step(0, spec.batch_size)  # refilled in place by every step
+        baseline_kb = measure.reset_peak_rss()  # before the build: the figure holds weights and optimizer state
+        trainer = adapter.build(spec, graph, weights, precision, loss_scale, device, variant)
         record["options"] = dict(trainer.options)
-        masks = DropoutMasks(graph, spec.seed)
         if req.mode == "fingerprint":
             _fingerprint(spec, data, masks, trainer, loss_scale, record)
+        elif req.mode == "diagnose":
+            diagnose(spec, data, masks, trainer, record, req.every, progress)
         else:
-            _train(req, spec, data, masks, trainer, loss_scale, record, progress)
+            _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb)
+            if record["status"] == "ok" and req.measure_peak:
+                _efficiency(adapter, device, precision, req.threads, record)
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
     except Exception as exc:  # a framework error: keep the run's record, with the cause
@@ -100,6 +119,19 @@ def _one_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     named = [line for line in lines if re.match(r"^\w*(Error|Exception)\b", line)]
     return named[-1] if named else f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+RSS_KIND = ("process peak RSS (VmHWM) above its level before the model was built: weights, gradients, optimizer "
+            "state, activations and the framework's workspace; not the input pipeline")
+
+
+def _efficiency(adapter, device, precision, threads, record) -> None:
+    """The run's achieved FLOP/s as a share of this device's matmul peak in the run's compute dtype."""
+    peaks = peak.device_peaks(adapter, device, threads)
+    record["device_peak_gflops"] = peaks
+    compute = precision.compute_dtype
+    if peaks.get(compute) and record.get("achieved_gflops"):
+        record["efficiency"] = record["achieved_gflops"] / peaks[compute]
 
 
 class LossScaleLog:
@@ -129,16 +161,14 @@ class LossScaleLog:
         return state
 
 
-def _train(req, spec, data, masks, trainer, loss_scale, record, progress) -> None:
+def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb) -> None:
     total = req.warmup + spec.steps
     losses, times_ms, input_ms = [], [], []
     scales = LossScaleLog(loss_scale)
-    baseline_kb = measure.reset_peak_rss()
-    trainer.reset_memory_peak()
     status, reason = "ok", None
     for step in range(total):
-        x, y = data.train_batch(step)
-        dropout = masks.for_step(step, len(y))
+        x, y = data.train_batch(step, out=buffers[0])
+        dropout = masks.for_step(step, len(y), out=buffers[1])
         t0 = time.perf_counter_ns()
         batch = trainer.to_device(x, y, dropout)
         t1 = time.perf_counter_ns()
@@ -147,6 +177,7 @@ def _train(req, spec, data, masks, trainer, loss_scale, record, progress) -> Non
         input_ms.append((t1 - t0) / 1e6)
         times_ms.append((t2 - t1) / 1e6)
         losses.append(loss)
+        trainer.after_step()
         state = scales.after_step(trainer, step)
         if progress:
             progress(step + 1, total)
@@ -169,7 +200,7 @@ def _train(req, spec, data, masks, trainer, loss_scale, record, progress) -> Non
         record["peak_memory_mb"], record["memory_kind"] = device_peak
     elif baseline_kb is not None:
         record["peak_memory_mb"] = (measure.peak_rss_kb() - baseline_kb) / 1024
-        record["memory_kind"] = "process peak RSS above the post-build baseline (VmHWM)"
+        record["memory_kind"] = RSS_KIND
     if scales.history:
         record["loss_scale"].update(initial=loss_scale.initial, final=scales.history[-1],
                                     skipped_steps=len(scales.skipped),
@@ -190,17 +221,24 @@ def _fingerprint(spec, data, masks, trainer, loss_scale, record) -> None:
     `spec.steps` untimed training steps, and the loss (and loss scale) of every step."""
     x, _ = data.fixed_batch()
     initial = trainer.predict(x)
-    losses, scales = [], LossScaleLog(loss_scale)
+    losses, scales, gradients = [], LossScaleLog(loss_scale), None
     for step in range(spec.steps):
         bx, by = data.train_batch(step)
-        losses.append(trainer.train_step(trainer.to_device(bx, by, masks.for_step(step, len(by)))))
+        batch = trainer.to_device(bx, by, masks.for_step(step, len(by)))
+        captured = trainer.captured_step(batch) if step == 0 else None  # the first step's gradients, if it can
+        if captured is None:
+            losses.append(trainer.train_step(batch))
+        else:
+            losses.append(captured[0])
+            gradients = gradient_fingerprint(captured[1], spec.seed)
         scales.after_step(trainer, step)
     final = trainer.predict(x)
     finite = all(math.isfinite(v) for v in losses) and np.isfinite(final).all()
     record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss or outputs",
                   loss=[v if math.isfinite(v) else None for v in losses],
                   fingerprint={"initial_outputs": _listed(initial), "final_outputs": _listed(final),
-                               "loss_scales": scales.history or None, "skipped_steps": scales.skipped})
+                               "loss_scales": scales.history or None, "skipped_steps": scales.skipped,
+                               "gradients": gradients})
 
 
 def _listed(a: np.ndarray) -> list:
@@ -214,7 +252,8 @@ def probe(framework: str, device: str = "auto") -> dict:
     adapter = load_adapter(framework)
     dev = adapter.device(device)
     return {"framework": framework, "version": adapter.framework_version(), "device": asdict(dev),
-            "precisions": {name: adapter.unsupported(p, dev) for name, p in PRECISIONS.items()}}
+            "precisions": {name: adapter.unsupported(p, dev) for name, p in PRECISIONS.items()},
+            "variants": adapter.variants}
 
 
 def main(argv: list[str]) -> int:
@@ -227,8 +266,13 @@ def main(argv: list[str]) -> int:
     request_path, record_path = argv
     req = RunRequest(**json.loads(Path(request_path).read_text()))
 
-    def progress(step: int, total: int) -> None:
-        print(f"progress {step} {total}", flush=True)
+    last = [0.0]
+
+    def progress(step: int, total: int) -> None:  # a few lines a second at most: the runner shares the CPUs
+        now = time.monotonic()
+        if step == total or now - last[0] >= PROGRESS_INTERVAL_S:
+            last[0] = now
+            print(f"progress {step} {total}", flush=True)
 
     record = run(req, progress)
     tmp = Path(record_path + ".tmp")

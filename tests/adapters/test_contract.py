@@ -34,7 +34,9 @@ def build(adapter, spec, precision="fp32"):
     graph = infer(spec)
     weights = initial_weights(graph, spec.seed)
     device = adapter.device("cpu")
-    return adapter.build(spec, graph, weights, parse_precision(precision), LossScale(), device), graph, weights
+    variant = next(iter(adapter.variants))
+    trainer = adapter.build(spec, graph, weights, parse_precision(precision), LossScale(), device, variant)
+    return trainer, graph, weights
 
 
 def batch(trainer, spec, data, step):
@@ -94,8 +96,8 @@ def test_fp32_training_lowers_the_loss(adapter, name):
 
 
 def amp_run(tmp_path, *args):
-    out = subprocess.run([sys.executable, "-m", "harness", "run", "--out", str(tmp_path), "--no-progress",
-                          "--threads", "2", *args], capture_output=True, text=True, timeout=900, cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--repeats", "1", "--out", str(tmp_path),
+                          "--no-progress", "--threads", "2", *args], capture_output=True, text=True, timeout=900, cwd=ROOT,
                          env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     return results.read_records([tmp_path])
@@ -112,7 +114,7 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework):
             continue
         assert r["status"] == "ok", (precision, r["reason"])
         assert set(r) == set(results.FIELDS)
-        missing = [k for k in results.FIELDS if r[k] is None and k not in ("reason", "fingerprint")]
+        missing = [k for k in results.FIELDS if r[k] is None and k not in ("reason", "study", "fingerprint", "diagnosis")]
         assert not missing, (precision, missing)
         assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30
         assert r["step_time_ms"]["p10"] <= r["step_time_ms"]["median"] <= r["step_time_ms"]["p90"]
@@ -138,3 +140,35 @@ def test_fixed_and_dynamic_loss_scaling_record_overflows(tmp_path, framework):
         pytest.skip(r["reason"])
     assert r["loss_scale"]["settings"]["mode"] == "fixed"
     assert r["loss_scale"]["skipped_steps"] == 5 and r["loss_scale"]["first_overflow_step"] == 0
+
+
+@pytest.mark.parametrize("name", ["pitfall_nested_residual_dropout", "pitfall_batchnorm", "mnist_mlp"])
+def test_tensor_capture_in_canonical_names_and_layouts(adapter, name):
+    """Diagnose mode: gradients of every trainable weight, each layer's output and its gradient."""
+    spec = SPECS[name]()
+    trainer, graph, weights = build(adapter, spec, "fp64")
+    data = Data(spec)
+    x, y = data.train_batch(0)
+    masks = DropoutMasks(graph, spec.seed).for_step(0, len(y))
+    captured = trainer.captured_step(trainer.to_device(x, y, masks))
+    if captured is None:
+        pytest.skip(f"{adapter.name} cannot capture tensors")
+    loss, gradients = captured
+    trainable = {k: v.shape for k, v in weights.items() if not k.rsplit(".", 1)[1].startswith("moving_")}
+    assert {k: v.shape for k, v in gradients.items()} == trainable
+    # the gradient of the loss at the initial weights: check one weight by a central difference in float64
+    name0 = next(iter(trainable))
+    index = np.unravel_index(np.argmax(np.abs(gradients[name0])), trainable[name0])
+
+    def loss_at(delta):
+        w = {k: v.astype(np.float64) for k, v in weights.items()}
+        w[name0][index] += delta
+        outputs = reference.forward(spec, w, x, training=True, masks=masks)
+        return loss_and_correct(spec.loss, outputs, y)[0] / len(y)
+    numeric = (loss_at(1e-6) - loss_at(-1e-6)) / 2e-6
+    assert gradients[name0][index] == pytest.approx(numeric, rel=1e-5, abs=1e-9)
+    outputs = trainer.layer_outputs(*data.fixed_batch())
+    shapes = {info.path: info.out_shape for info in graph.layers}
+    assert outputs and set(outputs) <= set(shapes)
+    for path, (value, grad) in outputs.items():
+        assert value.shape[1:] == shapes[path] and grad.shape == value.shape, path

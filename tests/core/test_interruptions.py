@@ -64,7 +64,7 @@ def test_ctrl_c_stops_after_the_current_run_and_says_how_to_resume(tmp_path):
 
 
 def test_segfaulting_or_oom_killed_worker_is_recorded_and_the_matrix_goes_on(tmp_path):
-    out = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,fp32", "--steps", "4",
+    out = amp("run", "--repeats", "1", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,fp32", "--steps", "4",
               "--out", str(tmp_path), faults="fp16=segv,bf16=oom")
     assert out.returncode == 0, out.stderr
     status = {r["precision"]: (r["status"], r["reason"]) for r in results.read_records([tmp_path])}

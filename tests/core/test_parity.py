@@ -56,3 +56,18 @@ def test_float64_rows_are_strict():
     assert v[("fp64", "tensorflow")] == "FAIL"
     v = verdicts([fp("torch", "fp64"), fp("tensorflow", "fp64", losses=(1.0, 0.9 * (1 + 1e-12), 0.8))])
     assert v[("fp64", "tensorflow")] == "pass"
+
+
+def test_first_step_gradients_are_compared_when_both_frameworks_captured_them():
+    import numpy as np
+
+    from harness.run.diagnose import gradient_fingerprint
+
+    g = {"0.kernel": np.arange(6.0).reshape(2, 3), "0.bias": np.array([0.5, -1.0])}
+    same, off = gradient_fingerprint(g, 1), gradient_fingerprint({**g, "0.bias": np.array([0.5, -1.0 + 1e-6])}, 1)
+    assert gradient_fingerprint({**g, "0.bias": np.array([np.inf, 0.0])}, 1) is None  # a skipped step
+    base = fp("torch", "fp64")
+    v = verdicts([{**base, "fingerprint": {**base["fingerprint"], "gradients": same}},
+                  {**fp("tensorflow", "fp64"), "fingerprint": {**base["fingerprint"], "gradients": off}},
+                  {**fp("mxnet", "fp64"), "fingerprint": {**base["fingerprint"], "gradients": same}}])
+    assert v[("fp64", "tensorflow")] == "FAIL: first-step gradients differ" and v[("fp64", "mxnet")] == "pass"

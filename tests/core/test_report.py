@@ -21,7 +21,7 @@ def results_dir(tmp_path_factory):
     ok = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp32,amp_bf16,amp_fp16",
              "--repeats", "2", "--steps", "8", "--warmup", "1", "--loss-scale", "dynamic", "--out", str(out))
     assert ok.returncode == 0, ok.stderr
-    faults = amp("run", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,tf32,fp64",
+    faults = amp("run", "--repeats", "1", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,tf32,fp64",
                  "--steps", "5", "--timeout", "6", "--out", str(out),
                  faults="fp16=nan,bf16=hang,fp64=abort")
     assert faults.returncode == 0, faults.stderr
@@ -52,10 +52,14 @@ def test_speedup_is_computed_from_raw_step_times(results_dir):
     bf16 = [r for r in records if r["precision"] == "amp_bf16"]
     import numpy as np
 
-    expected = np.median([np.median(r["step_times_ms"]) for r in fp32]) / \
-        np.median([np.median(r["step_times_ms"]) for r in bf16])
+    def geometric_mean(rs):
+        return np.exp(np.mean([np.log(np.median(r["step_times_ms"])) for r in rs]))
+
+    expected = geometric_mean(fp32) / geometric_mean(bf16)
     (row,) = [s for s in build_view(records)["summary"] if s["precision"] == "amp_bf16"]
     assert row["ratio"] == pytest.approx(expected) and row["lo"] <= row["ratio"] <= row["hi"]
+    # two repeats: too few for an interval, and the page must not call the range one
+    assert not row["interval"] and row["ci"].startswith("range of 2 repeats")
 
 
 def test_names_are_escaped(results_dir, tmp_path):
@@ -119,3 +123,50 @@ def test_report_in_a_real_browser(results_dir, tmp_path):
         assert driver.save_screenshot(str(artifacts / "report.png"))
     finally:
         driver.quit()
+
+
+def test_runs_under_different_settings_are_never_pooled(tmp_path):
+    for threads in ("1", "2"):
+        out = amp("run", "--repeats", "1", "--framework", "fake", "--model", SPEC, "--precision", "fp32,amp_bf16", "--steps", "3",
+                  "--warmup", "0", "--threads", threads, "--out", str(tmp_path / threads))
+        assert out.returncode == 0, out.stderr
+    view = build_view(read_records([tmp_path / "1", tmp_path / "2"]))
+    assert sorted({(r["framework"], r["precision"]) for r in view["speed"]}) == [
+        ("fake [threads 1]", "amp_bf16"), ("fake [threads 1]", "fp32"),
+        ("fake [threads 2]", "amp_bf16"), ("fake [threads 2]", "fp32")]
+    assert sorted(s["framework"] for s in view["summary"]) == ["fake [threads 1]", "fake [threads 2]"]
+    assert all(r["repeats"] == 1 for r in view["speed"])
+
+
+def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
+    import numpy as np
+
+    from harness import numerics
+
+    gradients = np.concatenate([np.full(90, 1.5 * 2.0**-28), np.full(10, 0.5)])
+    counts = numerics.update_counts(np.ones(100), np.full(100, 1e-3), gradients)
+    diagnosis = {"groups": {"gradients": {"0": numerics.histogram(gradients)}, "activation_gradients": {},
+                            "weights": {}, "updates": {}, "activations": {}},
+                 "updates": {"0": counts}, "optimizer": "adam", "captured_steps": [0, 10], "available": True}
+    diagnosis.update(verdicts=numerics.verdicts(diagnosis), outcomes=numerics.outcomes(diagnosis),
+                     loss_scale_window=list(numerics.loss_scale_window(numerics.histogram(gradients))))
+    diagnosed = {"run_id": "d", "framework": "fake", "model": "m", "precision": "fp32", "status": "ok",
+                 "diagnosis": diagnosis}
+    unavailable = {**diagnosed, "run_id": "u", "framework": "other", "diagnosis": {"available": False}}
+    study = [{"run_id": f"s{i}", "framework": "fake", "model": "m", "precision": "amp_fp16", "status": status,
+              "study": "loss-scale-1", "batch_size": 4, "eval_accuracy": acc, "eval_loss": 1.0,
+              "loss_scale": {"settings": settings, "skipped_steps": skipped}}
+             for i, (settings, status, acc, skipped) in enumerate([
+                 ({"mode": "none"}, "ok", 0.5, 0), ({"mode": "fixed", "initial": 16.0}, "ok", 0.9, 0),
+                 ({"mode": "fixed", "initial": 2.0**32}, "ok", 0.1, 20),
+                 ({"mode": "dynamic", "initial": 65536.0, "growth_interval": 2000}, "ok", 0.9, 1)])]
+    view = build_view(study, None, [diagnosed, unavailable])
+    assert view["sixteen_bit_safe"] == [
+        "m (fake diagnosis): amp_fp16 safe with a loss scale in 2^3..2^16; fp16 the optimizer's second moment "
+        "underflows; bf16 stalls: updates lost to rounding; amp_bf16 safe"]
+    assert [n["note"] for n in view["numerics"]] == [None, "not available: this adapter cannot capture tensors"]
+    (s,) = view["studies"]
+    assert [(p["label"], p["skipped"]) for p in s["rows"]] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
+    assert not view["speed"]  # study runs are not cells of the comparison
+    page = render(view)
+    assert 'data-chart="numerics"' in page and 'data-chart="study"' in page and "16-bit safe?" in page

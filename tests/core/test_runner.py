@@ -21,7 +21,7 @@ def amp(*args, faults="", timeout=120):
 
 
 def test_matrix_survives_abort_hang_error_and_nan(tmp_path):
-    out = amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml",
+    out = amp("run", "--repeats", "1", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml",
               "--precision", "fp32,fp16,bf16,amp_bf16,amp_fp16,tf32", "--steps", "6", "--warmup", "1",
               "--timeout", "6", "--out", str(tmp_path),
               faults="fp16=abort,bf16=hang,amp_bf16=raise,amp_fp16=nan")
@@ -46,7 +46,7 @@ def test_matrix_survives_abort_hang_error_and_nan(tmp_path):
 
 
 def test_every_record_has_every_field(tmp_path):
-    out = amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_batchnorm.yaml", "--steps", "3",
+    out = amp("run", "--repeats", "1", "--framework", "fake", "--model", "tests/specs/pitfall_batchnorm.yaml", "--steps", "3",
               "--warmup", "0", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
@@ -93,7 +93,7 @@ def test_adapters_command_probes_in_a_subprocess():
 
 
 def test_a_loss_scaler_that_breaks_the_core_rules_fails_the_run(tmp_path):
-    amp("run", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--precision",
+    amp("run", "--repeats", "1", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--precision",
         "amp_fp16", "--steps", "4", "--warmup", "0", "--out", str(tmp_path), faults="amp_fp16=stuckscale")
     (record,) = results.read_records([tmp_path])
     assert record["status"] == "failed"
@@ -110,3 +110,30 @@ def test_an_adapter_whose_scaler_skips_every_step_fails_parity(tmp_path):
     assert out.returncode == 1
     assert "FAIL: the loss scalers skipped different steps (fake [1], fake_skipping [0, 1, 2, 3])" in out.stdout
     assert "parity FAILED for 1 of 1 comparisons" in out.stderr
+
+
+def test_only_the_step_is_timed(tmp_path):
+    """A step that sleeps 300 ms is timed as 300 ms (within 2%), whatever its batch conversion costs."""
+    amp("run", "--repeats", "1", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--precision", "fp32",
+        "--steps", "4", "--warmup", "1", "--out", str(tmp_path), faults="fp32=slow")
+    (record,) = results.read_records([tmp_path])
+    assert record["step_time_ms"]["median"] == pytest.approx(300, rel=0.02)
+    assert record["input_ms"] == pytest.approx(100, rel=0.2)
+
+
+def test_repeats_take_turns_across_precisions_and_variants():
+    from harness.run.runner import matrix
+
+    requests = matrix("fake", [("m", {})], ["fp32", "amp_bf16"], 2, ["a", "b"])
+    assert [(q.repeat, q.variant, q.precision) for q in requests] == [
+        (0, "a", "fp32"), (0, "a", "amp_bf16"), (0, "b", "fp32"), (0, "b", "amp_bf16"),
+        (1, "a", "fp32"), (1, "a", "amp_bf16"), (1, "b", "fp32"), (1, "b", "amp_bf16")]
+
+
+def test_diagnose_says_not_available_for_an_adapter_that_cannot_capture(tmp_path):
+    out = amp("diagnose", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--steps",
+              "4", "--every", "2", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "fake pitfall_rmsprop_epsilon: ok: fake cannot capture tensors (not available)" in out.stdout
+    (record,) = results.read_records([tmp_path], results.DIAGNOSES_FILE)
+    assert record["precision"] == "fp32" and record["diagnosis"]["available"] is False and len(record["loss"]) == 4

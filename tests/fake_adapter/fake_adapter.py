@@ -11,6 +11,8 @@ import numpy as np
 from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.precision import LossScaler
 
+SLOW_STEP_S, SLOW_INPUT_S = 0.3, 0.1
+
 
 def _fault(precision: str) -> str:
     faults = dict(item.split("=") for item in os.environ.get("AMP_FAKE_FAULTS", "").split(",") if item)
@@ -28,6 +30,8 @@ class FakeTrainer(Trainer):
         self.options = {"fake": True}
 
     def to_device(self, x, y, masks):
+        if self.fault == "slow":
+            time.sleep(SLOW_INPUT_S)  # must not count in the step time
         return x, y
 
     def train_step(self, batch):
@@ -41,7 +45,7 @@ class FakeTrainer(Trainer):
         if self.fault == "oom" and self.steps == 2:
             os.kill(os.getpid(), 9)  # what the out-of-memory killer does
         if self.fault == "slow":
-            time.sleep(0.3)
+            time.sleep(SLOW_STEP_S)
         if self.fault == "hang":
             time.sleep(3600)
         if self.fault == "raise":
@@ -83,7 +87,7 @@ class FakeAdapter(Adapter):
     def set_threads(self, threads):
         pass
 
-    def build(self, spec, graph, weights, precision, loss_scale, device):
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant):
         return FakeTrainer(graph, weights, precision, loss_scale)
 
 
@@ -97,5 +101,5 @@ class SkippingAdapter(FakeAdapter):
 
     name = "fake_skipping"
 
-    def build(self, spec, graph, weights, precision, loss_scale, device):
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant):
         return SkippingTrainer(graph, weights, precision, loss_scale)

@@ -1,11 +1,13 @@
-"""MXNet 1.9 adapter: a hybridized Gluon block, mxnet.contrib.amp for mixed precision (its dynamic loss
-scaler, set to the run's initial scale and growth interval), and a Gluon Trainer with the spec's optimizer.
+"""MXNet 1.9 adapter: a Gluon block holding the network and its loss, mxnet.contrib.amp for mixed precision
+(its dynamic loss scaler, set to the run's initial scale and growth interval), and the spec's optimizer on
+MXNet's fused update operators, applied to the weights directly (no gluon.Trainer: its per-parameter Python
+bookkeeping costs more than the update on a small network).
 
 amp.init patches MXNet's operators process-wide and irreversibly: one precision per process, as the runner
 runs it. MXNet's engine is asynchronous on CPU too: a step ends with `mx.nd.waitall()`.
 
-Options (environment variables, recorded in each result's `options`):
-  AMP_HARNESS_MXNET_HYBRIDIZE=1|0   hybridize (static_alloc, static_shape); default 1
+Variants (`run --variant`): the block hybridized with static_alloc and static_shape (the default), or run
+imperatively.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def _cpu_float16_error() -> str | None:
 
 class MXNetAdapter(Adapter):
     name = "mxnet"
+    variants = {"hybridized": "one cached graph (hybridize(static_alloc=True, static_shape=True))",
+                "imperative": "operators dispatched one by one from Python"}
 
     def framework_version(self) -> str:
         import mxnet as mx
@@ -69,23 +73,44 @@ class MXNetAdapter(Adapter):
         # MXNet reads OMP_NUM_THREADS when it is imported; the runner sets it for each worker process
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
-    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
-        return MXNetTrainer(spec, graph, weights, precision, loss_scale, device)
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
+        return MXNetTrainer(spec, graph, weights, precision, loss_scale, device, variant)
+
+    def matmul(self, n, dtype, device):
+        import mxnet as mx
+        from mxnet.contrib.amp.amp import bfloat16
+
+        ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
+        # FullyConnected (a @ b.T), the operator the networks' matmuls run on: `dot` has no bfloat16 CPU kernel
+        product = lambda: mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True)  # noqa: E731
+        try:
+            a, b = (mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(bfloat16 if dtype == "bfloat16" else dtype)
+                    for _ in range(2))
+            product().wait_to_read()
+        except mx.base.MXNetError:  # no kernel for this dtype here (float16 on CPU)
+            return None
+
+        def run():
+            product().wait_to_read()
+
+        return run
 
 
 class MXNetTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
         import mxnet as mx
-        from mxnet import gluon
         from mxnet.contrib import amp
+        from mxnet.contrib.amp.loss_scaler import LossScaler
 
-        from amp_harness_mxnet.network import Network
+        from amp_harness_mxnet.network import Network, TrainingLoss
         from amp_harness_mxnet.optimizers import make_optimizer
 
-        self.mx, self.amp = mx, amp
-        self.spec = spec
+        self.mx = mx
         self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
         self.is_gpu = device.kind == "gpu"
+        if self.is_gpu:  # MXNet has no allocator peak: device-wide use is sampled above this level
+            free, total = mx.context.gpu_memory_info(0)
+            self.memory_start = self.peak_bytes = total - free
         if precision.tf32:
             os.environ["NVIDIA_TF32_OVERRIDE"] = "1"
         mx.random.seed(spec.seed)
@@ -93,37 +118,43 @@ class MXNetTrainer(Trainer):
         if self.amp_on:  # before the network is built: amp patches the operators it will use
             amp.init(target_dtype=precision.compute_dtype)
         self.dtype = precision.param_dtype
+        self.label_dtype = "float64" if self.dtype == "float64" else "float32"  # the loss's dtype
         self.net = Network(spec, graph, self.dtype)
         self.dropout_rates = {info.path: info.spec.rate for info in graph.layers if info.type == "dropout"}
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
-        self.hybridize = os.environ.get("AMP_HARNESS_MXNET_HYBRIDIZE", "1") == "1"
+        # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few
+        # operators dispatched from Python
+        self.block = TrainingLoss(self.net, spec.loss, cast_outputs=precision.compute_dtype in ("float16", "bfloat16"))
+        self.hybridize = variant == "hybridized"
         if self.hybridize:
-            self.net.hybridize(static_alloc=True, static_shape=True)
-        self.trainer = gluon.Trainer(self.net.collect_params(), make_optimizer(spec.optimizer), kvstore=None)
+            self.block.hybridize(static_alloc=True, static_shape=True)  # the network's own graph too (predict)
+        self.params = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
+        self.grads = [p.grad(self.ctx) for p in self.params]
+        self.optimizer = make_optimizer(spec.optimizer, [p.data(self.ctx) for p in self.params], self.grads)
         self.loss_scale = loss_scale
+        self.fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         self.scaler = None
         if loss_scale.mode == "dynamic":
             if not self.amp_on:
                 raise HarnessError("MXNet's dynamic loss scaler works only with AMP (amp_fp16)")
             if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
                 raise HarnessError("MXNet's AMP loss scaler grows by 2 and backs off by 0.5 only")
-            amp.init_trainer(self.trainer)
-            self.scaler = self.trainer._amp_loss_scaler  # MXNet exposes no public setter for these
-            self.scaler._loss_scale = self.scaler._next_loss_scale = loss_scale.initial
+            # contrib.amp's scaler, driven here as gluon.Trainer drives it (amp.init_trainer) without the Trainer
+            self.scaler = LossScaler()
+            self.scaler._loss_scale = self.scaler._next_loss_scale = loss_scale.initial  # no public setters
             self.scaler._scale_seq_len = loss_scale.growth_interval
             self.scaler._max_loss_scale = float("inf")  # MXNet's cap of 2^24 is not in the core's rules
         self.skipped = False
-        self.peak_bytes = 0
         self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
                         "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                         if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
-                        "tf32": precision.tf32}
+                        "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32}
 
-    def _array(self, a: np.ndarray):
+    def _array(self, a: np.ndarray, dtype: str | None = None):
         if a.ndim == 4:  # NHWC -> NCHW copy, outside the timed step
             a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
-        return self.mx.nd.array(a, ctx=self.ctx, dtype=self.dtype)
+        return self.mx.nd.array(a, ctx=self.ctx, dtype=dtype or self.dtype)
 
     def _masks(self, masks: dict[str, np.ndarray]) -> list:
         # divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)
@@ -131,43 +162,34 @@ class MXNetTrainer(Trainer):
                 for path in self.net.mask_paths]
 
     def to_device(self, x, y, masks):
-        batch = self._array(x), self.mx.nd.array(y, ctx=self.ctx, dtype="float32"), self._masks(masks)
+        batch = self._array(x), self._array(y, self.label_dtype), self._masks(masks)
         self.mx.nd.waitall()
         return batch
 
     def train_step(self, batch) -> float:
-        from amp_harness_mxnet.optimizers import loss_fn
-
         mx, (x, y, masks) = self.mx, batch
+        scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
         with mx.autograd.record():
-            outputs = self.net(x, *masks)
-            stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
-            loss = loss_fn(self.spec.loss, outputs[0] if stats else outputs, y)
-            if self.scaler is not None:
-                with self.amp.scale_loss(loss, self.trainer) as scaled:
-                    mx.autograd.backward(scaled)
-            elif self.loss_scale.mode == "fixed":
-                mx.autograd.backward(loss * self.loss_scale.initial)
-            else:
-                loss.backward()
-        if self.loss_scale.mode == "fixed":
-            grads = [p.grad(self.ctx) for p in self.net.collect_params().values() if p.grad_req != "null"]
-            self.skipped = not bool(mx.nd.multi_all_finite(*grads, num_arrays=len(grads)).asscalar())
-            if not self.skipped:
-                self.trainer.step(self.loss_scale.initial)  # rescale_grad = 1 / scale
-        else:
-            self.trainer.step(1)  # the loss is a batch mean already
-        self._update_running_statistics(stats)
-        if self.scaler is not None:
-            # has_overflow (inside trainer.step) set the next scale but leaves the current one for one more
-            # step: a back-off would come a step late. Apply it now, as the core's rules (LossScaler) say.
-            self.skipped = self.scaler._next_loss_scale < self.scaler._loss_scale
+            out = self.block(x, y, *masks)
+            loss, stats = (out[0], out[1:]) if isinstance(out, (list, tuple)) else (out, ())
+            mx.autograd.backward(loss * scale if scale else loss)
+        if self.scaler is not None:  # MXNet's check; it sets the next scale, and the step is skipped on overflow
+            self.skipped = self.scaler.has_overflow(self.params)
+            # has_overflow leaves the current scale for one more step: a back-off would come a step late. Apply
+            # it now, as the core's rules (LossScaler) say.
             self.scaler._loss_scale = self.scaler._next_loss_scale
+        elif scale:
+            self.skipped = not bool(mx.nd.multi_all_finite(*self.grads, num_arrays=len(self.grads)).asscalar())
+        if not self.skipped:
+            self.optimizer.step(1.0 / scale if scale else 1.0)  # the loss is a batch mean already
+        self._update_running_statistics(stats)
         mx.nd.waitall()  # the engine is asynchronous: wait for the update too
-        if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
-            free, total = mx.context.gpu_memory_info(0)
-            self.peak_bytes = max(self.peak_bytes, total - free)
         return float(loss.asscalar())
+
+    def after_step(self) -> None:
+        if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
+            free, total = self.mx.context.gpu_memory_info(0)
+            self.peak_bytes = max(self.peak_bytes, total - free)
 
     def _update_running_statistics(self, stats) -> None:
         """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring)."""
@@ -195,10 +217,9 @@ class MXNetTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(p.shape) for p in self.net.collect_params().values() if p.grad_req != "null"))
 
-    def reset_memory_peak(self) -> None:
-        self.peak_bytes = 0
-
     def memory_peak_mb(self):
         if not self.is_gpu:
             return None
-        return self.peak_bytes / 2**20, "device-wide GPU memory in use, sampled after each step (MXNet has no peak counter)"
+        return ((self.peak_bytes - self.memory_start) / 2**20,
+                "device-wide GPU memory in use above its level before the build, sampled after each step "
+                "(MXNet has no peak counter)")

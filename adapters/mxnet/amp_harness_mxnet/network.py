@@ -1,4 +1,5 @@
-"""The spec's network as one Gluon HybridBlock holding the core's canonical weights in MXNet layouts.
+"""The spec's network as one Gluon HybridBlock holding the core's canonical weights in MXNet layouts, and
+TrainingLoss, the network with the spec's loss, which the trainer hybridizes into one graph.
 
 Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatten` transposes to NHWC first
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
@@ -11,6 +12,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+from amp_harness_mxnet.optimizers import loss_fn
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.weights import from_channels_first, to_channels_first
@@ -150,3 +152,20 @@ class Network(gluon.HybridBlock):
                 if layer.projection else x
             return main + shortcut
         raise AssertionError(f"no MXNet op for {t!r}")
+
+
+class TrainingLoss(gluon.HybridBlock):
+    """The network and the spec's loss as one block, so that a hybridized training step is one cached graph
+    (the loss's operators are not dispatched one by one from Python). Called as block(x, labels, *masks);
+    returns the batch-mean loss, or (loss, mean, inv_std, ...) where the network returns statistics."""
+
+    def __init__(self, net: Network, loss, cast_outputs: bool):
+        super().__init__(prefix="train_")
+        self.loss, self.cast_outputs = loss, cast_outputs
+        self.net = net  # a child block: its parameters are the network's own
+
+    def hybrid_forward(self, F, x, labels, *masks):
+        outputs = self.net(x, *masks)
+        stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
+        loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
+        return (loss, *stats) if stats else loss

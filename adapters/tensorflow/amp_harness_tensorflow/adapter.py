@@ -1,8 +1,7 @@
 """TensorFlow adapter: Keras 3 on the TensorFlow backend, keras.mixed_precision policies, Keras'
 LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step.
 
-Options (environment variables, recorded in each result's `options`):
-  AMP_HARNESS_TF_XLA=0|1   compile the training step with XLA (jit_compile); default 0
+Variants (`run --variant`): the step as a tf.function graph (the default), or compiled with XLA.
 """
 from __future__ import annotations
 
@@ -26,6 +25,8 @@ def keras_policy(precision) -> tuple[str, str]:
 
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
+    variants = {"graph": "the training step as one tf.function graph",
+                "xla": "the training step compiled with XLA (jit_compile=True)"}
 
     def framework_version(self) -> str:
         import keras
@@ -58,14 +59,26 @@ class TensorFlowAdapter(Adapter):
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)  # as in every adapter: N inside an op, 1 across
 
-    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
-        return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device)
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
+        return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
+
+    def matmul(self, n, dtype, device):
+        import tensorflow as tf
+
+        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
+            a, b = (tf.cast(tf.random.normal((n, n)), dtype) for _ in range(2))
+        product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+
+        def run():
+            product().numpy()  # a blocking fetch
+
+        return run
 
 
 class TensorFlowTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
         import keras
         import tensorflow as tf
 
@@ -74,6 +87,9 @@ class TensorFlowTrainer(Trainer):
 
         self.tf = tf
         self.is_gpu = device.kind == "gpu"
+        if self.is_gpu:  # the memory figure is the allocator's peak above this level
+            tf.config.experimental.reset_memory_stats("GPU:0")
+            self.memory_start = tf.config.experimental.get_memory_info("GPU:0")["current"]
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
         policy, floatx = keras_policy(precision)
         # global, process-wide state: set before building (the runner gives each precision its own process)
@@ -97,7 +113,7 @@ class TensorFlowTrainer(Trainer):
         optimizer.build(model.trainable_variables)
         self.optimizer = optimizer
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
-        self.xla = os.environ.get("AMP_HARNESS_TF_XLA", "0") == "1"
+        self.xla = variant == "xla"
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         variables = model.trainable_variables
 
@@ -154,12 +170,8 @@ class TensorFlowTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
 
-    def reset_memory_peak(self) -> None:
-        if self.is_gpu:
-            self.tf.config.experimental.reset_memory_stats("GPU:0")
-
     def memory_peak_mb(self):
         if not self.is_gpu:
             return None
-        peak = self.tf.config.experimental.get_memory_info("GPU:0")["peak"]
-        return peak / 2**20, "TensorFlow GPU allocator peak (get_memory_info, memory growth on)"
+        peak = self.tf.config.experimental.get_memory_info("GPU:0")["peak"] - self.memory_start
+        return peak / 2**20, "TensorFlow GPU allocator peak above its level before the build (memory growth on)"

@@ -46,13 +46,23 @@ class MaskedDropout(keras.layers.Layer):
         return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - self.rate, dtype=x.dtype)
 
 
-def _layer(spec) -> keras.layers.Layer:
+def _given(weights: dict[str, np.ndarray], name: str):
+    """An initialiser returning the core's canonical weight: the variable is created holding it, without
+    Keras drawing a random tensor first only to be overwritten (build-time temporaries that would sit in the
+    process's memory figure)."""
+    return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
+
+
+def _layer(spec, path: str, weights: dict[str, np.ndarray]) -> keras.layers.Layer:
     t = spec.type
+    init = {f"{param}_initializer": _given(weights, f"{path}.{param}")
+            for param in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance")
+            if f"{path}.{param}" in weights}
     if t == "dense":
-        return keras.layers.Dense(spec.units, use_bias=spec.use_bias)
+        return keras.layers.Dense(spec.units, use_bias=spec.use_bias, **init)
     if t == "conv2d":
         return keras.layers.Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                                   use_bias=spec.use_bias)
+                                   use_bias=spec.use_bias, **init)
     if t == "maxpool2d":
         return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding)
     if t == "avgpool2d":  # TF's 'same' average pooling excludes padded pixels, as the spec says
@@ -68,9 +78,9 @@ def _layer(spec) -> keras.layers.Layer:
     if t == "gelu":
         return GELU(spec.approximate)
     if t == "batchnorm":  # Keras' momentum form and biased batch variance are the spec's
-        return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon)
+        return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon, **init)
     if t == "layernorm":
-        return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon)
+        return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon, **init)
     if t == "dropout":
         return MaskedDropout(spec.rate)
     if t == "residual":
@@ -78,15 +88,16 @@ def _layer(spec) -> keras.layers.Layer:
     raise AssertionError(f"no Keras layer for {t!r}")
 
 
-def _apply(specs, prefix: str, x, layers: dict, masks: dict | None):
+def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, weights: dict[str, np.ndarray]):
     """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference."""
     for index, spec in enumerate(specs):
         path = f"{prefix}{index}"
         if path not in layers:
-            layers[path] = _layer(spec)
+            layers[path] = _layer(spec, path, weights)
         if spec.type == "residual":
-            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks)
-            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks) if spec.projection else x
+            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, weights)
+            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, weights) \
+                if spec.projection else x
             x = layers[path]([main, shortcut])
         elif spec.type == "dropout":
             if masks is not None and path in masks:
@@ -106,15 +117,13 @@ class Network:
         self.mask_paths = [path for path, _, _ in dropouts]
         masks = {path: keras.Input(shape=shape, dtype=input_dtype) for path, _, shape in dropouts}
         layers: dict[str, keras.layers.Layer] = {}
-        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
-        self.train_model = keras.Model([inputs, *masks.values()], _apply(spec.layers, "", inputs, layers, masks)) \
-            if masks else self.model
+        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None, weights), name=spec.name)
+        self.train_model = keras.Model([inputs, *masks.values()],
+                                       _apply(spec.layers, "", inputs, layers, masks, weights)) if masks else self.model
         self.variables = {}
         for name in graph.param_shapes():
             path, param = name.rsplit(".", 1)
             self.variables[name] = getattr(layers[path], ATTRIBUTES[param])
-        for name, variable in self.variables.items():
-            variable.assign(weights[name].astype(variable.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
         values = {name: keras.ops.convert_to_numpy(v) for name, v in self.variables.items()}

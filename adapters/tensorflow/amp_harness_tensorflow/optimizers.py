@@ -1,10 +1,13 @@
-"""The spec's optimizers and losses in Keras 3 ops. All three optimizers are written out: Keras' Adam
-folds epsilon into a bias-corrected learning rate ("epsilon hat") and its SGD keeps a velocity in learning-rate
-units, so their rounding and, for Adam, their math differ from the spec's. Hyper-parameters are used as
-Python floats converted to the variable's dtype (not Keras' float learning-rate variable): exact in float64."""
+"""The spec's optimizers and losses in TensorFlow. Keras' own Adam folds epsilon into a bias-corrected learning
+rate ("epsilon hat"), so its math differs from the spec's, and its optimizers are written out in Keras ops, a
+pass over memory per operation. Adam and SGD here run on TensorFlow's fused training kernels (one pass per
+variable; `tf.raw_ops.ResourceApply*`) with arguments chosen so that each computes the spec's math; RMSprop,
+which has no fused kernel without a momentum slot, is written out. Hyper-parameters are Python floats converted
+to the variable's dtype (not Keras' float learning-rate variable): exact in float64."""
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from harness.model.spec import PROB_EPSILON
@@ -30,22 +33,21 @@ def _const(value: float, like):
 
 
 class SGD(SpecOptimizer):
-    SLOTS = ("momentum",)
-
     def __init__(self, learning_rate, momentum, nesterov, **kwargs):
         super().__init__(learning_rate=learning_rate, name="spec_sgd", **kwargs)
         self.lr, self.momentum, self.nesterov = learning_rate, momentum, nesterov
+        self.SLOTS = ("momentum",) if momentum else ()  # plain SGD has no state
 
     def update_step(self, gradient, variable, learning_rate):
         lr, g = _const(self.lr, variable), ops.cast(gradient, variable.dtype)
         if self.momentum == 0:
-            self.assign_sub(variable, lr * g)
+            tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=g)
             return
-        momentum, buf = _const(self.momentum, variable), self.slot("momentum", variable)
-        # torch's first step sets buf = g; with buf starting at 0, momentum*0 + g is the same
-        self.assign(buf, momentum * buf + g)
-        step = g + momentum * buf if self.nesterov else buf
-        self.assign_sub(variable, lr * step)
+        # the kernel keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the spec's
+        # w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf)
+        velocity = self.slot("momentum", variable)
+        tf.raw_ops.ResourceApplyKerasMomentum(var=variable.handle, accum=velocity.handle, lr=lr, grad=g,
+                                              momentum=_const(self.momentum, variable), use_nesterov=self.nesterov)
 
 
 class Adam(SpecOptimizer):
@@ -57,14 +59,15 @@ class Adam(SpecOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         c = lambda value: _const(value, variable)  # noqa: E731
-        g = ops.cast(gradient, variable.dtype)
         t = ops.cast(self.iterations + 1, variable.dtype)
+        beta_1_power, beta_2_power = ops.power(c(self.beta_1), t), ops.power(c(self.beta_2), t)
+        # the kernel: w -= lr*sqrt(1-b2^t)/(1-b1^t) * m/(sqrt(v) + eps'); with eps' = eps*sqrt(1-b2^t) that is
+        # the spec's lr*m_hat/(sqrt(v_hat) + eps)
+        epsilon = c(self.epsilon) * ops.sqrt(c(1.0) - beta_2_power)
         m, v = self.slot("m", variable), self.slot("v", variable)
-        self.assign(m, c(self.beta_1) * m + c(1 - self.beta_1) * g)
-        self.assign(v, c(self.beta_2) * v + c(1 - self.beta_2) * ops.square(g))
-        m_hat = m / (c(1.0) - ops.power(c(self.beta_1), t))
-        v_hat = v / (c(1.0) - ops.power(c(self.beta_2), t))
-        self.assign_sub(variable, c(self.lr) * m_hat / (ops.sqrt(v_hat) + c(self.epsilon)))
+        tf.raw_ops.ResourceApplyAdam(var=variable.handle, m=m.handle, v=v.handle, beta1_power=beta_1_power,
+                                     beta2_power=beta_2_power, lr=c(self.lr), beta1=c(self.beta_1),
+                                     beta2=c(self.beta_2), epsilon=epsilon, grad=ops.cast(gradient, variable.dtype))
 
 
 class RMSprop(SpecOptimizer):
@@ -95,11 +98,11 @@ def loss_fn(spec, outputs, labels):
     """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
     out = outputs if outputs.dtype == "float64" else ops.cast(outputs, "float32")
     if spec.type == "sparse_categorical_crossentropy":
-        if spec.from_logits:
-            logp = ops.log_softmax(out, axis=-1)
-        else:
-            logp = ops.log(ops.clip(out / ops.sum(out, axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
-        return -ops.mean(ops.take_along_axis(logp, ops.expand_dims(labels, -1), axis=-1))
+        if spec.from_logits:  # one fused kernel (log-softmax and pick), and its gradient softmax - onehot
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out))
+        logp = ops.log(ops.clip(out / ops.sum(out, axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
+        # one gather, not take_along_axis (a dozen index-building operations)
+        return -ops.mean(tf.gather(logp, labels, axis=1, batch_dims=1))
     z, y = out[:, 0], ops.cast(labels, out.dtype)
     if spec.from_logits:
         return ops.mean(ops.relu(z) - z * y + ops.log1p(ops.exp(-ops.abs(z))))

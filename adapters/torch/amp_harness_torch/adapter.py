@@ -1,12 +1,9 @@
 """PyTorch adapter: torch.autocast for mixed precision, torch.amp.GradScaler for dynamic loss scaling.
 
-Options (environment variables, recorded in each result's `options`):
-  AMP_HARNESS_TORCH_CHANNELS_LAST=1|0  channels-last memory for image models (default 1: the fast layout
-                                       for oneDNN on CPU and tensor cores on GPU)
+Variants (`run --variant`): eager PyTorch with channels-last image activations (the default: the fast layout
+for oneDNN on CPU and for tensor cores), eager with NCHW activations, and torch.compile.
 """
 from __future__ import annotations
-
-import os
 
 import numpy as np
 
@@ -17,6 +14,11 @@ from harness.precision import LossScaler
 
 class TorchAdapter(Adapter):
     name = "torch"
+    variants = {
+        "channels_last": "eager, image activations in channels-last (NHWC) memory",
+        "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
+        "compile": "torch.compile (inductor) of the network, channels-last",
+    }
 
     def framework_version(self) -> str:
         import torch
@@ -43,27 +45,41 @@ class TorchAdapter(Adapter):
 
         torch.set_num_threads(threads)
 
-    def build(self, spec, graph, weights, precision, loss_scale, device) -> Trainer:
-        return TorchTrainer(spec, graph, weights, precision, loss_scale, device)
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
+        return TorchTrainer(spec, graph, weights, precision, loss_scale, device, variant)
+
+    def matmul(self, n, dtype, device):
+        import torch
+
+        a, b = (torch.randn(n, n, device=device.name).to(getattr(torch, dtype)) for _ in range(2))
+
+        def run():
+            (a @ b).sum().item()  # .item() waits for the device
+
+        return run
 
 
 class TorchTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
         import torch
 
         from amp_harness_torch.network import Network
-        from amp_harness_torch.optimizers import make_optimizer
+        from amp_harness_torch.optimizers import loss_fn, make_optimizer
 
-        self.torch = torch
+        self.torch, self.loss_fn = torch, loss_fn
         self.spec = spec
         self.device = torch.device(device.name)
         self.is_cuda = self.device.type == "cuda"
+        if self.is_cuda:  # the memory figure is the allocator's peak above this level
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.memory_start = torch.cuda.memory_allocated()
         # strict fp32 unless the precision asks for TF32 (both default to TF32 for convolutions)
         torch.backends.cuda.matmul.allow_tf32 = precision.tf32
         torch.backends.cudnn.allow_tf32 = precision.tf32
         torch.manual_seed(spec.seed)
         self.images = len(spec.input.shape) == 3
-        self.channels_last = self.images and os.environ.get("AMP_HARNESS_TORCH_CHANNELS_LAST", "1") == "1"
+        self.channels_last = self.images and variant in ("channels_last", "compile")
         self.param_dtype = getattr(torch, precision.param_dtype)
         self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
 
@@ -72,6 +88,7 @@ class TorchTrainer(Trainer):
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
         self.optimizer = make_optimizer(spec.optimizer, net.parameters())
+        self.forward = torch.compile(net) if variant == "compile" else net
         self.loss_scale = loss_scale
         self.grad_scaler = None
         self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
@@ -81,7 +98,7 @@ class TorchTrainer(Trainer):
             self.grad_scaler = torch.amp.GradScaler(
                 self.device.type, init_scale=loss_scale.initial, growth_factor=loss_scale.growth_factor,
                 backoff_factor=loss_scale.backoff_factor, growth_interval=loss_scale.growth_interval)
-        self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": False,
+        self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": variant == "compile",
                         "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
                         "loss_scaler": "GradScaler" if self.grad_scaler else
                         (None if loss_scale.mode == "none" else "harness (manual)")}
@@ -115,32 +132,59 @@ class TorchTrainer(Trainer):
 
     # -- training -------------------------------------------------------------------------------------
     def train_step(self, batch) -> float:
-        from amp_harness_torch.optimizers import loss_fn
+        return self._step(batch, None)
 
+    def captured_step(self, batch):
+        gradients: dict = {}
+        return self._step(batch, gradients), gradients
+
+    def _step(self, batch, capture: dict | None) -> float:
+        """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
         x, y, masks = batch
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            loss = loss_fn(self.spec.loss, self.net(x, masks), y)
+            loss = self.loss_fn(self.spec.loss, self.forward(x, masks), y)
         if self.grad_scaler is not None:
             self.grad_scaler.scale(loss).backward()
+            if capture is not None:
+                self.grad_scaler.unscale_(self.optimizer)
+                capture.update(self.net.canonical_gradients())
             self.grad_scaler.step(self.optimizer)
             self.grad_scaler.update()
         elif self.loss_scale.mode != "none":
-            self._manual_scaled_step(loss)
+            self._manual_scaled_step(loss, capture)
         else:
             loss.backward()
+            if capture is not None:
+                capture.update(self.net.canonical_gradients())
             self.optimizer.step()
         return loss.item()  # waits for the device
 
-    def _manual_scaled_step(self, loss) -> None:
+    def _manual_scaled_step(self, loss, capture: dict | None) -> None:
         """Fixed scaling, or dynamic scaling of pure-fp16 weights (GradScaler refuses fp16 gradients)."""
         torch, scale = self.torch, self.scaler.scale
         (loss * scale).backward()
         grads = [p.grad for p in self.net.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, 1.0 / scale)
+        if capture is not None:
+            capture.update(self.net.canonical_gradients())
         self.skipped = self.scaler.update(finite=bool(torch.stack([g.isfinite().all() for g in grads]).all()))
         if not self.skipped:
             self.optimizer.step()
+
+    def layer_outputs(self, x, y):
+        torch = self.torch
+        self.net.eval()
+        try:
+            inputs = self._input(x).detach().requires_grad_(True)  # so that every layer's output has a gradient
+            with self._autocast():
+                outputs, out = self.net.layer_outputs(inputs)
+                loss = self.loss_fn(self.spec.loss, out, torch.from_numpy(y).to(self.device))
+            grads = torch.autograd.grad(loss, list(outputs.values()), allow_unused=True)
+        finally:
+            self.net.train()
+        return {path: (self.net.canonical_activation(value), self.net.canonical_activation(grad))
+                for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.grad_scaler is not None:
@@ -168,12 +212,8 @@ class TorchTrainer(Trainer):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
 
-    def reset_memory_peak(self) -> None:
-        if self.is_cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-
     def memory_peak_mb(self):
         if not self.is_cuda:
             return None
-        return self.torch.cuda.max_memory_allocated() / 2**20, "torch CUDA allocator peak (max_memory_allocated)"
+        peak = self.torch.cuda.max_memory_allocated() - self.memory_start
+        return peak / 2**20, "torch CUDA allocator peak above its level before the build (max_memory_allocated)"

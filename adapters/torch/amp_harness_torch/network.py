@@ -197,8 +197,33 @@ class Network(nn.Module):
             x = layer(x)
         return x
 
-    def canonical_weights(self) -> dict[str, np.ndarray]:
-        def numpy(t):
-            return (t if t.dtype == torch.float64 else t.float()).detach().cpu().numpy()
+    def layer_outputs(self, x):
+        """(each layer's output by canonical path, the network's output): one forward with hooks."""
+        outputs, hooks = {}, []
+        for module in self.modules():
+            if isinstance(module, Layer):
+                hooks.append(module.register_forward_hook(
+                    lambda m, args, out: outputs.__setitem__(m.info.path, out)))
+        try:
+            out = self(x)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return outputs, out
 
-        return {name: from_channels_first(numpy(getattr(module, attr))) for name, (module, attr) in self._owners.items()}
+    @staticmethod
+    def canonical_activation(t) -> np.ndarray:
+        return _numpy(t.permute(0, 2, 3, 1) if t.dim() == 4 else t)  # NCHW -> the canonical NHWC
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        """The trainable weights' current .grad in canonical names and layouts."""
+        return {name: from_channels_first(_numpy(getattr(module, attr).grad))
+                for name, (module, attr) in self._owners.items() if not attr.startswith("moving_")}
+
+    def canonical_weights(self) -> dict[str, np.ndarray]:
+        return {name: from_channels_first(_numpy(getattr(module, attr))) for name, (module, attr) in self._owners.items()}
+
+
+def _numpy(t) -> np.ndarray:
+    """float32 numpy (float64 in a float64 run), whatever the tensor's dtype and device."""
+    return (t if t.dtype == torch.float64 else t.float()).detach().cpu().numpy()

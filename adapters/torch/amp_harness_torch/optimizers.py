@@ -19,21 +19,32 @@ class RMSprop(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    state["square_avg"] = torch.zeros_like(p)
-                v = state["square_avg"]
+                v = self.state[p]["square_avg"]  # created by make_optimizer
                 v.mul_(rho).addcmul_(p.grad, p.grad, value=1 - rho)
                 denom = v.add(eps).sqrt_() if group["eps_inside"] else v.sqrt().add_(eps)
                 p.addcdiv_(p.grad, denom, value=-lr)
 
 
 def make_optimizer(spec, params) -> torch.optim.Optimizer:
+    """The spec's optimizer with all its state created now, not lazily in the first step: zero moments and
+    momentum buffers (torch's first step would set a momentum buffer to the gradient: 0*momentum + g is the
+    same), so that no timed step allocates state."""
+    params = list(params)
     if spec.type == "sgd":
-        return torch.optim.SGD(params, lr=spec.learning_rate, momentum=spec.momentum, nesterov=spec.nesterov)
-    if spec.type == "adam":
-        return torch.optim.Adam(params, lr=spec.learning_rate, betas=(spec.beta_1, spec.beta_2), eps=spec.epsilon)
-    return RMSprop(params, spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
+        optimizer = torch.optim.SGD(params, lr=spec.learning_rate, momentum=spec.momentum, nesterov=spec.nesterov)
+        state = (lambda p: {"momentum_buffer": torch.zeros_like(p)}) if spec.momentum else None
+    elif spec.type == "adam":
+        optimizer = torch.optim.Adam(params, lr=spec.learning_rate, betas=(spec.beta_1, spec.beta_2),
+                                     eps=spec.epsilon)
+        state = lambda p: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),  # noqa: E731
+                           "exp_avg_sq": torch.zeros_like(p)}
+    else:
+        optimizer = RMSprop(params, spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
+        state = lambda p: {"square_avg": torch.zeros_like(p)}  # noqa: E731
+    if state:
+        for p in params:
+            optimizer.state[p] = state(p)
+    return optimizer
 
 
 def loss_fn(spec, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

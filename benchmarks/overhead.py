@@ -1,0 +1,343 @@
+"""Is the harness's training step as fast as the plain loop a user of the framework writes? Run one framework
+per invocation, with that framework's env python:
+
+    .tox/mxnet/bin/python benchmarks/overhead.py --framework mxnet       # likewise torch, tensorflow
+
+Two models (mnist_mlp at batch 64; small_convnet at 112x168, batch 32) in fp32 and amp_bf16, on the CPU with
+2 threads. Each precision runs in its own process (Keras' global dtype policy and MXNet's amp.init are
+process-wide), which builds the harness's trainer exactly as `amp-harness run` does (harness.run.worker: the
+adapter's default variant, the core's weights, no loss scaling) and a plain loop for the same network, then
+alternates rounds of the two (A B, B A, ...) so that background load hits both sides alike.
+
+- harness: `trainer.to_device` outside the clock, `trainer.train_step` timed per step (it returns once the
+  device has finished); a round's figure is the median over its steps.
+- plain, torch: an eager nn.Sequential (NCHW, contiguous), torch.optim, F.cross_entropy / F.binary_cross_entropy,
+  torch.autocast for amp_bf16, `loss.item()` each step; timed per step.
+- plain, tensorflow: `model.fit` on a keras.Sequential of the same layers under the same dtype policy, Keras'
+  own optimizer and loss, compiled with Keras' defaults; a round is a warm-up fit, then one fit of --steps
+  batches, timed from the first step's start to the epoch's end (after fit's sync) and divided by the steps.
+  fit does not sync each step, so this is a mean; its per-call and per-epoch setup (data adapter, callback
+  list, dataset iterator), which a real fit pays once, is left out: over 20 steps it would add a third or
+  more. A second line shows the whole call's time per step and the harness's mean, to set beside fit's mean.
+- plain, mxnet: a gluon.nn.HybridSequential hybridized with static_alloc/static_shape, gluon.Trainer with
+  MXNet's own optimizer of the spec's type, gluon.loss, contrib.amp for amp_bf16, `mx.nd.waitall()` after
+  every step; timed per step.
+
+Plain loops use their framework's initialisers (the values do not change the work done). Each row prints the
+per-round figures of both sides and the ratio harness / plain of their medians over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere: the harness is importable
+    sys.path.insert(0, str(ROOT))
+
+FRAMEWORKS = ("torch", "tensorflow", "mxnet")
+PRECISIONS = ("fp32", "amp_bf16")
+MODELS = (("mnist_mlp", 64, None), ("small_convnet", 32, (112, 168)))  # (model, batch size, input size)
+THREADS = 2
+RESULT = "RESULT "  # the prefix of a worker's result lines on stdout (frameworks print their own lines)
+
+
+# ---- plain loops: build(spec, graph, precision) -> run(batches, warmup) -> ms per step ----------------------
+def _supported(spec) -> None:
+    have = {"dense", "conv2d", "maxpool2d", "avgpool2d", "flatten", "relu", "sigmoid", "tanh"}
+    for layer in spec.layers:
+        if layer.type not in have or getattr(layer, "padding", "valid") != "valid":
+            raise SystemExit(f"{spec.name}: the plain loops here have no {layer.type!r} layer with these settings")
+
+
+def plain_torch(spec, graph, precision):
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    _supported(spec)
+    modules = []
+    for info in graph.layers:
+        layer, t = info.spec, info.spec.type
+        if t == "dense":
+            modules.append(nn.Linear(info.in_shape[-1], layer.units, bias=layer.use_bias))
+        elif t == "conv2d":
+            modules.append(nn.Conv2d(info.in_shape[-1], layer.filters, layer.kernel_size, layer.strides,
+                                     bias=layer.use_bias))
+        elif t == "maxpool2d":
+            modules.append(nn.MaxPool2d(layer.pool_size, layer.strides or layer.pool_size))
+        elif t == "avgpool2d":
+            modules.append(nn.AvgPool2d(layer.pool_size, layer.strides or layer.pool_size))
+        elif t == "flatten":
+            modules.append(nn.Flatten())
+        else:
+            modules.append({"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}[t]())
+    net = nn.Sequential(*modules).train()
+    opt = spec.optimizer
+    if opt.type == "adam":
+        optimizer = torch.optim.Adam(net.parameters(), opt.learning_rate, (opt.beta_1, opt.beta_2), opt.epsilon)
+    elif opt.type == "rmsprop":
+        optimizer = torch.optim.RMSprop(net.parameters(), opt.learning_rate, alpha=opt.rho, eps=opt.epsilon)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), opt.learning_rate, opt.momentum, nesterov=opt.nesterov)
+    categorical = spec.loss.type == "sparse_categorical_crossentropy"
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if precision.mixed else contextlib.nullcontext()
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            out = net(x)
+        out = out.float()
+        if categorical:
+            loss = F.cross_entropy(out, y)
+        else:
+            loss = F.binary_cross_entropy(out[:, 0], y) if not spec.loss.from_logits \
+                else F.binary_cross_entropy_with_logits(out[:, 0], y)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    def run(batches, warmup):
+        times = []
+        for i, (x, y) in enumerate(batches):
+            x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous() if x.ndim == 4 else torch.from_numpy(x)
+            y = torch.from_numpy(y) if categorical else torch.from_numpy(y).float()
+            t0 = time.perf_counter_ns()
+            step(x, y)
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"ms": statistics.median(times)}
+
+    return run
+
+
+def plain_tensorflow(spec, graph, precision):
+    import keras
+    import numpy as np
+
+    _supported(spec)
+    keras.mixed_precision.set_global_policy(f"mixed_{precision.compute_dtype}" if precision.mixed else "float32")
+    layers = [keras.Input(tuple(spec.input.shape))]
+    for layer in spec.layers:
+        t = layer.type
+        if t == "dense":
+            layers.append(keras.layers.Dense(layer.units, use_bias=layer.use_bias))
+        elif t == "conv2d":
+            layers.append(keras.layers.Conv2D(layer.filters, layer.kernel_size, layer.strides, use_bias=layer.use_bias))
+        elif t == "maxpool2d":
+            layers.append(keras.layers.MaxPooling2D(layer.pool_size, layer.strides))
+        elif t == "avgpool2d":
+            layers.append(keras.layers.AveragePooling2D(layer.pool_size, layer.strides))
+        elif t == "flatten":
+            layers.append(keras.layers.Flatten())
+        else:
+            layers.append(keras.layers.Activation(t))
+    model = keras.Sequential(layers)
+    opt = spec.optimizer
+    if opt.type == "adam":
+        optimizer = keras.optimizers.Adam(opt.learning_rate, opt.beta_1, opt.beta_2, opt.epsilon)
+    elif opt.type == "rmsprop":
+        optimizer = keras.optimizers.RMSprop(opt.learning_rate, opt.rho, epsilon=opt.epsilon)
+    else:
+        optimizer = keras.optimizers.SGD(opt.learning_rate, opt.momentum, opt.nesterov)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=spec.loss.from_logits) \
+        if spec.loss.type == "sparse_categorical_crossentropy" \
+        else keras.losses.BinaryCrossentropy(from_logits=spec.loss.from_logits)
+    model.compile(optimizer=optimizer, loss=loss)
+
+    class EpochClock(keras.callbacks.Callback):
+        """fit's steps, from the first one's start to the epoch's end (after fit's sync); not fit's per-call and
+        per-epoch setup (data adapter, callback list, iterator), which a real fit pays once. No batch-end hook:
+        fit's batch-end dispatch stays asynchronous, as without a callback."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 0:
+                self.start = time.perf_counter_ns()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.end = time.perf_counter_ns()
+
+    clock = EpochClock()
+
+    def run(batches, warmup):
+        x = np.concatenate([b[0] for b in batches])
+        y = np.concatenate([b[1] for b in batches])
+        n, size = len(batches) - warmup, len(batches[0][1])
+        model.fit(x[:warmup * size], y[:warmup * size], batch_size=size, epochs=1, shuffle=False, verbose=0)
+        t0 = time.perf_counter_ns()
+        model.fit(x[warmup * size:], y[warmup * size:], batch_size=size, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[clock])
+        wall = (time.perf_counter_ns() - t0) / 1e6 / n
+        return {"ms": (clock.end - clock.start) / 1e6 / n, "fit_wall_ms": wall}
+
+    return run
+
+
+def plain_mxnet(spec, graph, precision):
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet.contrib import amp
+
+    _supported(spec)
+    if precision.mixed:
+        amp.init(target_dtype=precision.compute_dtype)  # before the network is built; once per process
+    net = gluon.nn.HybridSequential()
+    for layer in spec.layers:
+        t = layer.type
+        if t == "dense":
+            net.add(gluon.nn.Dense(layer.units, use_bias=layer.use_bias))
+        elif t == "conv2d":
+            net.add(gluon.nn.Conv2D(layer.filters, layer.kernel_size, layer.strides, use_bias=layer.use_bias))
+        elif t == "maxpool2d":
+            net.add(gluon.nn.MaxPool2D(layer.pool_size, layer.strides))
+        elif t == "avgpool2d":
+            net.add(gluon.nn.AvgPool2D(layer.pool_size, layer.strides))
+        elif t == "flatten":
+            net.add(gluon.nn.Flatten())
+        else:
+            net.add(gluon.nn.Activation(t))
+    net.initialize(mx.init.Xavier())
+    net.hybridize(static_alloc=True, static_shape=True)
+    opt = spec.optimizer
+    if opt.type == "adam":
+        trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": opt.learning_rate,
+                                "beta1": opt.beta_1, "beta2": opt.beta_2, "epsilon": opt.epsilon})
+    elif opt.type == "rmsprop":
+        trainer = gluon.Trainer(net.collect_params(), "rmsprop", {"learning_rate": opt.learning_rate,
+                                "gamma1": opt.rho, "epsilon": opt.epsilon})
+    else:
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": opt.learning_rate,
+                                "momentum": opt.momentum})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss(from_logits=False) \
+        if spec.loss.type == "sparse_categorical_crossentropy" \
+        else gluon.loss.SigmoidBinaryCrossEntropyLoss(from_sigmoid=not spec.loss.from_logits)
+
+    def step(x, y):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(x.shape[0])
+        mx.nd.waitall()
+
+    def run(batches, warmup):
+        times = []
+        for i, (x, y) in enumerate(batches):
+            x = mx.nd.array(x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
+            y = mx.nd.array(y)
+            mx.nd.waitall()
+            t0 = time.perf_counter_ns()
+            step(x, y)
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"ms": statistics.median(times)}
+
+    return run
+
+
+PLAIN = {"torch": plain_torch, "tensorflow": plain_tensorflow, "mxnet": plain_mxnet}
+
+
+# ---- the harness side, as harness.run.worker builds and times it --------------------------------------------
+def harness_loop(adapter, spec, graph, precision, masks):
+    from harness.model.weights import initial_weights
+    from harness.precision import LossScale
+
+    trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, LossScale(),
+                            adapter.device("cpu"), next(iter(adapter.variants)))
+
+    def run(batches, warmup):
+        times = []
+        for i, (x, y) in enumerate(batches):
+            batch = trainer.to_device(x, y, masks.for_step(i, len(y)))
+            t0 = time.perf_counter_ns()
+            trainer.train_step(batch)
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+
+    return run
+
+
+def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup: int) -> None:
+    """One (framework, precision): both models, harness and plain rounds alternating; one result line each."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # MXNet reads it when imported
+    from harness.adapter import load_adapter
+    from harness.model.data import Data
+    from harness.model.dropout import DropoutMasks
+    from harness.model.graph import infer
+    from harness.model.spec import load_spec
+    from harness.precision import parse_precision
+
+    adapter = load_adapter(framework)
+    adapter.set_threads(THREADS)
+    precision = parse_precision(precision_name)
+    for model, batch_size, input_size in MODELS:
+        spec = load_spec(model).with_overrides(batch_size, None, input_size)
+        graph, data = infer(spec), Data(spec)
+        batches = [data.train_batch(step) for step in range(warmup + steps)]
+        sides = {"harness": harness_loop(adapter, spec, graph, precision, DropoutMasks(graph, spec.seed)),
+                 "plain": PLAIN[framework](spec, graph, precision)}
+        for side in sides.values():  # first calls compile, trace and allocate: not part of any round
+            side(batches[:2 * warmup], warmup)
+        rounds_of = {name: [] for name in sides}
+        for r in range(rounds):
+            for name in (("harness", "plain") if r % 2 == 0 else ("plain", "harness")):
+                rounds_of[name].append(sides[name](batches, warmup))
+        print(RESULT + json.dumps({"model": model, "precision": precision_name, "batch_size": batch_size,
+                                   "input_size": input_size, **rounds_of}), flush=True)
+        del sides
+
+
+def _row(values) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    parser.add_argument("--precision", default=",".join(PRECISIONS), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each side, alternating (default 5)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per round (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each round (default 3)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.framework, args.precision, args.rounds, args.steps, args.warmup)
+        return
+    plain = {"torch": "eager nn.Sequential", "tensorflow": "model.fit", "mxnet": "plain Gluon"}[args.framework]
+    print(f"{args.framework}: harness step vs {plain}, ms per step; {args.rounds} rounds of {args.steps} steps "
+          f"after {args.warmup} warm-up, {THREADS} threads, CPU")
+    print(f"{'model':<14} {'precision':<9} {'harness (per round)':<26} {'plain (per round)':<26} harness/plain")
+    failed = False
+    for precision in args.precision.split(","):
+        cmd = [sys.executable, __file__, "--framework", args.framework, "--precision", precision, "--worker",
+               "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        for line in proc.stdout:
+            if not line.startswith(RESULT):
+                continue
+            r = json.loads(line[len(RESULT):])
+            harness, plain = ([round_["ms"] for round_ in r[side]] for side in ("harness", "plain"))
+            ratio = statistics.median(harness) / statistics.median(plain)
+            print(f"{r['model']:<14} {r['precision']:<9} {_row(harness):<26} {_row(plain):<26} {ratio:.3f}", flush=True)
+            if "fit_wall_ms" in r["plain"][0]:
+                print(f"{'':<24} harness mean: {_row([x['mean_ms'] for x in r['harness']])}; fit wall time / steps, "
+                      f"setup included: {_row([x['fit_wall_ms'] for x in r['plain']])}", flush=True)
+        if proc.wait():
+            print(f"{args.framework} {precision}: the worker exited with {proc.returncode}", file=sys.stderr)
+            failed = True
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Is 16-bit safe for this model? Reductions of captured fp32 tensors and what they say about each 16-bit format.
+
+A diagnose run (harness.run.worker, mode "diagnose") captures, after selected steps, the weights, their
+gradients, the updates applied and, on a fixed batch, each layer's output and the loss gradient with respect
+to it. Each tensor group is reduced here to a histogram of floor(log2|x|) with exact zeros and non-finite
+values counted apart: bin e holds 2^e <= |x| < 2^(e+1), so the share of values below any power of two, before
+or after a loss scale of 2^k, is exact. Only weight updates need the raw tensors (whether w + u rounds back
+to w in a format); they are counted at capture time.
+
+The reference for what to look at is Micikevicius et al., Mixed Precision Training (ICLR 2018), Figure 3.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+KINDS = ("weights", "gradients", "updates", "activations", "activation_gradients")
+MAX_FLUSHED = 0.01  # the static loss-scale window's lower end: at most this share of gradients flushed
+STALL_SWAMPED = 0.10  # more updates than this lost to rounding: pure 16-bit training stalls
+
+
+def round_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), returned as float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x), x, rounded)
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    max: float  # largest finite value
+    min_normal_exp: int  # 2^this is the smallest normal value
+    min_subnormal_exp: int  # 2^this is the smallest subnormal value
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        if self.name == "float16":
+            with np.errstate(over="ignore"):
+                return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+        return round_bfloat16(x)
+
+    @property
+    def flush_exp(self) -> int:
+        """Values in bins below this flush to zero (|x| < half the smallest subnormal, ties to even)."""
+        return self.min_subnormal_exp - 1
+
+    @property
+    def overflow_exp(self) -> int:
+        """Values in bins from this one up overflow (a finite bin just below holds the largest values)."""
+        return math.floor(math.log2(self.max)) + 1
+
+
+FORMATS = {"float16": Format("float16", 65504.0, -14, -24), "bfloat16": Format("bfloat16", 3.3895314e38, -126, -133)}
+
+
+# ---- reductions ---------------------------------------------------------------------------------------
+def histogram(x: np.ndarray) -> dict:
+    """{"bins": {exponent: count}, "zeros", "nonfinite", "count", "max_abs"} of one tensor (or a group)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    finite = np.isfinite(x)
+    nonzero = x[finite & (x != 0)]
+    exponents, counts = np.unique(np.floor(np.log2(np.abs(nonzero))).astype(np.int64), return_counts=True)
+    return {"bins": {int(e): int(c) for e, c in zip(exponents, counts)}, "zeros": int((x[finite] == 0).sum()),
+            "nonfinite": int((~finite).sum()), "count": int(x.size),
+            "max_abs": float(np.abs(nonzero).max()) if nonzero.size else 0.0}
+
+
+def merge(histograms: list[dict]) -> dict:
+    out = {"bins": {}, "zeros": 0, "nonfinite": 0, "count": 0, "max_abs": 0.0}
+    for h in histograms:
+        for e, c in h["bins"].items():
+            out["bins"][int(e)] = out["bins"].get(int(e), 0) + c
+        for key in ("zeros", "nonfinite", "count"):
+            out[key] += h[key]
+        out["max_abs"] = max(out["max_abs"], h["max_abs"])
+    return out
+
+
+def update_counts(weights: np.ndarray, updates: np.ndarray, gradients: np.ndarray) -> dict:
+    """Per format, counted on the raw tensors: non-zero updates lost when the weights are stored in it
+    (round(w16 + u) equals w16: the update is below half an ulp of its weight), and non-zero gradients whose
+    square flushes to zero (Adam's and RMSprop's second moment, kept in the weights' dtype in pure 16-bit)."""
+    w, u = np.asarray(weights, np.float32).ravel(), np.asarray(updates, np.float32).ravel()
+    g = np.asarray(gradients, np.float32).ravel()
+    moved, g = u != 0, g[g != 0]
+    w, u = w[moved], u[moved]
+    out = {"updates": int(moved.sum()), "gradients": int(g.size)}
+    for name, fmt in FORMATS.items():
+        stored = fmt.round(w)
+        out[name] = int((fmt.round(stored + u) == stored).sum())
+        out[f"{name}_squares"] = int((fmt.round(g * g) == 0).sum())
+    return out
+
+
+# ---- what the histograms say --------------------------------------------------------------------------
+def _nonzero(h: dict) -> int:
+    return sum(h["bins"].values())
+
+
+def shares(h: dict, fmt: Format, scale_exp: int = 0) -> dict[str, float]:
+    """Shares of a group's non-zero finite values that flush to zero, land in the subnormal range, or overflow
+    when cast to `fmt` after multiplying by 2^scale_exp."""
+    n = _nonzero(h)
+    if not n:
+        return {"flushed": 0.0, "subnormal": 0.0, "overflow": 0.0}
+    flushed = subnormal = overflow = 0
+    for e, c in h["bins"].items():
+        scaled = int(e) + scale_exp
+        if scaled < fmt.flush_exp:
+            flushed += c
+        elif scaled < fmt.min_normal_exp:
+            subnormal += c
+        elif scaled >= fmt.overflow_exp:
+            overflow += c
+    return {"flushed": flushed / n, "subnormal": subnormal / n, "overflow": overflow / n}
+
+
+def loss_scale_window(h: dict, max_flushed: float = MAX_FLUSHED) -> tuple[int | None, int | None]:
+    """(lowest, highest) power-of-two exponent of a static float16 loss scale for these gradients: the
+    highest keeps every scaled value finite, the lowest flushes at most `max_flushed` of the non-zero ones.
+    (None, None) without gradients; lowest > highest means no static scale is safe."""
+    if not _nonzero(h):
+        return None, None
+    fp16 = FORMATS["float16"]
+    high = math.floor(math.log2(fp16.max / h["max_abs"])) if h["max_abs"] else 64
+    low = next((k for k in range(0, 129) if shares(h, fp16, k)["flushed"] <= max_flushed), 129)
+    return low, high
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if x < 0.995 or x == 1 else f"{100 * x:.2f}%"
+
+
+def verdicts(diagnosis: dict) -> dict[str, str]:
+    """One sentence per precision, citing its figures. `diagnosis` holds "groups" ({kind: {layer: histogram}}),
+    "updates" ({layer: update_counts}) and "optimizer" (the spec's optimizer type), as a diagnose record does."""
+    return {precision: sentence for precision, (_, sentence) in judge(diagnosis).items()}
+
+
+def outcomes(diagnosis: dict) -> dict[str, str]:
+    """The verdicts in a few words each, for the report's summary line."""
+    return {precision: outcome for precision, (outcome, _) in judge(diagnosis).items()}
+
+
+def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
+    """{precision: (outcome in a few words, a sentence citing the figures)}."""
+    groups = diagnosis["groups"]
+    weight_grads = groups.get("gradients", {})
+    gradients = merge(list(weight_grads.values()) + list(groups.get("activation_gradients", {}).values()))
+    fp16, bf16 = FORMATS["float16"], FORMATS["bfloat16"]
+    out = {}
+    worst_layer, worst = max(((layer, shares(h, fp16)["flushed"]) for layer, h in weight_grads.items()),
+                             key=lambda item: item[1], default=(None, 0.0))
+    flushed_at_1 = shares(gradients, fp16)["flushed"]
+    low, high = loss_scale_window(gradients)
+    if low is None:
+        out["amp_fp16"] = "no gradients captured", "amp_fp16: no gradients were captured"
+    elif low > high:
+        out["amp_fp16"] = "dynamic loss scaling needed", (
+            f"amp_fp16: no static loss scale is safe: keeping gradients finite needs at most 2^{high}, flushing at "
+            f"most {_pct(MAX_FLUSHED)} needs at least 2^{low}; use dynamic scaling")
+    elif low == 0:
+        out["amp_fp16"] = "safe without loss scaling", (
+            f"amp_fp16: safe without loss scaling: {_pct(flushed_at_1)} of non-zero gradients flush to zero in "
+            f"float16 and none overflow (any static scale up to 2^{high} keeps them finite)")
+    else:
+        out["amp_fp16"] = f"safe with a loss scale in 2^{low}..2^{high}", (
+            f"amp_fp16: safe with a loss scale in 2^{low}..2^{high}; without scaling {_pct(flushed_at_1)} of non-zero "
+            f"gradients flush to zero" + (f", {_pct(worst)} of layer {worst_layer}'s weight gradients" if worst_layer
+                                          else ""))
+    counts = diagnosis.get("updates") or {}
+    updates = sum(c["updates"] for c in counts.values())
+    nonzero_gradients = sum(c["gradients"] for c in counts.values())
+    optimizer = diagnosis.get("optimizer")
+    for precision, fmt in (("fp16", fp16), ("bf16", bf16)):
+        lost = sum(c[fmt.name] for c in counts.values()) / updates if updates else 0.0
+        squares = sum(c[f"{fmt.name}_squares"] for c in counts.values()) / nonzero_gradients \
+            if nonzero_gradients else 0.0
+        flush = shares(gradients, fmt)["flushed"]
+        if lost > STALL_SWAMPED:
+            out[precision] = "stalls: updates lost to rounding", (
+                f"{precision}: {_pct(lost)} of weight updates are below half an ulp of their weights in {fmt.name}: "
+                f"they are lost and training stalls; keep fp32 master weights (amp_{precision})")
+        elif optimizer in ("adam", "rmsprop") and squares > MAX_FLUSHED:
+            out[precision] = "the optimizer's second moment underflows", (
+                f"{precision}: {_pct(squares)} of squared gradients flush to zero in {fmt.name}, so {optimizer}'s "
+                f"second moment underflows and its update lr*m/(sqrt(v)+eps) blows up; keep optimizer state in "
+                f"float32 (amp_{precision})")
+        elif flush > MAX_FLUSHED:
+            out[precision] = "gradients flush without loss scaling", (
+                f"{precision}: {_pct(flush)} of non-zero gradients flush to zero in {fmt.name} without loss scaling "
+                f"({_pct(lost)} of updates lost to rounding)")
+        else:
+            out[precision] = "safe", (
+                f"{precision}: {_pct(lost)} of weight updates lost to rounding and {_pct(flush)} of gradients flushed "
+                f"in {fmt.name}: safe here")
+    bf16_shares = shares(gradients, bf16)
+    out["amp_bf16"] = "safe", (f"amp_bf16: safe: bfloat16 has float32's range; {_pct(bf16_shares['flushed'])} of "
+                               f"non-zero gradients flush and {_pct(bf16_shares['overflow'])} overflow")
+    return out

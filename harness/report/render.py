@@ -1,0 +1,35 @@
+"""Rendering: the view model -> one self-contained HTML page (jinja2, autoescape on) and the records as CSV."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.report.view import build_view
+
+
+def render(view: dict) -> str:
+    from jinja2 import Environment, PackageLoader, select_autoescape
+    from markupsafe import Markup
+
+    env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    # matplotlib's SVG escapes its text; mark it safe to inline it
+    for item in view["sections"] + view["numerics"] + view["studies"]:
+        for key in ("speed_chart", "loss_chart", "scale_chart", "chart"):
+            if item.get(key):
+                item[key] = Markup(item[key])
+    return env.get_template("report.html.j2").render(**view)
+
+
+def write_report(records: list[dict], out: Path, parity_records: list[dict] | None = None,
+                 diagnoses: list[dict] | None = None) -> tuple[Path, Path]:
+    from harness.results import to_frame
+
+    view = build_view(records, parity_records, diagnoses)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(view))
+    frame = to_frame(records)
+    for column in frame.columns:  # lists (per-step times, losses) and option dicts as JSON cells
+        frame[column] = frame[column].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+    csv = out.with_suffix(".csv")
+    frame.to_csv(csv, index=False)
+    return out, csv

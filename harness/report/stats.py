@@ -1,0 +1,67 @@
+"""Statistics for step-time comparisons: what a "95% interval" in the report means, and when there is none.
+
+Each run (repeat) of a cell gives one figure, the median of its timed steps: steps within one process are
+autocorrelated (caches, clocks, the other tenant of the machine), so they are not independent samples; repeats
+in fresh processes are. A speed-up is the ratio of the geometric means of two cells' repeat medians, and its
+interval is Welch's t-interval on the log repeat medians, exponentiated: with interleaved repeats (the runner
+runs fp32, amp_bf16, amp_fp16, fp32, ...) machine drift is spread over every cell instead of confounded with
+one. Below MIN_REPEATS repeats in either cell, there is no honest interval: the report shows the range.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_REPEATS = 3
+UNSTABLE_CV = 0.10  # pyperf's rule of thumb: a spread over 10% of the mean makes a benchmark unstable
+
+
+@dataclass(frozen=True)
+class Ratio:
+    estimate: float  # a / b of the geometric means
+    low: float
+    high: float
+    n: tuple[int, int]  # repeats of a and of b
+    is_interval: bool  # True: a 95% t-interval; False: the range over all repeat pairs
+
+    @property
+    def label(self) -> str:
+        if self.is_interval:
+            return f"95% CI {self.low:.2f}-{self.high:.2f}"
+        return f"range of {min(self.n)} repeat{'s' if min(self.n) != 1 else ''} {self.low:.2f}-{self.high:.2f}"
+
+    @property
+    def clear(self) -> bool:
+        """The interval (or, without one, the whole range) lies on one side of 1."""
+        return self.low > 1 or self.high < 1
+
+
+def geometric_mean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def ratio(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
+    """a/b for two cells' per-repeat figures (e.g. fp32 and amp_bf16 median step times)."""
+    from scipy import stats
+
+    la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
+    estimate = math.exp(la.mean() - lb.mean())
+    n = (la.size, lb.size)
+    if min(n) < MIN_REPEATS:
+        ratios = np.exp(la[:, None] - lb[None, :])
+        return Ratio(estimate, float(ratios.min()), float(ratios.max()), n, False)
+    va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1)) if se > 0 else la.size + lb.size - 2
+    half = stats.t.ppf(0.5 + confidence / 2, df) * se
+    return Ratio(estimate, math.exp(la.mean() - lb.mean() - half), math.exp(la.mean() - lb.mean() + half), n, True)
+
+
+def spread(values: list[float]) -> float | None:
+    """Coefficient of variation of a cell's repeat figures (None with one repeat)."""
+    if len(values) < 2:
+        return None
+    v = np.asarray(values, float)
+    return float(v.std(ddof=1) / v.mean())

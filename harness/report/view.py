@@ -1,0 +1,334 @@
+"""The report's view model: records -> plain dicts, every figure computed here from raw measurements.
+
+A cell is every ok repeat of one (model, framework, precision) under one setting: device, threads, the
+adapter's variant, the framework's version and the loss-scale settings. Records that differ in any of these
+are never pooled; they become rows of their own, labelled by what differs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+
+import numpy as np
+
+from harness.parity import compare as parity_compare
+from harness.report import charts, stats
+from harness.report.explain import explain
+from harness.report.explain import fmt as _fmt
+from harness.report.explain import ms as _ms
+
+ACCURACY_MARGIN = 0.02  # an eval-accuracy change beyond 2 points against fp32 is flagged
+
+
+def setting(r: dict) -> tuple:
+    """What, besides model, framework and precision, changes what a run measures."""
+    return r.get("device"), (r.get("env") or {}).get("threads"), r.get("variant"), r.get("framework_version")
+
+
+def loss_scale_setting(r: dict) -> str:
+    s = (r.get("loss_scale") or {}).get("settings") or {}
+    if s.get("mode") in (None, "none"):
+        return "none"
+    if s["mode"] == "fixed":
+        return f"fixed {s.get('initial'):g}"
+    return f"dynamic from {s.get('initial'):g}, growth every {s.get('growth_interval')}"
+
+
+class Cell:
+    """All ok repeats of one (model, framework, setting, precision, loss-scale setting)."""
+
+    def __init__(self, records: list[dict], label: str):
+        self.records, self.label = records, label
+        r0 = records[0]
+        self.model, self.framework, self.precision = r0["model"], r0["framework"], r0["precision"]
+        self.setting, self.device = setting(r0), r0.get("device")
+        self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
+        # one figure per repeat (fresh processes are independent; steps of one process are not)
+        self.repeat_ms = [float(np.median(t)) for t in self.repeats]
+        self.median_ms = stats.geometric_mean(self.repeat_ms)
+        pooled = np.concatenate(self.repeats)
+        self.p10_ms, self.p90_ms = (float(np.percentile(pooled, q)) for q in (10, 90))
+        self.cv = stats.spread(self.repeat_ms)
+        self.unstable = self.cv is not None and self.cv > stats.UNSTABLE_CV
+        self.first_step_ms = _median(r.get("first_step_ms") for r in records)
+        self.samples_per_s = r0["batch_size"] / (self.median_ms / 1e3)
+        self.gflops = r0["flops_per_step"] / (self.median_ms / 1e3) / 1e9 if r0.get("flops_per_step") else None
+        self.efficiency = _median(r.get("efficiency") for r in records)
+        self.peak_mb = _median(r.get("peak_memory_mb") for r in records)
+        self.memory_kind = r0.get("memory_kind")
+        self.state_mb = r0.get("state_memory_mb") or {}
+        self.eval_accuracy = _mean(r.get("eval_accuracy") for r in records)
+        self.eval_loss = _mean(r.get("eval_loss") for r in records)
+        self.batch_size = r0["batch_size"]
+        self.flops_per_step = r0.get("flops_per_step")
+
+    def loss_curve(self) -> list:
+        curves = [r["loss"] for r in self.records if r.get("loss")]
+        length = min(len(c) for c in curves)
+        arr = np.array([[np.nan if v is None else v for v in c[:length]] for c in curves], dtype=float)
+        return [None if np.isnan(v) else float(v) for v in np.nanmean(arr, axis=0)] if arr.size else []
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _label_models(records: list[dict]) -> list[dict]:
+    """A model trained under several specs (other batch or input sizes) gets one label per spec hash, so
+    that runs of different sizes are never compared."""
+    hashes: dict[str, set] = {}
+    for r in records:
+        if r.get("spec_hash"):
+            hashes.setdefault(r["model"], set()).add(r["spec_hash"])
+    out = []
+    for r in records:
+        if r.get("spec_hash") and len(hashes.get(r["model"], ())) > 1:
+            r = {**r, "model": f"{r['model']} (batch {r.get('batch_size')}, spec {r['spec_hash'][:6]})"}
+        out.append(r)
+    return out
+
+
+def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
+    """framework (and what differs between its settings in this report) [precision (loss scale if it varies)]"""
+    names = ("device", "threads", "variant", "version")
+    by_framework: dict[str, set] = {}
+    scales: dict[tuple, set] = {}
+    for model, framework, setting_, precision, scale in groups:
+        by_framework.setdefault(framework, set()).add(setting_)
+        scales.setdefault((model, framework, setting_, precision), set()).add(scale)
+    labels = {}
+    for key in groups:
+        model, framework, setting_, precision, scale = key
+        varying = [i for i in range(len(names)) if len({s[i] for s in by_framework[framework]}) > 1]
+        label = framework + (f" [{', '.join(f'{names[i]} {setting_[i]}' for i in varying)}]" if varying else "")
+        if len(scales[(model, framework, setting_, precision)]) > 1:
+            label += f" (loss scale {scale})"
+        labels[key] = label
+    return labels
+
+
+def build_view(records: list[dict], parity_records: list[dict] | None = None,
+               diagnoses: list[dict] | None = None) -> dict:
+    from harness.results import usable
+
+    records, skipped = usable(records)
+    records = _label_models(records)
+    studies = [r for r in records if r.get("study")]  # shown as studies, not as cells of the comparison
+    records = [r for r in records if not r.get("study")]
+    ok = [r for r in records if r.get("status") == "ok" and r.get("step_times_ms")]
+    not_run = [r for r in records if r.get("status") != "ok"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in ok:
+        groups.setdefault((r["model"], r["framework"], setting(r), r["precision"], loss_scale_setting(r)), []).append(r)
+    labels = _labels(groups)
+    cells = {key: Cell(rs, labels[key]) for key, rs in groups.items()}
+    models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
+    frameworks = sorted({r["framework"] for r in records if r.get("framework")})
+
+    def fp32_of(key):  # the fp32 cell measured under the same setting
+        return next((c for k, c in cells.items() if k[:3] == key[:3] and k[3] == "fp32"), None)
+
+    summary, speed, memory, accuracy, scaling, sections = [], [], [], [], [], []
+    for model in models:
+        keys = sorted((k for k in cells if k[0] == model), key=lambda k: (cells[k].label, k[3]))
+        if not keys:
+            continue
+        mcells = [cells[k] for k in keys]
+        section = {"model": model, "speed_chart": charts.step_times(
+            [{"framework": c.label, "precision": c.precision, "median_ms": c.median_ms, "p10_ms": c.p10_ms,
+              "p90_ms": c.p90_ms} for c in mcells], f"{model}: step time"),
+            "loss_chart": None, "scale_chart": None}
+        curves: dict[str, dict[str, list]] = {}
+        for key, c in zip(keys, mcells):
+            curves.setdefault(c.label, {})[c.precision] = c.loss_curve()
+            base = fp32_of(key)
+            row = {"model": model, "framework": c.label, "precision": c.precision}
+            speed.append({**row, "batch": c.batch_size, "median": _ms(c.median_ms),
+                          "spread": f"{_ms(c.p10_ms)} - {_ms(c.p90_ms)}", "samples": _fmt(c.samples_per_s, 0),
+                          "first": _ms(c.first_step_ms), "gflops": _fmt(c.gflops, 1),
+                          "efficiency": _fmt(c.efficiency and 100 * c.efficiency, 1, " %"),
+                          "repeats": len(c.repeats), "cv": _fmt(c.cv and 100 * c.cv, 1, " %"),
+                          "unstable": c.unstable})
+            memory.append({**row, "peak": _fmt(c.peak_mb, 1), "kind": c.memory_kind,
+                           "state": _fmt(sum(c.state_mb.values()), 1) if c.state_mb else "-",
+                           "optimizer": _fmt(c.state_mb.get("optimizer_state"), 1) if c.state_mb else "-",
+                           "saved": _fmt(100 * (1 - c.peak_mb / base.peak_mb), 0, " %")
+                           if base and base is not c and c.peak_mb is not None and base.peak_mb else "-"})
+            delta = c.eval_accuracy - base.eval_accuracy if base and c.eval_accuracy is not None \
+                and base.eval_accuracy is not None and base is not c else None
+            accuracy.append({**row, "accuracy": _fmt(c.eval_accuracy and 100 * c.eval_accuracy, 1, " %"),
+                             "loss": _fmt(c.eval_loss, 4),
+                             "delta": _fmt(delta and 100 * delta, 1, " pt") if delta is not None else "-",
+                             "flag": delta is not None and abs(delta) > ACCURACY_MARGIN})
+            if base is not None and base is not c:
+                r = stats.ratio(base.repeat_ms, c.repeat_ms)  # > 1: faster than fp32
+                summary.append({**row, "key": key, "ratio": r.estimate, "lo": r.low, "hi": r.high,
+                                "interval": r.is_interval, "ci": r.label, "text": _speed_phrase(r),
+                                "unstable": c.unstable or base.unstable,
+                                "memory": memory[-1]["saved"], "accuracy": accuracy[-1]["delta"],
+                                "flag": accuracy[-1]["flag"]})
+        section["loss_chart"] = charts.loss_curves(curves, f"{model}: training loss (mean over repeats)")
+        histories = {}
+        for c in mcells:
+            for r in c.records:
+                ls = r.get("loss_scale") or {}
+                if ls.get("history"):
+                    histories.setdefault(f"{c.label} {c.precision}", ls["history"])
+                    scaling.append({"model": model, "framework": c.label, "precision": c.precision,
+                                    "repeat": r["repeat"], "mode": (ls.get("settings") or {}).get("mode"),
+                                    "initial": _fmt(ls.get("initial"), 0), "final": _fmt(ls.get("final"), 0),
+                                    "skipped": ls.get("skipped_steps"),
+                                    "first_overflow": "-" if ls.get("first_overflow_step") is None
+                                    else ls.get("first_overflow_step")})
+        if histories:
+            section["scale_chart"] = charts.loss_scales(histories, f"{model}: loss scale")
+        sections.append(section)
+
+    fastest = []  # per device: a GPU and a CPU are never ranked together
+    for (model, precision, device) in sorted({(k[0], k[3], c.device or "-") for k, c in cells.items()}):
+        contenders = [c for k, c in cells.items() if (k[0], k[3], c.device or "-") == (model, precision, device)]
+        best = min(contenders, key=lambda c: c.median_ms)
+        fastest.append({"model": model, "precision": precision, "device": device, "framework": best.label,
+                        "median": _ms(best.median_ms), "of": len(contenders)})
+
+    return {
+        "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "n_records": len(records), "n_ok": len(ok), "skipped": skipped,
+        "models": models, "frameworks": frameworks,
+        "headline": _headline(summary), "any_range": any(not s["interval"] for s in summary),
+        "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV,
+        "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
+        "memory_note": _memory_note(cells), "accuracy": accuracy, "accuracy_margin": 100 * ACCURACY_MARGIN,
+        "scaling": scaling, "sections": sections, "why": explain(records, cells, summary),
+        "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
+                     "repeat": r.get("repeat"), "status": r.get("status"), "reason": r.get("reason") or "-"}
+                    for r in not_run],
+        "environment": _environment(records),
+        "spec_hashes": _spec_hashes(records),
+        "parity": [c.row() for c in parity_compare(parity_records)] if parity_records else None,
+        **numerics_view(diagnoses or [], studies, cells),
+    }
+
+
+def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> dict:
+    """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts; per
+    loss-scale study its chart; a "16-bit safe?" line per model."""
+    from harness.numerics import merge
+
+    numerics, safe = [], {}
+    for d in diagnoses:
+        diagnosis = d.get("diagnosis") or {}
+        entry = {"model": d.get("model"), "framework": d.get("framework"), "chart": None, "verdicts": [],
+                 "note": None}
+        if d.get("status") != "ok" or not diagnosis.get("available"):
+            entry["note"] = d.get("reason") or "not available: this adapter cannot capture tensors"
+            numerics.append(entry)
+            continue
+        groups = diagnosis["groups"]
+        series = {"weight gradients": merge(list(groups["gradients"].values())),
+                  "activation gradients": merge(list(groups["activation_gradients"].values()))}
+        series = {k: v for k, v in series.items() if v["bins"]}
+        low, high = diagnosis.get("loss_scale_window") or (None, None)
+        shift = low if low and high is not None and low <= high else None
+        entry["chart"] = charts.gradient_histogram(series, shift, f"{d['model']} ({d['framework']}): gradients in fp32, "
+                                                                 f"steps {diagnosis['captured_steps']}")
+        entry["verdicts"] = list(diagnosis["verdicts"].values())
+        safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
+                        + "; ".join(f"{p} {o}" for p, o in (diagnosis.get("outcomes") or {}).items()))
+        numerics.append(entry)
+    study_charts = []
+    by_study: dict[tuple, list[dict]] = {}
+    for r in studies:
+        by_study.setdefault((r["study"], r.get("model"), r["framework"], r["precision"]), []).append(r)
+    for (study, model, framework, precision), rs in sorted(by_study.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        window = next(((d.get("diagnosis") or {}).get("loss_scale_window") for d in diagnoses
+                       if d.get("model") == model and d.get("framework") == framework), None)
+        fp32 = next((c for k, c in cells.items() if k[0] == model and k[1] == framework and k[3] == "fp32"), None)
+        study_charts.append({"study": study, "model": model, "framework": framework, "precision": precision,
+                             "rows": (points := _study_points(rs, fp32)),
+                             "chart": charts.loss_scale_study(points, window, f"{model} ({framework} {precision}): "
+                                                                             f"loss-scale study")})
+    return {"numerics": numerics, "studies": study_charts, "sixteen_bit_safe": list(safe.values())}
+
+
+def _study_points(rs: list[dict], fp32) -> list[dict]:
+    by_setting: dict[str, list[dict]] = {}
+    for r in rs:
+        by_setting.setdefault(loss_scale_setting(r), []).append(r)
+    exps = {}
+    for setting_, group in by_setting.items():
+        settings = (group[0].get("loss_scale") or {}).get("settings") or {}
+        exps[setting_] = math.log2(settings["initial"]) if settings.get("mode") == "fixed" else None
+    fixed = [e for e in exps.values() if e is not None] or [0.0]
+    points = []
+    for setting_, group in by_setting.items():
+        mode = ((group[0].get("loss_scale") or {}).get("settings") or {}).get("mode", "none")
+        x = exps[setting_] if exps[setting_] is not None else (min(fixed) - 3 if mode == "none" else max(fixed) + 3)
+        ok = [r for r in group if r.get("status") == "ok"]
+        points.append({"x": x, "label": "none" if mode == "none" else ("dynamic" if mode == "dynamic"
+                                                                       else f"2^{exps[setting_]:g}"),
+                       "accuracy": float(np.mean([r["eval_accuracy"] for r in ok])) if ok else float("nan"),
+                       "eval_loss": _fmt(_mean(r.get("eval_loss") for r in ok), 4),
+                       "skipped": float(np.mean([(r.get("loss_scale") or {}).get("skipped_steps") or 0 for r in group])),
+                       "status": ", ".join(sorted({r["status"] for r in group})), "runs": len(group),
+                       "fp32_accuracy": fp32.eval_accuracy if fp32 else None})
+    return sorted(points, key=lambda p: p["x"])
+
+
+def _speed_phrase(r: stats.Ratio) -> str:
+    if not r.clear:
+        return "not clearly faster or slower than"
+    if r.estimate >= 1:
+        return f"{r.estimate:.2f}x faster than"
+    return f"{1 / r.estimate:.2f}x slower than"
+
+
+def _headline(summary: list[dict]) -> list[str]:
+    return [f"{s['model']}, {s['framework']}: {s['precision']} is {s['text']} fp32 (x{s['ratio']:.2f}, {s['ci']})"
+            f"{' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
+            f"{s['accuracy']}." for s in summary]
+
+
+def _memory_note(cells: dict) -> str:
+    kinds = sorted({c.memory_kind for c in cells.values() if c.memory_kind})
+    if len(kinds) == 1:
+        return f"Every figure is of one kind, comparable across frameworks and precisions: {kinds[0]}."
+    return "Figures of different kinds (see each row) do not compare with each other."
+
+
+# ---- environment --------------------------------------------------------------------------------------
+def _environment(records: list[dict]) -> list[dict]:
+    rows = {}
+    for r in records:
+        if not r.get("framework_version"):
+            continue
+        env = r.get("env") or {}
+        device = env.get("device") or {}
+        key = (r["framework"], r["framework_version"], r.get("device"))
+        row = rows.setdefault(key, {"framework": r["framework"], "version": r["framework_version"],
+                                    "device": f"{r.get('device')}: {device.get('description', '')}",
+                                    "details": json.dumps(device.get("details") or {}),
+                                    "cpu": env.get("cpu"), "flags": ", ".join(env.get("cpu_flags") or []),
+                                    "threads": env.get("threads"), "python": env.get("python"),
+                                    "os": env.get("os"), "options": set()})
+        if r.get("options"):
+            row["options"].add(", ".join(f"{k}={v}" for k, v in sorted(r["options"].items())))
+    for row in rows.values():
+        row["options"] = sorted(row["options"])
+    return list(rows.values())
+
+
+def _spec_hashes(records: list[dict]) -> list[dict]:
+    by_model: dict[str, dict[str, set]] = {}
+    for r in records:
+        if r.get("spec_hash"):
+            by_model.setdefault(r["model"], {}).setdefault(r["spec_hash"], set()).add(r["framework"])
+    return [{"model": m, "hashes": [{"hash": h, "frameworks": ", ".join(sorted(f))} for h, f in sorted(hs.items())]}
+            for m, hs in sorted(by_model.items())]

@@ -1,0 +1,84 @@
+"""Diagnose mode: strict-fp32 training that captures tensors after selected steps and reduces them to
+histograms (harness.numerics), and the gradient fingerprint the parity check compares.
+
+Capture is an optional adapter capability (Trainer.captured_step, Trainer.layer_outputs): ordinary runs never
+call it, so their records and step times are unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness import numerics
+
+PROJECTIONS = 4  # random projections per gradient in a fingerprint
+
+
+def _layer(name: str) -> str:
+    return name.rsplit(".", 1)[0]
+
+
+def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None) -> None:
+    x_fixed, y_fixed = data.fixed_batch()
+    groups: dict[str, dict[str, list]] = {kind: {} for kind in numerics.KINDS}
+    counts: dict[str, dict] = {}
+    captured, losses, available = [], [], True
+
+    def add(kind: str, layer: str, values: np.ndarray) -> None:
+        groups[kind].setdefault(layer, []).append(numerics.histogram(values))
+
+    for step in range(spec.steps):
+        x, y = data.train_batch(step)
+        batch = trainer.to_device(x, y, masks.for_step(step, len(y)))
+        result = None
+        if available and (step % every == 0 or step == spec.steps - 1):
+            before = trainer.get_weights()
+            result = trainer.captured_step(batch)
+            available = result is not None
+        if result is None:
+            loss = trainer.train_step(batch)
+        else:
+            loss, gradients = result
+            after = trainer.get_weights()
+            for name, grad in gradients.items():
+                layer, update = _layer(name), after[name] - before[name]
+                add("weights", layer, before[name])
+                add("gradients", layer, grad)
+                add("updates", layer, update)
+                found = numerics.update_counts(before[name], update, grad)
+                total = counts.setdefault(layer, dict.fromkeys(found, 0))
+                for key, value in found.items():
+                    total[key] += value
+            for layer, (output, output_grad) in (trainer.layer_outputs(x_fixed, y_fixed) or {}).items():
+                add("activations", layer, output)
+                add("activation_gradients", layer, output_grad)
+            captured.append(step)
+        losses.append(loss)
+        if progress:
+            progress(step + 1, spec.steps)
+    merged = {kind: {layer: numerics.merge(hs) for layer, hs in layers.items()} for kind, layers in groups.items()}
+    diagnosis = {"captured_steps": captured, "every": every, "available": available and bool(captured),
+                 "groups": merged, "updates": counts, "optimizer": spec.optimizer.type}
+    if diagnosis["available"]:
+        gradients = numerics.merge(list(merged["gradients"].values()) + list(merged["activation_gradients"].values()))
+        low, high = numerics.loss_scale_window(gradients)
+        diagnosis.update(loss_scale_window=[low, high], verdicts=numerics.verdicts(diagnosis),
+                         outcomes=numerics.outcomes(diagnosis), max_flushed=numerics.MAX_FLUSHED)
+    finite = all(math.isfinite(v) for v in losses)
+    record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss",
+                  loss=[v if math.isfinite(v) else None for v in losses], diagnosis=diagnosis)
+
+
+def gradient_fingerprint(gradients: dict[str, np.ndarray], seed: int) -> dict[str, list[float]] | None:
+    """Per weight: its gradient's norm and PROJECTIONS random projections (fixed by the seed and the weight's
+    name), enough to tell two frameworks' gradients apart without storing them. None when a gradient is not
+    finite (the loss scaler skips that step: there is nothing to compare)."""
+    if not all(np.isfinite(g).all() for g in gradients.values()):
+        return None
+    out = {}
+    for name, grad in sorted(gradients.items()):
+        g = np.asarray(grad, np.float64).ravel()
+        rng = np.random.default_rng([seed, 0x6AD, *name.encode()])
+        out[name] = [float(np.linalg.norm(g)), *(float(v) for v in rng.standard_normal((PROJECTIONS, g.size)) @ g)]
+    return out
