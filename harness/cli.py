@@ -143,7 +143,8 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         plan = load_matrix(args.matrix)
         cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items() if v is not None}})
                  for m in plan.models]
-        precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
+        if mode == "run":  # diagnose takes the matrix's models and sizes only
+            precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
     elif args.model:
         cells = [(model, cli) for model in args.model]
     else:
@@ -209,7 +210,9 @@ def cmd_diagnose(args) -> int:
             why = r.get("reason") or f"{r['framework']} cannot capture tensors (not available)"
             print(f"{r['framework']} {r['model']}: {r['status']}: {why}")
             continue
-        print(f"{r['framework']} {r['model']} (captured after steps {diagnosis['captured_steps']}):")
+        steps = diagnosis["captured_steps"]
+        print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
+              f"from {steps[0]}, and the last, {steps[-1]}):")
         for line in diagnosis["verdicts"].values():
             print(f"  {line}")
     return 0
@@ -227,13 +230,18 @@ def cmd_study(args) -> int:
 
 
 def cmd_parity(args) -> int:
-    from harness.parity import compare, table
-    from harness.results import FINGERPRINTS_FILE, read_records
+    from harness.parity import compare, compare_diagnoses, diagnosis_table, table
+    from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
 
     comparisons = compare(read_records(args.dirs, FINGERPRINTS_FILE))
     print(table(comparisons))
-    failed = [c for c in comparisons if c.failed]
-    compared = [c for c in comparisons if c.compared]
+    diagnosis_dirs = [d for d in args.dirs if (Path(d) / DIAGNOSES_FILE).exists()]
+    diagnoses = compare_diagnoses(read_records(diagnosis_dirs, DIAGNOSES_FILE)) if diagnosis_dirs else []
+    if diagnoses:
+        print()
+        print(diagnosis_table(diagnoses))
+    failed = [c for c in comparisons + diagnoses if c.failed]
+    compared = [c for c in comparisons if c.compared] + diagnoses
     if failed:
         print(f"parity FAILED for {len(failed)} of {len(compared)} comparisons", file=sys.stderr)
         return 1
@@ -284,8 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--warmup", type=_count, default=5)
     study.add_argument("--repeats", type=_positive, default=1)
     study.set_defaults(func=cmd_study, out="results")
-    run.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
-                     "benchmarks/compare.yaml")
+    for p in (run, diagnose):
+        p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
+                       "benchmarks/compare.yaml (diagnose takes its models and sizes)")
     run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_positive, default=MIN_REPEATS,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "

@@ -238,7 +238,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> di
         low, high = diagnosis.get("loss_scale_window") or (None, None)
         shift = low if low and high is not None and low <= high else None
         entry["chart"] = charts.gradient_histogram(series, shift, f"{d['model']} ({d['framework']}): gradients in fp32, "
-                                                                 f"steps {diagnosis['captured_steps']}")
+                                                                 f"{len(diagnosis['captured_steps'])} captured steps "
+                                                                 f"(0 to {diagnosis['captured_steps'][-1]})")
         entry["verdicts"] = list(diagnosis["verdicts"].values())
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
                         + "; ".join(f"{p} {o}" for p, o in (diagnosis.get("outcomes") or {}).items()))

@@ -33,7 +33,8 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
         batch = trainer.to_device(x, y, masks.for_step(step, len(y)))
         result = None
         if available and (step % every == 0 or step == spec.steps - 1):
-            before = trainer.get_weights()
+            # copies: an adapter's get_weights may return views of its live weights (torch on a CPU does)
+            before = {name: np.array(w, copy=True) for name, w in trainer.get_weights().items()}
             result = trainer.captured_step(batch)
             available = result is not None
         if result is None:

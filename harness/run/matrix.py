@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from harness.errors import HarnessError
-from harness.precision import parse_precision
+from harness.precision import parse_loss_scale, parse_precision
 
 
 class _Strict(BaseModel):
@@ -28,9 +28,12 @@ class MatrixModel(_Strict):
     batch_size: Optional[PositiveInt] = None
     input_size: Optional[tuple[PositiveInt, PositiveInt]] = None
     steps: Optional[PositiveInt] = None
+    # loss scales to run for the precisions that scale by default (amp_fp16), e.g. [none, dynamic]
+    loss_scales: Optional[list[str]] = Field(None, min_length=1)
 
     def overrides(self) -> dict:
-        return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps}
+        return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps,
+                "loss_scales": self.loss_scales}
 
 
 class Matrix(_Strict):
@@ -55,4 +58,10 @@ def load_matrix(path: str) -> Matrix:
         raise HarnessError(f"{path}: {where}: {err['msg']}") from None
     for name in matrix.precisions:
         parse_precision(name)
+    for i, model in enumerate(matrix.models):
+        for scale in model.loss_scales or []:
+            try:
+                parse_loss_scale(scale, parse_precision("amp_fp16"))
+            except HarnessError as exc:
+                raise HarnessError(f"{path}: models.{i}.loss_scales: {exc}") from None
     return matrix

@@ -29,14 +29,26 @@ def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str],
            variants: list[str], loss_scales: list[str | None] = (None,), **common) -> list[RunRequest]:
     """Requests for every (model with its overrides) x repeat x variant x loss scale x precision, in that
     order: the precisions, scales and variants of a model take turns (fp32, amp_bf16, amp_fp16, fp32, ...), so
-    that a drift of the machine during the matrix spreads over all of them instead of falling on one."""
+    that a drift of the machine during the matrix spreads over all of them instead of falling on one.
+
+    A cell's own "loss_scales" (a matrix file's) replace `loss_scales` for the precisions that scale the loss
+    by default (amp_fp16); the others run once, unscaled."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    return [RunRequest(framework=framework, model=m, precision=p, repeat=r, variant=v, loss_scale=s,
-                       run_id=f"{framework}-{Path(m).stem}-{p}-{v}{'-' + s if s else ''}-r{r}-{stamp}-"
-                              f"{uuid.uuid4().hex[:6]}",
-                       **{**common, **{key: val for key, val in overrides.items() if val is not None}})
-            for (m, overrides), r, v, s, p in itertools.product(cells, range(repeats), variants, loss_scales,
-                                                                 precisions)]
+    requests = []
+    for (m, overrides), r, v in itertools.product(cells, range(repeats), variants):
+        own = overrides.get("loss_scales")
+        for i, scale in enumerate(own or loss_scales):
+            for p in precisions:
+                s = scale
+                if own is not None and parse_precision(p).default_loss_scale == "none":
+                    if i:
+                        continue
+                    s = None
+                requests.append(RunRequest(
+                    framework=framework, model=m, precision=p, repeat=r, variant=v, loss_scale=s,
+                    run_id=f"{framework}-{Path(m).stem}-{p}-{v}{'-' + s if s else ''}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}",
+                    **{**common, **{key: val for key, val in overrides.items() if val is not None and key != "loss_scales"}}))
+    return requests
 
 
 def _die_with_parent() -> None:

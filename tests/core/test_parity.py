@@ -1,7 +1,9 @@
 """The parity verdicts, on hand-made fingerprints."""
 from __future__ import annotations
 
-from harness.parity import compare
+import pytest
+
+from harness.parity import compare, compare_diagnoses, histogram_distance
 
 
 def fp(framework, precision="fp32", losses=(1.0, 0.9, 0.8), initial=(1.0, 2.0), final=(1.5, 2.5), skipped=(),
@@ -71,3 +73,57 @@ def test_first_step_gradients_are_compared_when_both_frameworks_captured_them():
                   {**fp("tensorflow", "fp64"), "fingerprint": {**base["fingerprint"], "gradients": off}},
                   {**fp("mxnet", "fp64"), "fingerprint": {**base["fingerprint"], "gradients": same}}])
     assert v[("fp64", "tensorflow")] == "FAIL: first-step gradients differ" and v[("fp64", "mxnet")] == "pass"
+
+
+# ---- diagnoses: the frameworks' captured tensors, compared as histograms --------------------------------
+def hist(bins, zeros=0, nonfinite=0):
+    return {"bins": {str(e): c for e, c in bins.items()}, "zeros": zeros, "nonfinite": nonfinite,
+            "count": sum(bins.values()) + zeros + nonfinite, "max_abs": 0.0}
+
+
+def diagnosis(framework, groups, updates=None, status="ok", available=True):
+    return {"run_id": framework, "framework": framework, "model": "m", "spec_hash": "h", "precision": "fp32",
+            "status": status, "reason": None, "loss": [1.0],
+            "diagnosis": {"available": available, "groups": groups,
+                          "updates": updates or {"0": {"updates": 10, "float16": 1, "bfloat16": 5}}}}
+
+
+def test_histograms_may_differ_by_rounding_only():
+    base = hist({-4: 50, -6: 40, -30: 10}, zeros=100)
+    assert histogram_distance(base, base) == 0
+    # a value on a power of two may round either way: one bin of slack
+    assert histogram_distance(base, hist({-5: 50, -6: 40, -30: 10}, zeros=100)) == 0
+    # noise far below the largest values (a gradient that is zero in exact arithmetic) counts as zero
+    assert histogram_distance(base, hist({-4: 50, -6: 40, -27: 10}, zeros=100)) == 0
+    # two bins away, or zeros that became values, is a difference
+    assert histogram_distance(base, hist({-4: 40, -8: 10, -6: 40, -30: 10}, zeros=100)) == pytest.approx(0.05)
+    assert histogram_distance(base, hist({-4: 50, -6: 140, -30: 10})) == pytest.approx(0.5)
+    assert histogram_distance(base, hist({-4: 50, -6: 40, -30: 10}, nonfinite=100)) == pytest.approx(0.5)
+
+
+def test_diagnoses_that_differ_or_cannot_be_compared_fail():
+    groups = {"gradients": {"0": hist({-10: 90, -26: 10})}, "activations": {"0": hist({0: 5}), "1": hist({1: 5})}}
+    ref = diagnosis("torch", groups)
+    same = diagnosis("tensorflow", groups)
+    assert [c.verdict for c in compare_diagnoses([ref, same])] == ["pass"]
+    missing_layer = diagnosis("tensorflow", {**groups, "activations": {"0": hist({0: 5})}})
+    assert "captured by one framework only" in compare_diagnoses([ref, missing_layer])[0].verdict
+    no_updates = diagnosis("tensorflow", groups, {"0": {"updates": 10, "float16": 10, "bfloat16": 10}})
+    assert compare_diagnoses([ref, no_updates])[0].verdict == "FAIL: the share of updates lost to rounding in float16 differs"
+    flushed = diagnosis("mxnet", {**groups, "gradients": {"0": hist({-10: 60, -26: 10}, zeros=30)}})
+    assert compare_diagnoses([ref, flushed])[0].verdict == "FAIL: gradients of 0 differs"
+    assert compare_diagnoses([ref, diagnosis("mxnet", groups, available=False)])[0].failed
+    assert compare_diagnoses([ref, diagnosis("mxnet", groups, status="failed")])[0].failed
+
+
+def test_float64_first_step_gradients_must_agree():
+    def with_gradients(framework, kernel, bias):
+        r = fp(framework, "fp64")
+        r["fingerprint"]["gradients"] = {"0.kernel": list(kernel), "0.bias": list(bias)}
+        return r
+    ref = with_gradients("torch", (2.0, 1.0, -1.0), (1e-15, 1e-15, 0.0))
+    # the bias's gradient is rounding noise (zero in exact arithmetic): judged against the whole gradient
+    same = with_gradients("tensorflow", (2.0, 1.0 + 1e-12, -1.0), (3e-15, -2e-15, 1e-15))
+    assert verdicts([ref, same])[("fp64", "tensorflow")] == "pass"
+    off = with_gradients("tensorflow", (2.0, 1.0 + 1e-6, -1.0), (1e-15, 1e-15, 0.0))
+    assert verdicts([ref, off])[("fp64", "tensorflow")] == "FAIL: first-step gradients differ"

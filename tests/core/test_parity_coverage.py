@@ -10,15 +10,28 @@ from harness.model.spec import LAYER_TYPES, load_spec
 from tests.conftest import ROOT
 
 
-def fingerprinted_specs() -> list:
+def tox_models(command: str) -> list[str]:
+    """The models that tox's framework envs pass to `amp-harness COMMAND`, as written there."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
+    section = tox["framework"]
     models = []
-    for line in tox["framework"]["commands"].splitlines():
-        args = shlex.split(line)
-        if args[:2] == ["amp-harness", "fingerprint"]:
+    for line in section["commands"].splitlines():
+        args = shlex.split(line.replace("{[framework]models}", section["models"]))
+        if args[:2] == ["amp-harness", command]:
             models += args[args.index("--model") + 1].split(",")
-    return [load_spec(str(ROOT / m) if m.endswith(".yaml") else m) for m in models]
+    return models
+
+
+def fingerprinted_specs() -> list:
+    return [load_spec(str(ROOT / m) if m.endswith(".yaml") else m) for m in tox_models("fingerprint")]
+
+
+def test_every_built_in_model_and_pitfall_spec_is_fingerprinted_and_diagnosed():
+    everything = {path.stem for path in (ROOT / "models").glob("*.yaml")} | {
+        f"tests/specs/{path.name}" for path in (ROOT / "tests" / "specs").glob("pitfall_*.yaml")}
+    for command in ("fingerprint", "diagnose"):
+        assert not everything - set(tox_models(command)), f"{command}: {sorted(everything - set(tox_models(command)))}"
 
 
 def features(spec) -> set[str]:

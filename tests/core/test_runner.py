@@ -130,6 +130,18 @@ def test_repeats_take_turns_across_precisions_and_variants():
         (1, "a", "fp32"), (1, "a", "amp_bf16"), (1, "b", "fp32"), (1, "b", "amp_bf16")]
 
 
+def test_a_matrix_models_own_loss_scales_apply_to_the_precisions_that_scale(tmp_path):
+    from harness.run.runner import matrix
+
+    requests = matrix("fake", [("m", {"loss_scales": ["none", "dynamic"], "steps": 4})], ["fp32", "amp_fp16"], 1, ["a"])
+    assert [(q.precision, q.loss_scale, q.steps) for q in requests] == [
+        ("fp32", None, 4), ("amp_fp16", "none", 4), ("amp_fp16", "dynamic", 4)]
+    bad = tmp_path / "m.yaml"
+    bad.write_text("precisions: [amp_fp16]\nmodels:\n  - {model: mnist_mlp, loss_scales: [none, abc]}\n")
+    out = amp("run", "--framework", "fake", "--matrix", str(bad))
+    assert out.returncode == 2 and "m.yaml: models.0.loss_scales: --loss-scale 'abc'" in out.stderr
+
+
 def test_diagnose_says_not_available_for_an_adapter_that_cannot_capture(tmp_path):
     out = amp("diagnose", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--steps",
               "4", "--every", "2", "--out", str(tmp_path))

@@ -129,7 +129,8 @@ class MXNetTrainer(Trainer):
         self.hybridize = variant == "hybridized"
         if self.hybridize:
             self.block.hybridize(static_alloc=True, static_shape=True)  # the network's own graph too (predict)
-        self.params = [p for p in self.net.collect_params().values() if p.grad_req != "null"]
+        self.trainable_names = [name for name, p in self.net.handles.items() if p.grad_req != "null"]
+        self.params = [self.net.handles[name] for name in self.trainable_names]
         self.grads = [p.grad(self.ctx) for p in self.params]
         self.optimizer = make_optimizer(spec.optimizer, [p.data(self.ctx) for p in self.params], self.grads)
         self.loss_scale = loss_scale
@@ -167,12 +168,23 @@ class MXNetTrainer(Trainer):
         return batch
 
     def train_step(self, batch) -> float:
+        return self._step(batch, None)
+
+    def captured_step(self, batch):
+        gradients: dict = {}
+        return self._step(batch, gradients), gradients
+
+    def _step(self, batch, capture: dict | None) -> float:
+        """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
         mx, (x, y, masks) = self.mx, batch
         scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
         with mx.autograd.record():
             out = self.block(x, y, *masks)
             loss, stats = (out[0], out[1:]) if isinstance(out, (list, tuple)) else (out, ())
             mx.autograd.backward(loss * scale if scale else loss)
+        if capture is not None:
+            capture.update(self.net.canonical_gradients([g / scale if scale else g for g in self.grads],
+                                                        self.trainable_names))
         if self.scaler is not None:  # MXNet's check; it sets the next scale, and the step is skipped on overflow
             self.skipped = self.scaler.has_overflow(self.params)
             # has_overflow leaves the current scale for one more step: a back-off would come a step late. Apply
@@ -185,6 +197,30 @@ class MXNetTrainer(Trainer):
         self._update_running_statistics(stats)
         mx.nd.waitall()  # the engine is asynchronous: wait for the update too
         return float(loss.asscalar())
+
+    def layer_outputs(self, x, y):
+        from amp_harness_mxnet.network import canonical_activation
+        from amp_harness_mxnet.optimizers import loss_fn
+
+        mx, probes = self.mx, {}
+
+        def probe(path, output):
+            # the output plus a zero leaf: the loss's gradient with respect to the leaf is its gradient with
+            # respect to the output, and the graph stays whole (attach_grad on the output itself would cut it)
+            zero = mx.nd.zeros_like(output)
+            zero.attach_grad()
+            probes[path] = output, zero
+            return output + zero
+
+        # The inference network (running statistics, no dropout), recorded in training mode all the same: after
+        # an inference-mode forward, oneDNN's max-pooling backward has no workspace and drops gradients
+        with mx.autograd.record(train_mode=True):
+            out = self.net.layer_outputs(self._array(x), self.ctx, probe)
+            out = out[0] if isinstance(out, (list, tuple)) else out
+            loss = loss_fn(mx.nd, self.net.spec.loss, out, self._array(y, self.label_dtype), self.block.cast_outputs)
+        loss.backward()
+        return {path: (canonical_activation(value), canonical_activation(zero.grad))
+                for path, (value, zero) in probes.items()}
 
     def after_step(self) -> None:
         if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step

@@ -40,7 +40,8 @@ class Network(gluon.HybridBlock):
         self.infos = {info.path: info for info in graph.layers}
         self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
         self.mask_paths = [path for path, _, _ in DropoutMasks(graph, spec.seed).layers]
-        self.handles = {}
+        self.handles = {}  # canonical weight name -> Parameter
+        self.registered = {}  # what hybrid_forward receives as **params: handles and constants, by key
         with self.name_scope():
             for name, shape in graph.param_shapes().items():
                 state = name.rsplit(".", 1)[1].startswith("moving_")
@@ -58,6 +59,7 @@ class Network(gluon.HybridBlock):
 
     def _register(self, key: str, param):
         setattr(self, key, param)
+        self.registered[key] = param
         return param
 
     def load(self, weights: dict[str, np.ndarray], ctx) -> None:
@@ -65,22 +67,32 @@ class Network(gluon.HybridBlock):
             param.set_data(mx.nd.array(to_channels_first(weights[name]), ctx=ctx, dtype=param.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        def numpy(a):
-            return a.asnumpy() if a.dtype == np.float64 else a.astype("float32").asnumpy()
+        return {name: from_channels_first(_numpy(p.data())) for name, p in self.handles.items()}
 
-        return {name: from_channels_first(numpy(p.data())) for name, p in self.handles.items()}
+    @staticmethod
+    def canonical_gradients(grads: list, names: list[str]) -> dict[str, np.ndarray]:
+        return {name: from_channels_first(_numpy(g)) for name, g in zip(names, grads)}
 
     def hybrid_forward(self, F, x, *masks, **params):
         stats = []  # float64 runs: each batchnorm's batch (mean, 1/sqrt(var + eps)), in batchnorm_paths order
         out = self._layers(F, self.spec.layers, "", x, dict(zip(self.mask_paths, masks)), stats, params)
         return (out, *stats) if stats else out
 
-    def _layers(self, F, layers, prefix, x, masks, stats, params):
+    def layer_outputs(self, x, ctx, probe):
+        """The network's output, run imperatively in inference mode with `probe(path, output)` applied to
+        each layer's output (diagnose mode: the probe records it and returns what the next layer gets)."""
+        params = {key: param.data(ctx) for key, param in self.registered.items()}
+        return self._layers(mx.nd, self.spec.layers, "", x, {}, [], params, probe)
+
+    def _layers(self, F, layers, prefix, x, masks, stats, params, probe=None):
         for index, layer in enumerate(layers):
-            x = self._layer(F, layer, f"{prefix}{index}", x, masks, stats, params)
+            path = f"{prefix}{index}"
+            x = self._layer(F, layer, path, x, masks, stats, params, probe)
+            if probe is not None:
+                x = probe(path, x)
         return x
 
-    def _layer(self, F, layer, path, x, masks, stats, p):
+    def _layer(self, F, layer, path, x, masks, stats, p, probe):
         t, info = layer.type, self.infos[path]
         w = lambda name: p[_key(f"{path}.{name}")]  # noqa: E731
         if t == "dense":
@@ -126,6 +138,11 @@ class Network(gluon.HybridBlock):
                 slope = 0.5 * (1 + F.erf(x / math.sqrt(2))) + x * F.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
                 return F.BlockGrad(value) + F.BlockGrad(slope) * (x - F.BlockGrad(x))
             return F.LeakyReLU(x, act_type="gelu")  # the erf form
+        if t == "batchnorm" and probe is not None:
+            # layer_outputs is the inference network: the running statistics, which MXNet's BatchNorm uses in
+            # its backward too only when told to
+            return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
+                               eps=layer.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
         if t == "batchnorm":  # Gluon's momentum form and biased running variance are the spec's
             if self.float64:
                 # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
@@ -147,8 +164,8 @@ class Network(gluon.HybridBlock):
         if t == "dropout":  # the core's mask, pre-divided by 1 - rate; ones in inference
             return x * masks[path] if path in masks else x
         if t == "residual":
-            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p)
-            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p) \
+            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p, probe)
+            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p, probe) \
                 if layer.projection else x
             return main + shortcut
         raise AssertionError(f"no MXNet op for {t!r}")
@@ -169,3 +186,13 @@ class TrainingLoss(gluon.HybridBlock):
         stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
         loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
         return (loss, *stats) if stats else loss
+
+
+def _numpy(a) -> np.ndarray:
+    """float32 numpy (float64 in a float64 run), whatever the array's dtype."""
+    return a.asnumpy() if a.dtype == np.float64 else a.astype("float32").asnumpy()
+
+
+def canonical_activation(a) -> np.ndarray:
+    value = _numpy(a)
+    return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value  # NCHW -> the canonical NHWC

@@ -85,7 +85,7 @@ class TensorFlowTrainer(Trainer):
         from amp_harness_tensorflow.network import Network
         from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
 
-        self.tf = tf
+        self.tf, self.spec, self.loss_fn = tf, spec, loss_fn
         self.is_gpu = device.kind == "gpu"
         if self.is_gpu:  # the memory figure is the allocator's peak above this level
             tf.config.experimental.reset_memory_stats("GPU:0")
@@ -117,14 +117,17 @@ class TensorFlowTrainer(Trainer):
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         variables = model.trainable_variables
 
-        def step(x, y, *masks):
+        def step(x, y, *masks, capture=False):
+            """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update."""
             with tf.GradientTape() as tape:
                 loss = loss_fn(spec.loss, model([x, *masks] if masks else x, training=True), y)
                 scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, variables)
             if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
+                unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
+                    if capture and self.scaler else grads  # read before apply() moves the scale
                 optimizer.apply(grads, variables)
-                return loss, tf.constant(True)
+                return (loss, tf.constant(True), unscaled) if capture else (loss, tf.constant(True))
             grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
 
@@ -132,9 +135,13 @@ class TensorFlowTrainer(Trainer):
                 optimizer.apply(grads, variables)
                 return tf.constant(True)
 
-            return loss, tf.cond(finite, apply, lambda: tf.constant(False))
+            applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            return (loss, applied, grads) if capture else (loss, applied)
 
         self._step = tf.function(step, jit_compile=self.xla)
+        # diagnose mode only (traced on first use): the same step, also returning the gradients
+        self._captured = tf.function(lambda *batch: step(*batch, capture=True), jit_compile=self.xla)
+        self._trainable_names = [self.net.name_of[id(v)] for v in variables]
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function"}
@@ -150,6 +157,20 @@ class TensorFlowTrainer(Trainer):
     def train_step(self, batch) -> float:
         loss, self._applied = self._step(*batch)
         return float(loss.numpy())  # a blocking fetch: the step has finished on the device
+
+    def captured_step(self, batch):
+        loss, self._applied, grads = self._captured(*batch)
+        return float(loss.numpy()), {name: _numpy(g) for name, g in zip(self._trainable_names, grads)}
+
+    def layer_outputs(self, x, y):
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.input_dtype))
+            tape.watch(list(outputs.values()))
+            loss = self.loss_fn(self.spec.loss, out, tf.constant(y))
+        grads = tape.gradient(loss, list(outputs.values()))
+        return {path: (_numpy(value), _numpy(grad))
+                for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.loss_scale.mode == "none":
@@ -175,3 +196,9 @@ class TensorFlowTrainer(Trainer):
             return None
         peak = self.tf.config.experimental.get_memory_info("GPU:0")["peak"] - self.memory_start
         return peak / 2**20, "TensorFlow GPU allocator peak above its level before the build (memory growth on)"
+
+
+def _numpy(t) -> np.ndarray:
+    """float32 numpy (float64 in a float64 run), whatever the tensor's dtype."""
+    value = t.numpy()
+    return value if value.dtype == np.float64 else value.astype(np.float32)

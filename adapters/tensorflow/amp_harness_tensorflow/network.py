@@ -88,15 +88,17 @@ def _layer(spec, path: str, weights: dict[str, np.ndarray]) -> keras.layers.Laye
     raise AssertionError(f"no Keras layer for {t!r}")
 
 
-def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, weights: dict[str, np.ndarray]):
-    """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference."""
+def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, weights: dict[str, np.ndarray],
+           record: dict | None = None):
+    """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference.
+    With `record`, each layer's output is kept there by path (diagnose mode, run eagerly)."""
     for index, spec in enumerate(specs):
         path = f"{prefix}{index}"
         if path not in layers:
             layers[path] = _layer(spec, path, weights)
         if spec.type == "residual":
-            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, weights)
-            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, weights) \
+            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, weights, record)
+            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, weights, record) \
                 if spec.projection else x
             x = layers[path]([main, shortcut])
         elif spec.type == "dropout":
@@ -104,6 +106,8 @@ def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, weights: dic
                 x = layers[path](x, masks[path])
         else:
             x = layers[path](x)
+        if record is not None:
+            record[path] = x
     return x
 
 
@@ -116,7 +120,8 @@ class Network:
         dropouts = DropoutMasks(graph, spec.seed).layers
         self.mask_paths = [path for path, _, _ in dropouts]
         masks = {path: keras.Input(shape=shape, dtype=input_dtype) for path, _, shape in dropouts}
-        layers: dict[str, keras.layers.Layer] = {}
+        self.spec, self.weights = spec, weights
+        self.layers = layers = {}  # by canonical path
         self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None, weights), name=spec.name)
         self.train_model = keras.Model([inputs, *masks.values()],
                                        _apply(spec.layers, "", inputs, layers, masks, weights)) if masks else self.model
@@ -124,6 +129,14 @@ class Network:
         for name in graph.param_shapes():
             path, param = name.rsplit(".", 1)
             self.variables[name] = getattr(layers[path], ATTRIBUTES[param])
+        self.name_of = {id(v): name for name, v in self.variables.items()}  # canonical name of each variable
+
+    def layer_outputs(self, x):
+        """(each layer's output by canonical path, the network's output): the inference network run eagerly,
+        so that a GradientTape can differentiate the loss with respect to every output."""
+        outputs: dict = {}
+        out = _apply(self.spec.layers, "", x, self.layers, None, self.weights, outputs)
+        return outputs, out
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
         values = {name: keras.ops.convert_to_numpy(v) for name, v in self.variables.items()}
