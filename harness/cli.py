@@ -229,6 +229,17 @@ def cmd_study(args) -> int:
     return 0
 
 
+def cmd_conformance(args) -> int:
+    from harness.adapter import load_adapter
+    from harness.conformance import run
+
+    load_adapter(args.framework)  # an unknown name is one line and exit 2, not a failing test suite
+    status = run(args.framework, args.pytest_args)
+    print(f"conformance of {args.framework}: " + ("passed" if status == 0 else
+          "FAILED: each failure above says what to fix" if status == 1 else f"pytest exited with {status}"))
+    return int(status)
+
+
 def cmd_parity(args) -> int:
     from harness.parity import compare, compare_diagnoses, diagnosis_table, table
     from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
@@ -254,6 +265,7 @@ def cmd_parity(args) -> int:
 
 def cmd_report(args) -> int:
     from harness.report import write_report
+    from harness.report.render import markdown_path
     from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
 
     records = read_records(args.dirs)
@@ -264,7 +276,10 @@ def cmd_report(args) -> int:
     diagnosis_dirs = [d for d in args.dirs + (args.diagnoses or []) if (Path(d) / DIAGNOSES_FILE).exists()]
     diagnoses = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else None
     html, csv = write_report(records, Path(args.output), parity, diagnoses)
-    print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB) and {csv} from {len(records)} records")
+    md = markdown_path(html)
+    print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB), {md} and {csv} from {len(records)} records")
+    if args.format == "md":
+        print(md.read_text())
     return 0
 
 
@@ -301,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "give a 95%% interval)")
     run.set_defaults(func=cmd_run, out="results")
     fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
+    conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
+                                 "fingerprints (the conformance kit); exit 1 on a failure")
+    conformance.add_argument("--framework", required=True)
+    conformance.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARG", help="after --, e.g. -- -x -k goldens")
+    conformance.set_defaults(func=cmd_conformance)
     parity = sub.add_parser("parity", help="compare fingerprints across frameworks; exit 1 on a mismatch")
     parity.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding fingerprints.jsonl")
     parity.set_defaults(func=cmd_parity)
@@ -310,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--parity", nargs="*", metavar="DIR", help="fingerprint directories to show parity from")
     report.add_argument("--diagnoses", nargs="*", metavar="DIR", help="diagnose directories (diagnoses.jsonl) for "
                         "the Numerics section; result directories holding one are read anyway")
+    report.add_argument("--format", choices=("html", "md"), default="html",
+                        help="md: also print the Markdown summary (always written beside the page as .md)")
     report.set_defaults(func=cmd_report)
     return parser
 

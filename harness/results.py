@@ -17,12 +17,13 @@ from harness.errors import HarnessError
 RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
-SCHEMA_VERSION = 2  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis
+SCHEMA_VERSION = 3  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
 #: every record carries these keys (None where a figure does not apply or was not reached)
 FIELDS = (
-    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "precision", "variant", "device",
+    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "num_classes", "precision",
+    "variant", "device",
     "status", "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms",
     "samples_per_s", "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "state_memory_mb", "loss",
     "final_train_loss", "eval_loss", "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops",

@@ -30,21 +30,82 @@ def _pyplot():
     return plt
 
 
+MARKERS = {"fp32": "o", "tf32": "D", "amp_fp16": "s", "amp_bf16": "^", "fp16": "v", "bf16": "P", "fp64": "X"}
+PRECISION_ORDER = ("fp64", "fp32", "tf32", "amp_bf16", "amp_fp16", "bf16", "fp16")
+
+
+def colour(precision: str) -> str:
+    """The one colour of a precision in every chart (and the page's legend)."""
+    return PALETTE.get(precision, "#999999")
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Round tick values (1, 2, 5 x 10^k, denser for narrow ranges) spanning [low, high] on a log axis, so that
+    a range of less than a decade still gets labelled ticks, and none crowd each other."""
+    low, high = max(low, 1e-12), max(high, low * 1.0001)
+    for mantissas in ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
+        ticks = [m * 10.0**e for e in range(int(np.floor(np.log10(low))) - 1, int(np.ceil(np.log10(high))) + 1)
+                 for m in mantissas]
+        inside = [t for t in ticks if low <= t <= high]
+        if len(inside) >= 3:
+            return inside[:: max(1, len(inside) // 7 + (len(inside) % 7 > 0))] if len(inside) > 7 else inside
+    from matplotlib.ticker import (
+        MaxNLocator,  # a narrow range: evenly spaced round numbers
+    )
+
+    return [float(t) for t in MaxNLocator(nbins=4).tick_values(low, high) if low <= t <= high] or [low, high]
+
+
+def _tick_label(value: float) -> str:
+    return f"{value:g}" if value >= 1e-3 else f"{value:.0e}"
+
+
+def _log_axis(axis, low: float, high: float) -> list[float]:
+    """A log axis labelled with plain round numbers only (no crowded '3x10^0 4x10^0' minor labels)."""
+    from matplotlib.ticker import (
+        FixedLocator,
+        FuncFormatter,
+        NullFormatter,
+        NullLocator,
+    )
+
+    ticks = log_ticks(low / 1.05, high * 1.05)
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: _tick_label(v)))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+    return ticks
+
+
 def step_times(rows: list[dict], title: str) -> str:
-    """Horizontal bars: median step time per framework/precision, whiskers from p10 to p90."""
+    """A dot plot: one line per framework, one marker per precision at its median step time, whiskers from p10 to
+    p90; log x axis with plain-number ticks."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 0.38 * len(rows) + 1.0))
-    labels = [f"{r['framework']} {r['precision']}" for r in rows]
-    median = np.array([r["median_ms"] for r in rows])
-    lo = median - np.array([r["p10_ms"] for r in rows])
-    hi = np.array([r["p90_ms"] for r in rows]) - median
-    y = np.arange(len(rows))[::-1]
-    ax.barh(y, median, xerr=[lo, hi], color=[PALETTE.get(r["precision"], "#999") for r in rows],
-            error_kw={"elinewidth": 1, "capsize": 2})
-    ax.set_yticks(y, labels)
-    ax.set_xlabel("ms per training step (median, whiskers p10-p90; log scale)")
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows))
+    precisions = sorted({r["precision"] for r in rows},
+                        key=lambda p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else 99, p))
+    fig, ax = plt.subplots(figsize=(6.4, 0.55 * len(frameworks) + 1.3))
+    step = 0.6 / max(len(precisions), 1)
+    for i, precision in enumerate(precisions):
+        mine = [r for r in rows if r["precision"] == precision]
+        y = [len(frameworks) - 1 - frameworks.index(r["framework"]) - (i - (len(precisions) - 1) / 2) * step
+             for r in mine]
+        median = np.array([r["median_ms"] for r in mine])
+        err = [median - np.array([r["p10_ms"] for r in mine]), np.array([r["p90_ms"] for r in mine]) - median]
+        ax.errorbar(median, y, xerr=err, fmt=MARKERS.get(precision, "o"), color=colour(precision), ms=6,
+                    elinewidth=1, capsize=2, label=precision)
+    ax.set_yticks(range(len(frameworks)), frameworks[::-1])
+    ax.set_ylim(-0.6, len(frameworks) - 0.4)
     ax.set_xscale("log")
-    ax.set_title(title)
+    low = min(r["p10_ms"] for r in rows)
+    high = max(r["p90_ms"] for r in rows)
+    ticks = _log_axis(ax.xaxis, low, high)
+    ax.set_xlim(min(low, ticks[0]) / 1.08, max(high, ticks[-1]) * 1.08)
+    ax.grid(axis="x", color="#e3e6e9", lw=0.6)
+    ax.set_xlabel("ms per training step (median, whiskers p10-p90; log scale)")
+    ax.legend(fontsize=8, frameon=False, ncol=min(len(precisions), 4), loc="lower center",
+              bbox_to_anchor=(0.5, 1.0))
+    ax.set_title(title, pad=22)
     return _svg(fig)
 
 
@@ -57,10 +118,14 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str) -> str:
     for ax, framework in zip(axes[0], frameworks):
         for precision, losses in sorted(curves[framework].items()):
             values = np.array([np.nan if v is None else v for v in losses], dtype=float)
-            ax.plot(np.arange(len(values)), values, label=precision, color=PALETTE.get(precision, "#999"), lw=1.2)
+            ax.plot(np.arange(len(values)), values, label=precision, color=colour(precision), lw=1.2)
         ax.set_title(framework)
         ax.set_xlabel("step")
         ax.set_yscale("log")
+    values = [v for c in curves.values() for losses in c.values() for v in losses
+              if v is not None and np.isfinite(v) and v > 0]
+    if values:
+        _log_axis(axes[0][0].yaxis, min(values), max(values))  # the panels share their y axis
     axes[0][0].set_ylabel("training loss")
     axes[0][-1].legend(fontsize=8, frameon=False)
     fig.suptitle(title)

@@ -18,72 +18,103 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
 
 
 def explain(records: list[dict], cells: dict, summary: list[dict]) -> list[dict]:
-    """Explanations the data supports, each citing the figures and facts that triggered it."""
+    """Explanations the data supports, each citing the figures and facts that triggered it. A rule speaks only
+    of the device and the cells it cites, and names the cells that measured the opposite."""
     out = []
-    env = next((r["env"] for r in records if r.get("env")), {}) or {}
-    flags = set(env.get("cpu_flags") or [])
-    on_cpu = [s for s in summary if (cells[s["key"]].device or "") == "cpu"]
-    for dtype, native, name in (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"),
-                                ("fp16", ("avx512_fp16", "amx_fp16"), "float16")):
-        slower = [s for s in on_cpu if dtype in s["precision"] and s["hi"] < 1]  # slower beyond the 95% CI
-        if not slower:
+    by_device: dict[str, list[dict]] = {}
+    for s in summary:
+        by_device.setdefault(cells[s["key"]].device, []).append(s)
+    for device, comparisons in sorted(by_device.items()):
+        c0 = next(cells[s["key"]] for s in comparisons)
+        if c0.records[0].get("device") != "cpu":
             continue
-        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
-                          f"{_cell_ms(cells, s, fp32=True)} ms per step" for s in slower[:6])
-        have = sorted(flags & set(native))
-        if not have:
-            text = (f"This CPU ({env.get('cpu', 'unknown')}) has no native {name} arithmetic (none of "
-                    f"{', '.join(native)} among its flags): {name} math is emulated by converting to float32 and "
-                    f"back, so 16-bit training is slower than fp32 here. Measured: {cases}.")
-        else:
-            text = (f"This CPU reports {', '.join(have)}, yet {name} training ran slower than fp32: {cases}. "
-                    f"Mixed precision adds casts between float32 weights and 16-bit activations; it only pays "
-                    f"off where the framework's 16-bit kernels for these layers are much faster than its float32 "
-                    f"ones, which these measurements show they were not.")
-        out.append({"title": f"{name} is slower than fp32 on this CPU", "text": text})
-    very = [s for s in on_cpu if s["hi"] < 0.2]
-    if very:
-        cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower"
-                          for s in very[:6])
-        out.append({"title": "Some 16-bit kernels fall back to slow reference code",
-                    "text": f"Slow-downs of 5x or more are not conversion overhead but a missing fast kernel for "
-                            f"that dtype and layer on this device: {cases}."})
+        env = next((r["env"] for c in cells.values() if c.device == device for r in c.records if r.get("env")),
+                   {}) or {}
+        out += _cpu_16bit(device, env, comparisons, cells)
+        very = [s for s in comparisons if s["hi"] < 0.2]
+        if very:
+            cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower "
+                              f"({s['ci']})" for s in very[:6])
+            out.append({"title": f"Some 16-bit kernels fall back to slow reference code on {device}",
+                        "text": f"Slow-downs of 5x or more are not conversion overhead but a missing fast kernel "
+                                f"for that dtype and layer on this device: {cases}."})
+    skipping: dict[tuple, list[dict]] = {}
     for r in records:
         ls = r.get("loss_scale") or {}
         if r.get("status") == "diverged":
             out.append({"title": f"{r['precision']} diverged in {r['framework']} ({r['model']})",
                         "text": f"{r.get('reason')}. "
-                                + ("Pure float16 keeps weights and optimizer state in 16 bits with no loss "
-                                   "scaling: small updates and epsilons underflow (float16's smallest normal "
-                                   "value is 6e-5)." if r["precision"] == "fp16" else "")})
+                                + ("A common cause: pure float16 keeps weights and optimizer state in 16 bits "
+                                   "with no loss scaling, so small updates and epsilons can underflow (float16's "
+                                   "smallest normal value is 6e-5)." if r["precision"] == "fp16" else "")})
         elif ls.get("skipped_steps"):
-            out.append({"title": f"{r['framework']} {r['precision']} skipped {ls['skipped_steps']} steps "
-                                 f"({r['model']}, repeat {r['repeat']})",
-                        "text": f"Gradients overflowed float16 at loss scale {fmt(ls.get('initial'), 0)} "
-                                f"(first at step {ls.get('first_overflow_step')}); the dynamic scaler skipped "
-                                f"those updates and ended at scale {fmt(ls.get('final'), 0)}."})
-    for key, c in cells.items():
-        base = _fp32(cells, key)
-        if base is None or c is base or not c.flops_per_step or c.flops_per_step >= 1e9:
-            continue
-        ratio = base.median_ms / c.median_ms
-        if 0.85 < ratio < 1.15:
-            out.append({"title": f"{c.model} is too small for precision to matter ({c.label} {c.precision})",
-                        "text": f"A step does {c.flops_per_step / 1e6:.0f} MFLOP at batch {c.batch_size}; at "
-                                f"{c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s) fixed per-step costs "
-                                f"dominate, so {c.precision} changes the step time by only {abs(1 - ratio) * 100:.0f} %."})
-    gpu = next((r["env"]["device"] for r in records if (r.get("env") or {}).get("device", {}).get("kind") == "gpu"),
-               None)
-    if gpu:
+            skipping.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
+    for (model, framework, precision), rs in skipping.items():  # one entry per cell, not per repeat
+        skipped = [r["loss_scale"]["skipped_steps"] for r in rs]
+        ls = rs[0]["loss_scale"]
+        runs = f"{len(rs)} repeats" if len(rs) > 1 else f"repeat {rs[0].get('repeat')}"
+        out.append({"title": f"{framework} {precision} skipped {'/'.join(map(str, skipped))} step"
+                             f"{'s' if max(skipped) > 1 or len(rs) > 1 else ''} ({model}, {runs})",
+                    "text": f"Gradients were not finite at loss scale {fmt(ls.get('initial'), 0)} (first at step "
+                            f"{ls.get('first_overflow_step')} in repeat {rs[0].get('repeat')}); the dynamic scaler "
+                            f"skipped those updates and ended at scale {fmt(ls.get('final'), 0)}."})
+    for s in summary:
+        c = cells[s["key"]]
+        if not c.flops_per_step or c.flops_per_step >= 1e9 or s["lo"] > 1 or s["hi"] < 1:
+            continue  # only where the measured interval includes "no difference"
+        out.append({"title": f"{c.model} is too small for precision to matter ({c.label} {c.precision})",
+                    "text": f"A step does {c.flops_per_step / 1e6:.0f} MFLOP at batch {c.batch_size}; at "
+                            f"{c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s) fixed per-step costs "
+                            f"dominate: {c.precision} against fp32 measured x{s['ratio']:.2f} ({s['ci']}), no "
+                            f"clear difference."})
+    gpus = {}
+    for r in records:
+        device = (r.get("env") or {}).get("device") or {}
+        if device.get("kind") == "gpu":
+            gpus.setdefault(device.get("description"), device)
+    for gpu in gpus.values():
         cc = str((gpu.get("details") or {}).get("compute_capability") or "")
         if cc and float(cc) < 7.0:
-            out.append({"title": "This GPU has no tensor cores",
+            out.append({"title": f"{gpu['description']} has no tensor cores",
                         "text": f"{gpu['description']} has compute capability {cc}: float16 tensor cores arrived "
                                 f"with 7.0 (Volta), bfloat16 and TF32 with 8.0 (Ampere)."})
         elif cc and float(cc) < 8.0:
-            out.append({"title": "No bfloat16 or TF32 tensor cores on this GPU",
+            out.append({"title": f"No bfloat16 or TF32 tensor cores on {gpu['description']}",
                         "text": f"{gpu['description']} has compute capability {cc}: its tensor cores take float16; "
                                 f"bfloat16 and TF32 need 8.0 (Ampere)."})
+    return out
+
+
+def _cpu_16bit(device: str, env: dict, comparisons: list[dict], cells: dict) -> list[dict]:
+    """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells that did, and naming those
+    that ran faster (then the CPU alone cannot be the reason)."""
+    out = []
+    flags = set(env.get("cpu_flags") or [])
+    for dtype, native, name in (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"),
+                                ("fp16", ("avx512_fp16", "amx_fp16"), "float16")):
+        mine = [s for s in comparisons if dtype in s["precision"]]
+        slower = [s for s in mine if s["hi"] < 1]  # slower beyond the interval (or the whole range)
+        if not slower:
+            continue
+        faster = [s for s in mine if s["lo"] > 1]
+        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
+                          f"{_cell_ms(cells, s, fp32=True)} ms per step ({s['ci']})" for s in slower[:6])
+        have = sorted(flags & set(native))
+        where = ", ".join(sorted({s["framework"] for s in slower}))
+        if not have:
+            text = (f"This CPU ({env.get('cpu', 'unknown')}) has no native {name} arithmetic (none of "
+                    f"{', '.join(native)} among its flags): {name} math is emulated by converting to float32 and "
+                    f"back, and in these runs that cost more than it saved. Measured: {cases}.")
+        else:
+            text = (f"This CPU reports {', '.join(have)}, yet {name} training ran slower than fp32: {cases}. "
+                    f"Mixed precision adds casts between float32 weights and 16-bit activations; it only pays "
+                    f"off where the framework's 16-bit kernels for these layers are much faster than its float32 "
+                    f"ones, which these measurements show they were not.")
+        if faster:
+            text += (" On the same CPU, " + "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} was "
+                                                     f"{s['ratio']:.2f}x faster ({s['ci']})" for s in faster[:4])
+                     + ", so the slow-down belongs to those frameworks' kernels, not to the CPU alone.")
+        out.append({"title": f"{name} ran slower than fp32 in {where} on {device}", "text": text})
     return out
 
 

@@ -1,9 +1,11 @@
-"""Rendering: the view model -> one self-contained HTML page (jinja2, autoescape on) and the records as CSV."""
+"""Rendering: the view model -> one self-contained HTML page (jinja2, autoescape on), a Markdown summary beside it
+and the records as CSV."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from harness.report.markdown import render_markdown
 from harness.report.view import build_view
 
 
@@ -20,12 +22,20 @@ def render(view: dict) -> str:
     return env.get_template("report.html.j2").render(**view)
 
 
+def markdown_path(out: Path) -> Path:
+    """Where write_report puts the Markdown summary: beside the page (reports/index.html -> reports/index.md)."""
+    return out.with_suffix(".md")
+
+
 def write_report(records: list[dict], out: Path, parity_records: list[dict] | None = None,
-                 diagnoses: list[dict] | None = None) -> tuple[Path, Path]:
+                 diagnoses: list[dict] | None = None, markdown: bool = True) -> tuple[Path, Path]:
+    """The page at `out`, the records as CSV beside it and (with markdown) the first screen as Markdown."""
     from harness.results import to_frame
 
     view = build_view(records, parity_records, diagnoses)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if markdown:  # before render(), which marks the charts up in place
+        markdown_path(out).write_text(render_markdown(view))
     out.write_text(render(view))
     frame = to_frame(records)
     for column in frame.columns:  # lists (per-step times, losses) and option dicts as JSON cells

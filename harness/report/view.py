@@ -13,17 +13,24 @@ from datetime import datetime, timezone
 import numpy as np
 
 from harness.parity import compare as parity_compare
-from harness.report import charts, stats
+from harness.report import accuracy, answer, charts, stats
+from harness.report.accuracy import ACCURACY_MARGIN
 from harness.report.explain import explain
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
 
-ACCURACY_MARGIN = 0.02  # an eval-accuracy change beyond 2 points against fp32 is flagged
+
+def device_key(r: dict) -> str | None:
+    """The device a run measured, named as precisely as the record allows ("cpu (Intel Xeon ...)"): runs on
+    different devices are never pooled, and the first screen shows one matrix per device."""
+    name = r.get("device")
+    description = ((r.get("env") or {}).get("device") or {}).get("description")
+    return f"{name} ({description})" if name and description and description != name else name
 
 
 def setting(r: dict) -> tuple:
     """What, besides model, framework and precision, changes what a run measures."""
-    return r.get("device"), (r.get("env") or {}).get("threads"), r.get("variant"), r.get("framework_version")
+    return device_key(r), (r.get("env") or {}).get("threads"), r.get("variant"), r.get("framework_version")
 
 
 def loss_scale_setting(r: dict) -> str:
@@ -38,11 +45,18 @@ def loss_scale_setting(r: dict) -> str:
 class Cell:
     """All ok repeats of one (model, framework, setting, precision, loss-scale setting)."""
 
-    def __init__(self, records: list[dict], label: str):
-        self.records, self.label = records, label
+    def __init__(self, records: list[dict], label: str, setting_note: str = "", scale_note: str = ""):
+        # label: framework and what differs, for tables; setting_note: what differs besides the device (the
+        # first screen has a matrix per device, a column per framework); scale_note: the loss-scale setting
+        # where it varies
+        self.records, self.label, self.setting_note, self.scale_note = records, label, setting_note, scale_note
         r0 = records[0]
         self.model, self.framework, self.precision = r0["model"], r0["framework"], r0["precision"]
-        self.setting, self.device = setting(r0), r0.get("device")
+        self.column = self.framework
+        self.name = f"{self.framework}{setting_note}"  # how the first screen names this cell's framework
+        self.setting = setting(r0)
+        self.device = self.setting[0] or "-"
+        self.judged = True  # False: fp32 scored at chance level, accuracy figures mean nothing (see accuracy.py)
         self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
         # one figure per repeat (fresh processes are independent; steps of one process are not)
         self.repeat_ms = [float(np.median(t)) for t in self.repeats]
@@ -95,8 +109,9 @@ def _label_models(records: list[dict]) -> list[dict]:
     return out
 
 
-def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
-    """framework (and what differs between its settings in this report) [precision (loss scale if it varies)]"""
+def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str, str]]:
+    """Per group: the label "framework [what differs between its settings in this report] (loss scale if it
+    varies)", the settings note without the device (" [variant xla]") and the loss-scale note."""
     names = ("device", "threads", "variant", "version")
     by_framework: dict[str, set] = {}
     scales: dict[tuple, set] = {}
@@ -108,9 +123,10 @@ def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, str]:
         model, framework, setting_, precision, scale = key
         varying = [i for i in range(len(names)) if len({s[i] for s in by_framework[framework]}) > 1]
         label = framework + (f" [{', '.join(f'{names[i]} {setting_[i]}' for i in varying)}]" if varying else "")
-        if len(scales[(model, framework, setting_, precision)]) > 1:
-            label += f" (loss scale {scale})"
-        labels[key] = label
+        rest = [i for i in varying if names[i] != "device"]
+        column = f" [{', '.join(f'{names[i]} {setting_[i]}' for i in rest)}]" if rest else ""
+        note = f" (loss scale {scale})" if len(scales[(model, framework, setting_, precision)]) > 1 else ""
+        labels[key] = (label + note, column, note)
     return labels
 
 
@@ -128,14 +144,19 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     for r in ok:
         groups.setdefault((r["model"], r["framework"], setting(r), r["precision"], loss_scale_setting(r)), []).append(r)
     labels = _labels(groups)
-    cells = {key: Cell(rs, labels[key]) for key, rs in groups.items()}
+    cells = {key: Cell(rs, *labels[key]) for key, rs in groups.items()}
     models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
     frameworks = sorted({r["framework"] for r in records if r.get("framework")})
+    classes = {m: accuracy.num_classes([r for r in ok if r["model"] == m]) for m in models}
 
     def fp32_of(key):  # the fp32 cell measured under the same setting
         return next((c for k, c in cells.items() if k[:3] == key[:3] and k[3] == "fp32"), None)
 
-    summary, speed, memory, accuracy, scaling, sections = [], [], [], [], [], []
+    for key, c in cells.items():  # judged against the fp32 baseline's accuracy, or its own without one
+        base = fp32_of(key) or c
+        c.judged = not accuracy.too_short(base.eval_accuracy, classes.get(c.model))
+
+    summary, speed, memory, accuracy_rows, scaling, sections = [], [], [], [], [], []
     for model in models:
         keys = sorted((k for k in cells if k[0] == model), key=lambda k: (cells[k].label, k[3]))
         if not keys:
@@ -144,7 +165,9 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         section = {"model": model, "speed_chart": charts.step_times(
             [{"framework": c.label, "precision": c.precision, "median_ms": c.median_ms, "p10_ms": c.p10_ms,
               "p90_ms": c.p90_ms} for c in mcells], f"{model}: step time"),
-            "loss_chart": None, "scale_chart": None}
+            "speed_caption": f"{model}: median ms per training step by framework, one marker per precision, "
+                             f"whiskers p10-p90 of all timed steps (log scale; further left is faster).",
+            "loss_chart": None, "loss_note": None, "scale_chart": None, "scale_notes": []}
         curves: dict[str, dict[str, list]] = {}
         for key, c in zip(keys, mcells):
             curves.setdefault(c.label, {})[c.precision] = c.loss_curve()
@@ -163,37 +186,54 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                            if base and base is not c and c.peak_mb is not None and base.peak_mb else "-"})
             delta = c.eval_accuracy - base.eval_accuracy if base and c.eval_accuracy is not None \
                 and base.eval_accuracy is not None and base is not c else None
-            accuracy.append({**row, "accuracy": _fmt(c.eval_accuracy and 100 * c.eval_accuracy, 1, " %"),
-                             "loss": _fmt(c.eval_loss, 4),
-                             "delta": _fmt(delta and 100 * delta, 1, " pt") if delta is not None else "-",
-                             "flag": delta is not None and abs(delta) > ACCURACY_MARGIN})
+            judged_delta = c.judged and delta is not None
+            accuracy_rows.append({
+                **row, "accuracy": _fmt(c.eval_accuracy and 100 * c.eval_accuracy, 1, " %") if c.judged
+                else accuracy.TOO_SHORT, "loss": _fmt(c.eval_loss, 4), "judged": c.judged,
+                "delta": (_fmt(100 * delta, 1, " pt") if judged_delta else
+                          (accuracy.TOO_SHORT if delta is not None else "-")),
+                "flag": judged_delta and abs(delta) > ACCURACY_MARGIN})
             if base is not None and base is not c:
                 r = stats.ratio(base.repeat_ms, c.repeat_ms)  # > 1: faster than fp32
                 summary.append({**row, "key": key, "ratio": r.estimate, "lo": r.low, "hi": r.high,
                                 "interval": r.is_interval, "ci": r.label, "text": _speed_phrase(r),
                                 "unstable": c.unstable or base.unstable,
-                                "memory": memory[-1]["saved"], "accuracy": accuracy[-1]["delta"],
-                                "flag": accuracy[-1]["flag"]})
-        section["loss_chart"] = charts.loss_curves(curves, f"{model}: training loss (mean over repeats)")
+                                "memory": memory[-1]["saved"], "accuracy": accuracy_rows[-1]["delta"],
+                                "delta_raw": delta, "judged": c.judged, "flag": accuracy_rows[-1]["flag"]})
+        differing = {label: cs for label, cs in curves.items() if _curves_differ(cs)}
+        if differing:
+            section["loss_chart"] = charts.loss_curves(differing, f"{model}: training loss (mean over repeats)")
+            section["loss_caption"] = (f"{model}: training loss by step, mean over repeats, one panel per framework "
+                                       f"whose precisions' losses differ (log scale).")
+        same = sorted(label for label, cs in curves.items() if label not in differing and len(cs) > 1)
+        if same:
+            section["loss_note"] = (f"{model}: training losses of every precision agree step by step (relative "
+                                    f"difference under {LOSS_TOLERANCE:g}) in {', '.join(same)}; no chart needed.")
         histories = {}
         for c in mcells:
-            for r in c.records:
-                ls = r.get("loss_scale") or {}
-                if ls.get("history"):
+            with_history = [r for r in c.records if (r.get("loss_scale") or {}).get("history")]
+            flat = _flat_scale(with_history)
+            if flat:
+                section["scale_notes"].append(f"{c.label} {c.precision}: {flat}")
+            for r in with_history:
+                ls = r["loss_scale"]
+                if not flat:
                     histories.setdefault(f"{c.label} {c.precision}", ls["history"])
-                    scaling.append({"model": model, "framework": c.label, "precision": c.precision,
-                                    "repeat": r["repeat"], "mode": (ls.get("settings") or {}).get("mode"),
-                                    "initial": _fmt(ls.get("initial"), 0), "final": _fmt(ls.get("final"), 0),
-                                    "skipped": ls.get("skipped_steps"),
-                                    "first_overflow": "-" if ls.get("first_overflow_step") is None
-                                    else ls.get("first_overflow_step")})
+                scaling.append({"model": model, "framework": c.label, "precision": c.precision,
+                                "repeat": r["repeat"], "mode": (ls.get("settings") or {}).get("mode"),
+                                "initial": _fmt(ls.get("initial"), 0), "final": _fmt(ls.get("final"), 0),
+                                "skipped": ls.get("skipped_steps"),
+                                "first_overflow": "-" if ls.get("first_overflow_step") is None
+                                else ls.get("first_overflow_step")})
         if histories:
             section["scale_chart"] = charts.loss_scales(histories, f"{model}: loss scale")
+            section["scale_caption"] = (f"{model}: dynamic loss scale by step (first repeat), for the runs whose "
+                                        f"scale changed; a drop marks an overflow and a skipped step.")
         sections.append(section)
 
     fastest = []  # per device: a GPU and a CPU are never ranked together
-    for (model, precision, device) in sorted({(k[0], k[3], c.device or "-") for k, c in cells.items()}):
-        contenders = [c for k, c in cells.items() if (k[0], k[3], c.device or "-") == (model, precision, device)]
+    for (model, precision, device) in sorted({(k[0], k[3], c.device) for k, c in cells.items()}):
+        contenders = [c for k, c in cells.items() if (k[0], k[3], c.device) == (model, precision, device)]
         best = min(contenders, key=lambda c: c.median_ms)
         fastest.append({"model": model, "precision": precision, "device": device, "framework": best.label,
                         "median": _ms(best.median_ms), "of": len(contenders)})
@@ -202,10 +242,13 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "n_records": len(records), "n_ok": len(ok), "skipped": skipped,
         "models": models, "frameworks": frameworks,
+        "answer": answer.build(cells, summary, [{**r, "device_key": device_key(r)} for r in not_run]),
         "headline": _headline(summary), "any_range": any(not s["interval"] for s in summary),
         "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV,
+        "chance_margin": 100 * accuracy.CHANCE_MARGIN,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
-        "memory_note": _memory_note(cells), "accuracy": accuracy, "accuracy_margin": 100 * ACCURACY_MARGIN,
+        "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_margin": 100 * ACCURACY_MARGIN,
+        "any_too_short": any(not c.judged for c in cells.values()),
         "scaling": scaling, "sections": sections, "why": explain(records, cells, summary),
         "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
                      "repeat": r.get("repeat"), "status": r.get("status"), "reason": r.get("reason") or "-"}
@@ -215,6 +258,42 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "parity": [c.row() for c in parity_compare(parity_records)] if parity_records else None,
         **numerics_view(diagnoses or [], studies, cells),
     }
+
+
+LOSS_TOLERANCE = 1e-4  # relative: below this, two precisions' loss curves are the same curve
+
+
+def _curves_differ(curves: dict[str, list]) -> bool:
+    """Whether any precision's mean loss curve departs from another's (a NaN against a number counts)."""
+    arrays = [np.array([np.nan if v is None else v for v in c], dtype=float) for c in curves.values() if c]
+    if len(arrays) < 2:
+        return False
+    length = min(a.size for a in arrays)
+    ref = arrays[0][:length]
+    for a in arrays[1:]:
+        a = a[:length]
+        if not np.array_equal(np.isnan(a), np.isnan(ref)):
+            return True
+        both = ~np.isnan(a)
+        if np.any(np.abs(a[both] - ref[both]) > LOSS_TOLERANCE * np.maximum(np.abs(ref[both]), 1e-12)):
+            return True
+    return False
+
+
+def _flat_scale(records: list[dict]) -> str | None:
+    """One sentence for a loss scale that never moved and skipped nothing in any repeat, else None."""
+    if not records:
+        return None
+    values = {v for r in records for v in r["loss_scale"]["history"]}
+    if len(values) != 1 or any(r["loss_scale"].get("skipped_steps") for r in records):
+        return None
+    (value,) = values
+    exp = math.log2(value) if value > 0 else None
+    shown = f"2^{exp:.0f}" if exp is not None and exp == int(exp) else f"{value:g}"
+    steps = sorted({len(r["loss_scale"]["history"]) for r in records})
+    n = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
+    each = f" in each of {len(records)} repeats" if len(records) > 1 else ""
+    return f"loss scale stayed at {shown}, no step skipped in {n} steps{each}."
 
 
 def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> dict:

@@ -68,22 +68,37 @@ def _stderr_tail(path: Path) -> str:
 
 def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
     """Run one request in a subprocess and return its record, whatever happens to the process."""
+    return run_group([req], timeout_s, on_progress)[0]
+
+
+def run_group(reqs: list[RunRequest], timeout_s: float, on_progress=None, on_record=None) -> list[dict]:
+    """Run requests one after another in one subprocess (untimed runs of one framework and precision: the
+    process start, a framework import of seconds, is paid once) and return their records, whatever happens to
+    the process: the run it died in gets the failure, and the ones after it run again each in a process of
+    its own. `on_record(record)` is called as each record is known."""
     with tempfile.TemporaryDirectory(prefix="amp-harness-") as tmp:
         tmp = Path(tmp)
         request_file, record_file, stderr_file = tmp / "request.json", tmp / "record.json", tmp / "stderr.txt"
-        request_file.write_text(json.dumps(asdict(req)))
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(req.threads),
-                   MKL_NUM_THREADS=str(req.threads))
+        request_file.write_text(json.dumps([asdict(q) for q in reqs]))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(reqs[0].threads),
+                   MKL_NUM_THREADS=str(reqs[0].threads))
         started = time.time()
+        done: list[dict] = []
+
+        def finished(i: int) -> None:  # the worker wrote record i
+            done.append(json.loads(Path(f"{record_file}.{i}").read_text()))
+            if on_record:
+                on_record(done[-1])
+
         with open(stderr_file, "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "harness.run.worker", str(request_file), str(record_file)],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                     start_new_session=True,  # its own group: Ctrl-C reaches the runner only
                                     preexec_fn=_die_with_parent)
-            reader = threading.Thread(target=_read_progress, args=(proc.stdout, on_progress), daemon=True)
+            reader = threading.Thread(target=_read_progress, args=(proc.stdout, on_progress, finished), daemon=True)
             reader.start()
             try:
-                code = proc.wait(timeout=timeout_s)
+                code = proc.wait(timeout=timeout_s * len(reqs))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -92,12 +107,14 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
                 os.killpg(proc.pid, signal.SIGKILL)
                 raise
             reader.join(timeout=5)
-        if code == 0 and record_file.exists():
-            return json.loads(record_file.read_text())
+        if len(done) == len(reqs):
+            return done
+        req = reqs[len(done)]  # the run the process died in
         spec = req.resolved_spec()  # validated before the matrix started
         record = results.empty_record(run_id=req.run_id, framework=req.framework, model=spec.name,
-                                      spec_hash=spec.spec_hash(), precision=req.precision, repeat=req.repeat,
-                                      warmup_steps=req.warmup, batch_size=spec.batch_size, steps=spec.steps,
+                                      spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes,
+                                      precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,
+                                      batch_size=spec.batch_size, steps=spec.steps,
                                       wall_s=round(time.time() - started, 3))
         if code is None:
             record.update(status="timeout", reason=f"killed after the {timeout_s:g} s timeout")
@@ -107,14 +124,19 @@ def run_one(req: RunRequest, timeout_s: float, on_progress=None) -> dict:
                 how += " (out of memory? the kernel's OOM killer sends SIGKILL)"
             tail = _stderr_tail(stderr_file)
             record.update(status="failed", reason=f"worker {how}" + (f": {tail}" if tail else ""))
-        return record
+        if on_record:
+            on_record(record)
+        rest = [r for q in reqs[len(done) + 1:] for r in run_group([q], timeout_s, on_progress, on_record)]
+        return done + [record] + rest
 
 
-def _read_progress(stream, on_progress) -> None:
+def _read_progress(stream, on_progress, finished) -> None:
     for line in stream:
         parts = line.split()
         if on_progress and len(parts) == 3 and parts[0] == "progress":
             on_progress(int(parts[1]), int(parts[2]))
+        elif len(parts) == 2 and parts[0] == "record":
+            finished(int(parts[1]))
 
 
 def run_key(framework: str, spec_hash: str, precision: str, variant: str | None, loss_scale: str,
@@ -165,24 +187,39 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
     return records, bool(stop)
 
 
+UNTIMED = ("fingerprint", "diagnose")  # modes whose runs of one precision may share a process
+
+
+def _batches(requests: list[RunRequest]) -> list[list[RunRequest]]:
+    """Timed runs alone, in the matrix's interleaved order; untimed runs grouped by everything that is set
+    process-wide (framework, precision, device, threads, variant), so each group shares one process."""
+    batches: dict[tuple, list[RunRequest]] = {}
+    for i, q in enumerate(requests):
+        key = (q.mode, q.framework, q.precision, q.device, q.threads, q.variant) if q.mode in UNTIMED else (i,)
+        batches.setdefault(key, []).append(q)
+    return list(batches.values())
+
+
 def _run_all(requests, out_dir, timeout_s, show_progress, filename, records, stop, bar, steps) -> None:
-    for req in requests:
-        if stop:
-            break
-        bar.set_postfix_str(f"{req.framework} {Path(req.model).stem} {req.precision} r{req.repeat}")
-        steps.reset()
-
-        def on_progress(step: int, total: int) -> None:
-            steps.total = total
-            steps.n = step
-            steps.refresh()
-
-        record = run_one(req, timeout_s, on_progress if show_progress else None)
+    def on_record(record: dict) -> None:
         results.append(out_dir, record, filename)
         records.append(record)
         bar.update(1)
         if not show_progress:
             print(summary_line(record), file=sys.stderr, flush=True)
+
+    def on_progress(step: int, total: int) -> None:
+        steps.total = total
+        steps.n = step
+        steps.refresh()
+
+    for batch in _batches(requests):
+        if stop:
+            break
+        req = batch[0]
+        bar.set_postfix_str(f"{req.framework} {Path(req.model).stem} {req.precision} r{req.repeat}")
+        steps.reset()
+        run_group(batch, timeout_s, on_progress if show_progress else None, on_record)
 
 
 def summary_line(r: dict) -> str:

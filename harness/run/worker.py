@@ -1,8 +1,10 @@
-"""One run in its own process: ``python -m harness.run.worker REQUEST.json RECORD.json``.
+"""Runs in their own process: ``python -m harness.run.worker REQUESTS.json RECORD.json``.
 
-The runner starts this module once per (framework, model, precision, repeat) so that process-wide framework
-state (mixed-precision policies, MXNet's AMP patching, allocator peaks) never leaks between runs. It writes
-one result record as JSON; progress goes to stdout as ``progress STEP TOTAL`` lines.
+The runner starts this module once per timed run (framework, model, precision, repeat) so that process-wide
+framework state (mixed-precision policies, MXNet's AMP patching, allocator peaks) never leaks between runs;
+untimed runs (fingerprints, diagnoses) of one framework and precision share a process. REQUESTS.json is a list;
+the record of request i is written as JSON to RECORD.json.i, then ``record i`` goes to stdout; progress goes
+there as ``progress STEP TOTAL`` lines.
 """
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def run(req: RunRequest, progress=None) -> dict:
         graph = infer(spec)
         precision = parse_precision(req.precision)
         loss_scale = parse_loss_scale(req.loss_scale, precision, req.growth_interval)
-        record.update(model=spec.name, spec_hash=spec.spec_hash(), batch_size=spec.batch_size, steps=spec.steps,
+        record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes,
+                      batch_size=spec.batch_size, steps=spec.steps,
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
                       loss_scale={"settings": loss_scale.to_dict()})
@@ -238,7 +241,8 @@ def _fingerprint(spec, data, masks, trainer, loss_scale, record) -> None:
                   loss=[v if math.isfinite(v) else None for v in losses],
                   fingerprint={"initial_outputs": _listed(initial), "final_outputs": _listed(final),
                                "loss_scales": scales.history or None, "skipped_steps": scales.skipped,
-                               "gradients": gradients})
+                               "gradients": gradients,
+                               "spec": spec.model_dump(mode="json")})  # what the golden fingerprints embed
 
 
 def _listed(a: np.ndarray) -> list:
@@ -264,7 +268,7 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"framework": argv[1], "error": str(exc)}))
         return 0
     request_path, record_path = argv
-    req = RunRequest(**json.loads(Path(request_path).read_text()))
+    requests = json.loads(Path(request_path).read_text())  # a list: runs that share this process (runner.py)
 
     last = [0.0]
 
@@ -274,10 +278,12 @@ def main(argv: list[str]) -> int:
             last[0] = now
             print(f"progress {step} {total}", flush=True)
 
-    record = run(req, progress)
-    tmp = Path(record_path + ".tmp")
-    tmp.write_text(json.dumps(record, default=str))
-    tmp.replace(record_path)
+    for i, request in enumerate(requests):
+        record = run(RunRequest(**request), progress)
+        tmp = Path(f"{record_path}.{i}.tmp")
+        tmp.write_text(json.dumps(record, default=str))
+        tmp.replace(f"{record_path}.{i}")
+        print(f"record {i}", flush=True)
     return 0
 
 

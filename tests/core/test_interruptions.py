@@ -86,3 +86,19 @@ def test_two_runners_share_one_directory(tmp_path):
     assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
     lines = (tmp_path / results.RESULTS_FILE).read_text().splitlines()
     assert len(lines) == 12 and all(json.loads(line)["status"] == "ok" for line in lines)
+
+
+def test_untimed_runs_share_a_process_and_a_crash_there_loses_no_other_run(tmp_path):
+    """Fingerprints of one precision run in one process; a segfault in the second run fails that run only: the
+    ones after it run again, each in a process of its own."""
+    out = amp("fingerprint", "--framework", "fake", "--precision", "fp32,amp_bf16", "--steps", "3", "--out",
+              str(tmp_path), "--model", "mnist_mlp,tests/specs/pitfall_batchnorm.yaml,tests/specs/pitfall_dropout_adam.yaml",
+              faults="pitfall_batchnorm=segv")
+    assert out.returncode == 0, out.stderr
+    records = {(r["model"], r["precision"]): r for r in results.read_records([tmp_path], results.FINGERPRINTS_FILE)}
+    assert len(records) == 6
+    for (model, precision), r in records.items():
+        if model == "pitfall_batchnorm":
+            assert r["status"] == "failed" and "SIGSEGV" in r["reason"], r["reason"]
+        else:
+            assert r["status"] == "ok", (model, precision, r["reason"])

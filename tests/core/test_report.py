@@ -32,12 +32,15 @@ def test_report_covers_every_status_and_section(results_dir, tmp_path):
     records = read_records([results_dir])
     html, csv = write_report(records, tmp_path / "index.html")
     page = html.read_text()
-    for anchor in ("summary-table", "fastest-table", "speed-table", "memory-table", "accuracy-table",
+    for anchor in ("matrix", "summary-table", "fastest-table", "speed-table", "memory-table", "accuracy-table",
                    "scaling-table", "not-run-table", "environment-table", "hash-table"):
         assert f'id="{anchor}"' in page, anchor
     for status in ("diverged", "timeout", "failed", "unsupported"):
         assert f"<td>{status}</td>" in page, status
-    assert page.count("<svg") >= 3
+    # a step-time chart and the loss scale's (the fake adapter skips a step); the fake's losses are the same in
+    # every precision, so a sentence stands in for the loss chart
+    assert page.count("<svg") == 2 and 'data-chart="loss"' not in page and 'class="loss-note"' in page
+    assert html.with_suffix(".md").read_text().startswith("# amp-harness")
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page  # offline
     assert len(csv.read_text().splitlines()) == len(records) + 1
     view = build_view(records)
@@ -93,34 +96,80 @@ def test_report_cli_and_bad_input(results_dir, tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
-def test_report_in_a_real_browser(results_dir, tmp_path):
-    """Headless Chromium opens the page: no console errors, the summary table and every chart are there."""
+def _browser(javascript: bool = True, width: int = 1280, height: int = 800):
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
         if os.environ.get("CI"):
             pytest.fail("CI must install Debian's chromium and chromium-driver (see .ci/run)")
         pytest.skip("chromium / chromedriver not installed (apt-get install chromium chromium-driver)")
     from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    if not javascript:
+        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
+
+
+def test_report_in_a_real_browser(results_dir, tmp_path):
+    """Headless Chromium at 1280 px: no console errors, the answer on the first screen, no horizontal scrolling,
+    a caption on every table and chart, sortable tables, and the same content with JavaScript off."""
     from selenium.webdriver.common.by import By
 
     html, _ = write_report(read_records([results_dir]), tmp_path / "index.html")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1800"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
+    driver = _browser()
     try:
         driver.get(html.as_uri())
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
-        assert driver.find_element(By.ID, "summary-table").is_displayed()
-        charts = driver.find_elements(By.CSS_SELECTOR, "div.chart svg")
-        assert len(charts) == len(driver.find_elements(By.CSS_SELECTOR, "div.chart")) >= 3
+        matrix = driver.find_element(By.ID, "matrix")
+        assert matrix.is_displayed()
+        inner = driver.execute_script("return window.innerHeight")
+        assert matrix.rect["y"] + matrix.rect["height"] <= inner, "the matrix must be within the first screen"
+        assert driver.find_element(By.CSS_SELECTOR, "ul.recommendations li").rect["y"] < inner
+        for opened in (False, True):  # closed, then with every <details> open
+            if opened:
+                driver.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+            assert driver.execute_script(
+                "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"), \
+                "the page scrolls horizontally at 1280 px"
+        tables = driver.find_elements(By.TAG_NAME, "table")
+        assert tables and all(t.find_elements(By.TAG_NAME, "caption") for t in tables)
+        assert all(c.text.strip() for t in tables for c in t.find_elements(By.TAG_NAME, "caption"))
+        charts = driver.find_elements(By.CSS_SELECTOR, "figure.chart svg")
+        assert len(charts) == len(driver.find_elements(By.CSS_SELECTOR, "figure.chart")) >= 2
         assert all(c.size["width"] > 100 for c in charts)
+        assert all(f.find_element(By.TAG_NAME, "figcaption").text.strip()
+                   for f in driver.find_elements(By.CSS_SELECTOR, "figure.chart"))
+        # sorting: a click on "repeat" orders the loss-scale table by it, a second click reverses it
+        table = driver.find_element(By.ID, "scaling-table")
+        header = table.find_elements(By.CSS_SELECTOR, "thead th")[3]
+        column = "return Array.from(arguments[0].tBodies[0].rows).map(r => Number(r.cells[3].textContent))"
+        header.click()
+        ascending = driver.execute_script(column, table)
+        header.click()
+        assert ascending == sorted(ascending) and driver.execute_script(column, table) == sorted(ascending)[::-1]
         artifacts = ROOT / "reports" / "test-artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
+        driver.execute_script("window.scrollTo(0, 0); "
+                              "document.querySelectorAll('details').forEach(d => d.open = false)")
         assert driver.save_screenshot(str(artifacts / "report.png"))
+    finally:
+        driver.quit()
+    driver = _browser(javascript=False)
+    try:
+        driver.get(html.as_uri())
+        assert driver.find_element(By.ID, "matrix").is_displayed()
+        details = driver.find_elements(By.TAG_NAME, "details")
+        assert details
+        details[0].find_element(By.TAG_NAME, "summary").click()  # folding needs no script
+        assert details[0].get_attribute("open") is not None
+        assert driver.find_element(By.ID, "summary-table").is_displayed()
+        assert len(driver.find_elements(By.CSS_SELECTOR, "figure.chart svg")) >= 2
+        assert not driver.find_elements(By.CSS_SELECTOR, "th[aria-sort], th[tabindex]")  # the script never ran
     finally:
         driver.quit()
 

@@ -1,6 +1,7 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
-fault per precision chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang" (abort, segv, oom, hang, slow, raise, nan,
-stuckscale: report the initial loss scale after an overflow, against the core's rules)."""
+fault per precision or model chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang,mnist_mlp=segv" (abort,
+segv, oom, hang, slow, raise, nan, stuckscale: report the initial loss scale after an overflow, against the core's
+rules)."""
 from __future__ import annotations
 
 import os
@@ -14,17 +15,17 @@ from harness.precision import LossScaler
 SLOW_STEP_S, SLOW_INPUT_S = 0.3, 0.1
 
 
-def _fault(precision: str) -> str:
+def _fault(precision: str, model: str) -> str:
     faults = dict(item.split("=") for item in os.environ.get("AMP_FAKE_FAULTS", "").split(",") if item)
-    return faults.get(precision, "none")
+    return faults.get(model, faults.get(precision, "none"))
 
 
 class FakeTrainer(Trainer):
     overflows = (2,)  # the steps (counted from 1) whose gradients overflow
 
-    def __init__(self, graph, weights, precision, loss_scale):
+    def __init__(self, graph, weights, precision, loss_scale, model=""):
         self.weights, self.out_shape = weights, graph.output_shape
-        self.fault, self.steps = _fault(precision.name), 0
+        self.fault, self.steps = _fault(precision.name, model), 0
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped = False
         self.options = {"fake": True}
@@ -88,7 +89,7 @@ class FakeAdapter(Adapter):
         pass
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
-        return FakeTrainer(graph, weights, precision, loss_scale)
+        return FakeTrainer(graph, weights, precision, loss_scale, spec.name)
 
 
 class SkippingTrainer(FakeTrainer):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.adapters.test_contract import amp_run
+from harness.conformance.test_contract import cli
 
 NETWORK = {"input": {"shape": [1024]}, "dataset": {"name": "synthetic", "num_classes": 2, "size": 256},
            "layers": [{"type": "dense", "units": 2048}, {"type": "relu"}, {"type": "dense", "units": 2}],
@@ -27,8 +27,9 @@ def specs(tmp_path_factory):
 def test_optimizer_state_is_inside_the_memory_figure(specs, tmp_path, framework):
     figures = {}
     for name, path in specs.items():
-        (record,) = amp_run(tmp_path / name, "--framework", framework, "--model", str(path), "--precision", "fp32",
-                            "--warmup", "1")
+        (tmp_path / name).mkdir()
+        (record,) = cli(tmp_path / name, "run", "--framework", framework, "--model", str(path), "--precision", "fp32",
+                        "--warmup", "1", "--repeats", "1", "--device", "cpu")
         assert record["status"] == "ok", record["reason"]
         assert record["memory_kind"].startswith("process peak RSS") and "optimizer state" in record["memory_kind"]
         figures[name] = record

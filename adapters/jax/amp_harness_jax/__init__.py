@@ -1,0 +1,1 @@
+"""JAX adapter for amp-harness. Importing this package does not import jax."""

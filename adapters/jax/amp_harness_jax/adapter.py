@@ -1,0 +1,236 @@
+"""JAX adapter: the network, losses and optimizers in jax.numpy (no Flax or optax: their math would have to
+be checked against the spec anyway), trained by one jax.jit-compiled step that takes the weights, optimizer
+state and batchnorm statistics as donated buffers and returns their successors.
+
+JAX-specific choices:
+- float64 needs `jax_enable_x64`, a process-wide switch, set by build (the runner gives each precision its own
+  process); Python-float constants and hyper-parameters are weakly typed, so they are float64 there too.
+- Mixed precision is written as JAX users write it, with no framework policy: float32 weights, cast with the
+  layer's inputs to the compute dtype inside the step (Flax's dtype / param_dtype, see network.py), the loss in
+  float32.
+- JAX has no loss scaler of its own: the step scales the loss, unscales the gradients and, when they are not
+  all finite, keeps the old weights and optimizer state (jmp's select_tree idiom); it returns that finiteness,
+  and the scale follows the core's rules (harness.precision.LossScaler) on the host.
+- On a GPU, float32 matmuls and convolutions default to TF32 in JAX: the `highest` matmul precision keeps
+  fp32 strict unless the precision asks for TF32.
+- XLA's CPU reductions of 16-bit arrays accumulate in 16 bits: bias gradients are summed in float32
+  (network.add_bias), as PyTorch and cuDNN do, or float16 runs would overflow where the others do not.
+- XLA sizes its CPU thread pool from the process's CPU affinity when jax first starts: set_threads narrows it.
+
+Variant (`run --variant`): the single jitted step.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import numpy as np
+
+from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.errors import HarnessError
+from harness.precision import LossScaler
+
+
+class JaxAdapter(Adapter):
+    name = "jax"
+    variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
+
+    def framework_version(self) -> str:
+        import jax
+        import jaxlib
+
+        return f"{jax.__version__} (jaxlib {jaxlib.__version__})"
+
+    def device(self, requested: str) -> Device:
+        import jax
+
+        from harness.run.measure import cpu_info
+
+        gpus = []
+        if requested in ("auto", "gpu"):
+            try:
+                gpus = jax.devices("gpu")
+            except RuntimeError:  # no GPU backend: a CPU-only jaxlib, or no device
+                pass
+        if gpus:
+            gpu = gpus[0]
+            stats = gpu.memory_stats() or {}
+            return Device("gpu:0", "gpu", gpu.device_kind,
+                          {"compute_capability": getattr(gpu, "compute_capability", None),
+                           "platform_version": getattr(gpu.client, "platform_version", None),
+                           "memory_gb": round(stats.get("bytes_limit", 0) / 2**30, 1) or None})
+        if requested == "gpu":
+            raise HarnessError("--device gpu: JAX sees no GPU (is this a CPU-only jaxlib? install jax[cuda12])")
+        return Device("cpu", "cpu", cpu_info()[0])
+
+    def set_threads(self, threads: int) -> None:
+        # XLA has no intra-op thread setting: its CPU pool has one thread per CPU the process may run on
+        cpus = sorted(os.sched_getaffinity(0))
+        if threads < len(cpus):
+            os.sched_setaffinity(0, cpus[:threads])
+
+    def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
+        return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
+
+    def matmul(self, n, dtype, device):
+        import jax
+
+        dev = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
+        a, b = (jax.device_put(jax.random.normal(key, (n, n)).astype(dtype), dev)
+                for key in jax.random.split(jax.random.key(0)))
+        product = jax.jit(lambda a, b: (a @ b).sum())
+
+        def run():
+            product(a, b).block_until_ready()
+
+        return run
+
+
+class JaxTrainer(Trainer):
+    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
+        import jax
+        import jax.numpy as jnp
+
+        from amp_harness_jax.network import Network
+        from amp_harness_jax.optimizers import loss_fn, make_optimizer
+
+        self.jax, self.spec = jax, spec
+        # process-wide switches, set for every build (the contract tests build several precisions in one process)
+        jax.config.update("jax_enable_x64", precision.param_dtype == "float64")
+        # float32 matmuls and convolutions: strict unless the precision asks for TF32 (JAX's GPU default);
+        # other dtypes keep JAX's default
+        matmul_precision = "tensorfloat32" if precision.tf32 else \
+            "highest" if precision.compute_dtype == "float32" else None
+        jax.config.update("jax_default_matmul_precision", matmul_precision)
+        self.device = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
+        self.is_gpu = device.kind == "gpu"
+        if self.is_gpu:  # the memory figure is the allocator's peak above this level
+            self.memory_start = self.device.memory_stats()["bytes_in_use"]
+        # inputs and masks arrive in the weights' dtype; dense and conv layers cast them to the compute dtype
+        self.input_dtype = jnp.dtype(precision.param_dtype)
+        loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
+        self.net = net = Network(spec, graph, precision.compute_dtype)
+        put = lambda names: {n: jax.device_put(weights[n].astype(self.input_dtype), self.device)  # noqa: E731
+                             for n in names}
+        self.params, self.statistics = put(net.trainable), put(net.statistics)
+        optimizer = make_optimizer(spec.optimizer)
+        self.opt_state = jax.block_until_ready(jax.jit(optimizer.init)(self.params))  # every slot, now
+
+        self.loss_scale = loss_scale
+        self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
+        self.skipped = False
+        self._scale = self._device_scale = None
+        scaling = self.scaler is not None
+
+        def step(params, opt_state, statistics, x, y, masks, scale, capture=False):
+            """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step."""
+            def objective(params):
+                out, new_statistics = net.apply(params, statistics, x, masks, training=True)
+                loss = loss_fn(spec.loss, out, y)
+                return (loss * scale if scaling else loss), (loss, new_statistics)
+
+            grads, (loss, new_statistics) = jax.grad(objective, has_aux=True)(params)
+            finite = jnp.array(True)
+            if scaling:
+                grads = jax.tree.map(lambda g: (g / scale).astype(g.dtype), grads)
+                finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+            new_params, new_opt_state = optimizer.update(grads, opt_state, params)
+            if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
+                # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
+                new_params, new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                                         (new_params, new_opt_state), (params, opt_state))
+            out = new_params, new_opt_state, new_statistics, loss, finite
+            return (*out, grads) if capture else out
+
+        self._step = jax.jit(step, donate_argnums=(0, 1, 2))
+        # diagnose mode only (compiled on first use): the same step, also returning the gradients
+        self._captured = jax.jit(partial(step, capture=True), donate_argnums=(0, 1, 2))
+        self._predict = jax.jit(lambda params, statistics, x: net.apply(params, statistics, x, None, False)[0])
+
+        def layer_outputs(params, statistics, x, y):
+            def outputs(taps):
+                record = {}
+                out, _ = net.apply(params, statistics, x, None, False, taps, record)
+                return loss_fn(spec.loss, out, y), record
+
+            # zeros added to each layer's output: the loss's gradient with respect to them is its gradient
+            # with respect to that output
+            shapes = jax.eval_shape(lambda taps: outputs(taps)[1], None)
+            taps = {path: jnp.zeros(s.shape, s.dtype) for path, s in shapes.items()}
+            grads, values = jax.grad(outputs, has_aux=True)(taps)
+            return {path: (values[path], grads[path]) for path in values}
+
+        self._layer_outputs = jax.jit(layer_outputs)
+        if scaling:
+            self._scale_dtype = loss_dtype
+            self._set_scale()
+        self.options = {"jit": True, "donated_buffers": True, "tf32": precision.tf32, "x64": loss_dtype == jnp.float64,
+                        "compute_dtype": precision.compute_dtype, "param_dtype": precision.param_dtype,
+                        "matmul_precision": matmul_precision,
+                        "loss_scaler": "harness (manual, in the jitted step)" if scaling else None}
+
+    def _set_scale(self) -> None:
+        """The scale as a device scalar, transferred only when the rules change it."""
+        if self._scale != self.scaler.scale:
+            self._scale = self.scaler.scale
+            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
+
+    def _put(self, a: np.ndarray, dtype):
+        # astype copies: the device array never aliases the core's arrays, which it refills for the next step
+        return self.jax.device_put(a.astype(dtype), self.device)
+
+    def to_device(self, x, y, masks):
+        batch = (self._put(x, self.input_dtype), self._put(y, np.int32),
+                 {path: self._put(mask, self.input_dtype) for path, mask in masks.items()})
+        return self.jax.block_until_ready(batch)
+
+    # -- training -------------------------------------------------------------------------------------
+    def train_step(self, batch) -> float:
+        self.params, self.opt_state, self.statistics, loss, finite = self._step(
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale)
+        return self._finish(loss, finite)
+
+    def captured_step(self, batch):
+        self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale)
+        return self._finish(loss, finite), {name: _numpy(g) for name, g in grads.items()}
+
+    def _finish(self, loss, finite) -> float:
+        """The loss once the step has finished (fetching it waits for the device), after the scaler's update."""
+        if self.scaler is None:
+            return float(loss)
+        loss, finite = self.jax.device_get((loss, finite))
+        self.skipped = self.scaler.update(finite=bool(finite))
+        self._set_scale()
+        return float(loss)
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        return None if self.scaler is None else LossScaleState(self.scaler.scale, self.skipped)
+
+    def layer_outputs(self, x, y):
+        outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
+                                      self._put(y, np.int32))
+        return {path: (_numpy(value), _numpy(grad)) for path, (value, grad) in outputs.items()}
+
+    # -- inspection -----------------------------------------------------------------------------------
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return _numpy(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {name: _numpy(value) for name, value in {**self.params, **self.statistics}.items()}
+
+    def param_count(self) -> int:
+        return sum(int(p.size) for p in self.params.values())
+
+    def memory_peak_mb(self):
+        if not self.is_gpu:
+            return None
+        peak = self.device.memory_stats()["peak_bytes_in_use"] - self.memory_start
+        return peak / 2**20, "XLA GPU allocator peak (peak_bytes_in_use) above its level before the build"
+
+
+def _numpy(value) -> np.ndarray:
+    """A float32 (float64 in a float64 run) numpy copy of a jax array, whatever its dtype: never a view of a
+    device buffer that the next step donates back to XLA."""
+    value = np.asarray(value)
+    return np.array(value, dtype=np.float64 if value.dtype == np.float64 else np.float32, copy=True)

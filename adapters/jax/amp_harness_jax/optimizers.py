@@ -1,0 +1,81 @@
+"""The spec's optimizers and losses as pure jax.numpy functions.
+
+The optimizers are written out rather than taken from optax: optax's Adam puts epsilon in the same place but
+its RMSprop has epsilon inside the square root only, and the hyper-parameters here stay Python floats, which
+JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from harness.model.spec import PROB_EPSILON
+
+
+class Optimizer(NamedTuple):
+    init: Callable  # params -> state: every slot created in build, none lazily in a step
+    update: Callable  # (grads, state, params) -> (new params, new state)
+
+
+def _map(fn, *trees):
+    return jax.tree.map(fn, *trees)
+
+
+def make_optimizer(spec) -> Optimizer:
+    lr = spec.learning_rate
+    if spec.type == "sgd":
+        m = spec.momentum
+        if m == 0:  # plain SGD keeps no state
+            return Optimizer(lambda params: {}, lambda g, s, p: (_map(lambda p, g: p - lr * g, p, g), s))
+
+        def sgd(grads, state, params):
+            buf = _map(lambda b, g: m * b + g, state["momentum"], grads)
+            step = _map(lambda g, b: g + m * b, grads, buf) if spec.nesterov else buf
+            return _map(lambda p, d: p - lr * d, params, step), {"momentum": buf}
+
+        return Optimizer(lambda params: {"momentum": _map(jnp.zeros_like, params)}, sgd)
+    if spec.type == "adam":
+        b1, b2, eps = spec.beta_1, spec.beta_2, spec.epsilon
+
+        def adam(grads, state, params):
+            count = state["count"] + 1
+            mu = _map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
+            nu = _map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
+            # the bias corrections in float32 at least (float64 in a float64 run), whatever the weights' dtype
+            t = count.astype(jnp.promote_types(jax.tree.leaves(params)[0].dtype, jnp.float32))
+            step_size, root = lr / (1 - b1**t), jnp.sqrt(1 - b2**t)
+
+            # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it
+            def apply(p, m, v):
+                return p - step_size.astype(p.dtype) * (m / (jnp.sqrt(v) / root.astype(p.dtype) + eps))
+
+            return _map(apply, params, mu, nu), {"count": count, "m": mu, "v": nu}
+
+        return Optimizer(lambda params: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, params),
+                                         "v": _map(jnp.zeros_like, params)}, adam)
+    rho, eps, inside = spec.rho, spec.epsilon, spec.epsilon_placement == "inside"
+
+    def rmsprop(grads, state, params):
+        sq = _map(lambda v, g: rho * v + (1 - rho) * g * g, state["square_avg"], grads)
+        denom = _map(lambda v: jnp.sqrt(v + eps) if inside else jnp.sqrt(v) + eps, sq)
+        return _map(lambda p, g, d: p - lr * (g / d), params, grads, denom), {"square_avg": sq}
+
+    return Optimizer(lambda params: {"square_avg": _map(jnp.zeros_like, params)}, rmsprop)
+
+
+def loss_fn(spec, outputs, labels):
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    out = outputs if outputs.dtype == jnp.float64 else outputs.astype(jnp.float32)
+    if spec.type == "sparse_categorical_crossentropy":
+        if spec.from_logits:
+            logp = jax.nn.log_softmax(out, axis=-1)
+        else:
+            logp = jnp.log(jnp.clip(out / out.sum(axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
+        return -jnp.take_along_axis(logp, labels[:, None], axis=-1).mean()
+    z, y = out[:, 0], labels.astype(out.dtype)
+    if spec.from_logits:
+        return (jax.nn.relu(z) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))).mean()
+    p = jnp.clip(z, PROB_EPSILON, 1 - PROB_EPSILON)
+    return -(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)).mean()

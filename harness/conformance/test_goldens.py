@@ -1,0 +1,45 @@
+"""The adapter's float64 fingerprints against the golden ones: the same network, weights, data, dropout masks
+and optimizer give the same outputs, losses, outputs after K steps and first-step gradients as the reference
+framework, at the parity check's strict float64 tolerances. An adapter that cannot compute in float64 is
+compared in float32 at the fp32 tolerances (and the test says so)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from harness.conformance.goldens import load
+from harness.conformance.specs import SPECS, hint, spec_file
+from harness.parity import compare
+from harness.precision import parse_precision
+from harness.run import worker
+
+GOLDENS = {g["model"]: g for g in load()} if SPECS else {}
+
+
+def test_goldens_are_shipped():
+    assert GOLDENS, "harness/conformance/goldens.json is missing or empty: `tox -e goldens` writes it"
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS))
+def test_float64_fingerprint_matches_the_golden(adapter, framework, name, tmp_path):
+    golden, spec = GOLDENS[name], SPECS[name]
+    precision = "fp64"
+    if adapter.unsupported(parse_precision("fp64"), adapter.device("cpu")):
+        precision = "fp32"  # compared at the fp32 tolerances: a float32-only adapter cannot meet float64's
+        warnings.warn(f"{framework} cannot compute in float64: {name} is compared in float32, at the fp32 "
+                      f"tolerances, against the float64 golden")
+    record = worker.run(worker.RunRequest(framework=framework, model=spec_file(tmp_path, name), precision=precision,
+                                          run_id=f"conformance-{name}", steps=len(golden["loss"]), warmup=0,
+                                          mode="fingerprint", threads=2, device="cpu"))
+    assert record["status"] == "ok", hint(spec, f"the {precision} fingerprint run is {record['status']}: "
+                                                f"{record['reason']}")
+    (comparison,) = compare([{**golden, "precision": precision}, record])
+    where = {"logits_error": "initial outputs (the forward pass)", "gradient_error": "first-step gradients "
+             "(the backward pass)", "loss_error": "losses (training: loss, optimizer, batchnorm statistics)",
+             "final_error": "outputs after training"}
+    errors = ", ".join(f"{what} {getattr(comparison, key):.1e}" for key, what in where.items()
+                       if getattr(comparison, key) is not None)
+    note = " (float64 unsupported: compared in float32)" if precision == "fp32" else ""
+    assert comparison.verdict.startswith("pass"), hint(
+        spec, f"{comparison.verdict}{note}: relative errors against the golden fingerprint: {errors}")

@@ -1,0 +1,25 @@
+"""The golden fingerprints shipped with the conformance kit cover every built-in model and pitfall spec, and
+each still matches its spec: a spec changed without `tox -e goldens` fails here."""
+from __future__ import annotations
+
+from harness.conformance.goldens import load
+from harness.model.spec import builtin_models, load_spec
+from tests.conftest import SPECS, pitfall_specs
+
+
+def source(name: str):
+    return load_spec(name) if name in builtin_models() else load_spec(str(SPECS / f"{name}.yaml"))
+
+
+def test_every_built_in_model_and_pitfall_spec_has_a_golden():
+    assert {g["model"] for g in load()} == set(builtin_models()) | {p.stem for p in pitfall_specs()}
+
+
+def test_each_golden_matches_its_spec_today():
+    for golden in load():
+        embedded = golden["fingerprint"]["spec"]
+        shape = embedded["input"]["shape"]
+        spec = source(golden["model"]).with_overrides(
+            embedded["batch_size"], embedded["steps"], tuple(shape[:2]) if len(shape) == 3 else None)
+        assert spec.spec_hash() == golden["spec_hash"], (
+            f"{golden['model']}: the spec changed since its golden fingerprint was made: run `tox -e goldens`")
