@@ -46,6 +46,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number of seconds")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -133,13 +143,21 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
 
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
-    precisions = args.precision
+    precisions = args.precision or ["fp32"]
     cli = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
     if getattr(args, "matrix", None):
         from harness.run.matrix import load_matrix
 
         if args.model:
             raise HarnessError("give either --model or --matrix, not both")
+        beside = [name for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
+                                           ("--input-size", args.input_size)) if value is not None]
+        if mode == "run":  # the matrix file sets these; diagnose takes its models and sizes only
+            beside += [name for name, value in (("--precision", args.precision), ("--repeats", repeats),
+                                                ("--warmup", warmup)) if value is not None]
+        if beside:
+            raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
+                               f"not beside --matrix")
         plan = load_matrix(args.matrix)
         cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items() if v is not None}})
                  for m in plan.models]
@@ -189,7 +207,10 @@ def _variants(adapter, asked: list[str] | None) -> list[str]:
 def cmd_run(args) -> int:
     from harness.results import RESULTS_FILE
 
-    _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
+    if args.matrix:
+        _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
+    else:
+        _run_matrix(args, "run", args.repeats or MIN_REPEATS, 5 if args.warmup is None else args.warmup, RESULTS_FILE)
     return 0
 
 
@@ -310,8 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, diagnose):
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
                        "benchmarks/compare.yaml (diagnose takes its models and sizes)")
-    run.add_argument("--warmup", type=_count, default=5, help="untimed steps before the timed ones (default 5)")
-    run.add_argument("--repeats", type=_positive, default=MIN_REPEATS,
+    run.add_argument("--warmup", type=_count, help="untimed steps before the timed ones (default 5)")
+    run.add_argument("--repeats", type=_positive,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
                           "give a 95%% interval)")
     run.set_defaults(func=cmd_run, out="results")
@@ -339,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--framework", required=True)
     run.add_argument("--model", type=_csv, help="built-in names or spec paths, comma-separated")
-    run.add_argument("--precision", type=_csv, default=["fp32"],
+    run.add_argument("--precision", type=_csv,
                      help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16 (fp64: parity reference)")
     run.add_argument("--steps", type=_positive, help="timed steps (run: default the spec's; fingerprint: 20)")
     run.add_argument("--batch-size", type=_positive)
@@ -350,7 +371,7 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
                      "`amp-harness adapters`; default: the adapter's first)")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
-    run.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (default 1800)")
+    run.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)")
     run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--resume", action="store_true", help="skip runs already recorded in the output directory")

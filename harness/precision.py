@@ -103,7 +103,10 @@ class LossScaler:
 def _number(text: str) -> float:
     """A positive finite number, also written as a power of two: '65536', '1e4', '2^16'."""
     base, caret, exponent = text.partition("^")
-    value = float(base) ** float(exponent) if caret else float(text)
+    try:
+        value = float(base) ** float(exponent) if caret else float(text)
+    except OverflowError:
+        raise ValueError(text) from None
     if not (value > 0 and value != float("inf")):
         raise ValueError(text)
     return value

@@ -38,7 +38,8 @@ PROB_EPSILON = 1e-7  # clip for losses on probabilities (Keras' backend epsilon)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no infinities or NaNs anywhere: an infinite learning rate would pass and the run then "diverge"
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- layers -------------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ Optimizer = Annotated[Union[SGD, Adam, RMSprop], Field(discriminator="type")]
 
 
 class ModelSpec(_Strict):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=100)
     description: str = ""
     input: Input
     dataset: Dataset
@@ -182,7 +183,7 @@ class ModelSpec(_Strict):
     optimizer: Optimizer
     batch_size: PositiveInt
     steps: PositiveInt
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32)  # what numpy's generators take
 
     def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
                        input_size: tuple[int, int] | None = None) -> "ModelSpec":
@@ -254,17 +255,34 @@ def load_spec(name_or_path: str) -> ModelSpec:
         if not path.exists():
             known = ", ".join(builtin_models()) or "none"
             raise SpecError(f"unknown model '{name_or_path}'; built-in models: {known}")
+    return validate(read_yaml(path, SpecError), str(path))
+
+
+MAX_YAML_BYTES = 1 << 20  # a spec or matrix file is a few KiB
+
+
+def read_yaml(path: Path, error: type[Exception]):
+    """A small YAML file's content, or `error` with one line naming the file: unreadable, too large, not UTF-8
+    text, invalid, or nested too deeply to parse."""
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise error(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB: not a spec") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: byte {exc.start}: not UTF-8 text") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
-        raise SpecError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    return validate(data, str(path))
+        raise error(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise error(f"{path}: invalid YAML: nested too deeply") from None
 
 
 def builtin_models() -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -16,6 +15,7 @@ from pydantic import (
 )
 
 from harness.errors import HarnessError
+from harness.model.spec import read_yaml
 from harness.precision import parse_loss_scale, parse_precision
 
 
@@ -45,13 +45,9 @@ class Matrix(_Strict):
 
 
 def load_matrix(path: str) -> Matrix:
+    data = read_yaml(Path(path), HarnessError)
     try:
-        data = yaml.safe_load(Path(path).read_text())
         matrix = Matrix.model_validate(data)
-    except OSError as exc:
-        raise HarnessError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise HarnessError(f"{path}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"

@@ -100,6 +100,13 @@ CORPUS = [
     ("unknown-optimizer", edit(BASE, setpath(["optimizer", "type"], "lamb")), "optimizer: unknown type 'lamb' (valid: sgd, adam, rmsprop)"),
     ("rmsprop-placement", edit(BASE, setpath(["optimizer"], {"type": "rmsprop", "learning_rate": 0.1, "rho": 0.9, "epsilon": 1e-7, "epsilon_placement": "middle"})), "optimizer.epsilon_placement: Input should be 'inside' or 'outside'"),
     ("sgd-missing-momentum", edit(BASE, delpath(["optimizer", "momentum"])), "optimizer.momentum: Field required"),
+    ("lr-infinite", edit(BASE, setpath(["optimizer", "learning_rate"], float("inf"))), "optimizer.learning_rate: Input should be a finite number"),
+    ("epsilon-nan", edit(BASE, setpath(["layers", 1, "epsilon"], float("nan"))), "layers[1].epsilon: Input should be a finite number"),
+    ("seed-too-large", edit(BASE, setpath(["seed"], 2**70)), "seed: Input should be less than 4294967296"),
+    ("seed-negative", edit(BASE, setpath(["seed"], -1)), "seed: Input should be greater than or equal to 0"),
+    ("name-megabytes", edit(BASE, setpath(["name"], "x" * 100_000)), "name: String should have at most 100 characters"),
+    ("nested-too-deeply", "name: x\nlayers: " + "[" * 20000 + "]" * 20000 + "\n", "invalid YAML: nested too deeply"),
+    ("too-large", "name: x\n" + "#" * (1 << 20) + "\n", "larger than 1 MiB"),
 ]
 
 
@@ -125,6 +132,22 @@ def test_malformed_spec_corpus(tmp_path, capsys, command, name, text, expected):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("amp-harness: error: "), err
     assert str(path) in lines[0] and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_a_spec_that_is_not_utf8_text_is_one_line(tmp_path, capsys, command):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    args = ["check", str(path)] if command == "check" else ["run", "--framework", "fake", "--model", str(path)]
+    from harness import adapter
+
+    discover, adapter.discover = adapter.discover, lambda: {"fake": None}
+    try:
+        code = main(args)
+    finally:
+        adapter.discover = discover
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{path}: byte 9: not UTF-8 text" in err[0], err
 
 
 def test_corpus_is_large_enough():

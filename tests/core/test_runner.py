@@ -66,6 +66,10 @@ def test_every_record_has_every_field(tmp_path):
     (["run", "--framework", "fake", "--model", "mnist_mlp", "--input-size", "big"], "'big' is not HEIGHTxWIDTH"),
     (["run", "--framework", "fake"], "--model (or, for run, --matrix) is required"),
     (["run", "--framework", "fake", "--matrix", "nope.yaml"], "nope.yaml: cannot read"),
+    (["run", "--framework", "fake", "--matrix", "benchmarks/compare.yaml", "--precision", "fp32", "--steps", "3"],
+     "--steps, --precision: the matrix file benchmarks/compare.yaml sets this; give it there"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--timeout", "-1"], "'-1' is not a positive number of seconds"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--loss-scale", "2^99999"], "--loss-scale '2^99999': expected"),
     (["report", "x", "--nosuch"], "unrecognized arguments: --nosuch"),
     (["parity", "tests"], "no fingerprints.jsonl in tests"),
 ])
