@@ -73,6 +73,19 @@ class Comparison:
                 self.verdict]
 
 
+def _reference_first(frameworks) -> list[str]:
+    """The frameworks in REFERENCE_ORDER, others after them by name: the first is the reference."""
+    return sorted(frameworks, key=lambda f: (REFERENCE_ORDER.index(f) if f in REFERENCE_ORDER else 99, f))
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    """Rows as text columns, a rule under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
 def _relative(a, b) -> float:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
@@ -141,7 +154,7 @@ def compare(records: list[dict]) -> list[Comparison]:
         groups.setdefault((model, spec_hash, precision), {})[framework] = r
     comparisons = []
     for (model, spec_hash, precision), by_fw in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        order = sorted(by_fw, key=lambda f: (REFERENCE_ORDER.index(f) if f in REFERENCE_ORDER else 99, f))
+        order = _reference_first(by_fw)
         ref_name = order[0]
         ref = by_fw[ref_name]
         if len(order) == 1:
@@ -175,10 +188,7 @@ def compare(records: list[dict]) -> list[Comparison]:
 
 def table(comparisons: list[Comparison]) -> str:
     header = ["model", "precision", "frameworks", "steps", "logits", "gradients", "losses", "after K", "verdict"]
-    rows = [header] + [c.row() for c in comparisons]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = _aligned([header] + [c.row() for c in comparisons])
     tol = "; ".join(f"{p} {a:g}/{b:g}/{c:g}" for p, (a, b, c) in TOLERANCES.items())
     lines.append(f"max relative errors; tolerances (logits/losses/after K): {tol}; first-step gradients: "
                  + "; ".join(f"{p} {t:g}" for p, t in GRADIENT_TOLERANCES.items()))
@@ -272,7 +282,7 @@ def compare_diagnoses(records: list[dict]) -> list[DiagnosisComparison]:
         groups.setdefault((model, spec_hash), {})[framework] = r
     comparisons = []
     for (model, _), by_fw in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        order = sorted(by_fw, key=lambda f: (REFERENCE_ORDER.index(f) if f in REFERENCE_ORDER else 99, f))
+        order = _reference_first(by_fw)
         ref = by_fw[order[0]]
         for name in order[1:]:
             other = by_fw[name]
@@ -290,12 +300,9 @@ def compare_diagnoses(records: list[dict]) -> list[DiagnosisComparison]:
 
 
 def diagnosis_table(comparisons: list[DiagnosisComparison]) -> str:
-    rows = [["model", "frameworks", "largest difference", "verdict"]] + [
+    lines = _aligned([["model", "frameworks", "largest difference", "verdict"]] + [
         [c.model, f"{c.framework} vs {c.reference}", "-" if c.difference is None else f"{c.difference:.1e}",
-         c.verdict] for c in comparisons]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+         c.verdict] for c in comparisons])
     lines.append(f"diagnoses: histogram distance per tensor group and layer, and difference in the share of updates "
                  f"lost to rounding; tolerance {DIAGNOSIS_TOLERANCE:g}")
     return "\n".join(lines)

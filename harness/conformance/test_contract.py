@@ -198,7 +198,7 @@ def test_train_step_waits_for_the_device(adapter):
         trainer.train_step(b)
     per_step = (time.perf_counter() - started) / len(steps)
     fastest = graph.train_step_flops(spec.batch_size) / (peak * 1e9)
-    # a quarter: the square-matmul figure is not a hard ceiling (XLA ran this step at 1.7x its own figure here),
+    # a quarter: the square-matmul figure is not a hard ceiling (XLA ran this step at 2x its own figure here),
     # while a step that returns early takes a small fraction of the bound
     assert per_step >= 0.25 * fastest, (f"train_step took {per_step * 1e3:.2f} ms for work that needs at least "
                                        f"{fastest * 1e3:.2f} ms at the device's matmul peak: it returns before the "
