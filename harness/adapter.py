@@ -26,6 +26,11 @@ Rules:
   timed step allocates state lazily, and the memory figure holds the same things in every framework.
 - Nothing but the step runs in ``train_step``: conversions belong in ``to_device``, bookkeeping in
   ``after_step``, imports in ``build``.
+- A precision with a ``rounding`` (``bf16_sr``, ``fp16_sr``, ``bf16_kahan``, ``fixed16_sr``, ``fixed16_rn``)
+  computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``),
+  drawing stochastic rounding's bits on the device in timed runs and taking the core's bits in fingerprint runs
+  (``Trainer.set_rounding_noise``); ``Adapter.write_weights`` exposes the same rounding code to the kit's
+  statistical test. A framework that cannot bit-cast reports these precisions ``unsupported``.
 - ``variants`` names the framework's own idioms for running a step (eager or compiled, memory layouts...);
   ``build`` gets one of them, and the record keeps it. The first is the default.
 """
@@ -108,6 +113,13 @@ class Trainer(ABC):
         (NHWC). None: this adapter cannot capture."""
         return None
 
+    def set_rounding_noise(self, bits: dict[str, np.ndarray]) -> None:
+        """Fingerprint runs of a stochastically rounding precision only: the core's random bits (int32 0..2^16-1
+        per trainable weight, canonical names and layouts, harness.rounding.RoundingNoise) that the next
+        train_step must round with instead of drawing its own. Called outside the timed region."""
+        raise HarnessError(f"{type(self).__name__} cannot take the core's rounding noise (set_rounding_noise): "
+                           f"stochastically rounded fingerprints would differ between frameworks")
+
     def after_step(self) -> None:
         """Called after every step, outside the timed region (MXNet samples GPU memory here: it has no peak
         counter)."""
@@ -134,6 +146,10 @@ class Adapter(ABC):
     def unsupported(self, precision: Precision, device: Device) -> str | None:
         """A one-line reason why this precision cannot run on this device, or None. The default knows the
         limits that hold for every framework (device_limits); override to add the framework's own."""
+        if precision.rounding is not None and type(self).write_weights is Adapter.write_weights:
+            # an adapter that knows nothing of harness.rounding would train these as plain bf16/fp16/fp32
+            return (f"{precision.name} writes weights by harness.rounding ({precision.rounding.describe()}), which "
+                    f"this adapter does not implement")
         return device_limits(precision, device)
 
     @abstractmethod
@@ -143,6 +159,15 @@ class Adapter(ABC):
     @abstractmethod
     def build(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
               loss_scale: LossScale, device: Device, variant: str) -> Trainer: ...
+
+    def write_weights(self, precision: Precision, x: np.ndarray, bits: np.ndarray | None,
+                      device: Device) -> np.ndarray | None:
+        """The rounding self-test (the conformance kit's): float32 values `x` written to a rounding precision's
+        weight format (nearest or stochastic, harness.rounding) by the code the adapter's optimizer runs, with
+        the given bits (int32 0..2^16-1, x's shape) or, when `bits` is None, bits the adapter draws on the device
+        as a timed run does (seeded by harness.rounding.device_seed: each call draws afresh); returned as float32
+        numpy. None: the adapter has no rounding precisions."""
+        return None
 
     def matmul(self, n: int, dtype: str, device: Device) -> Callable[[], None] | None:
         """A function that multiplies two n x n matrices of `dtype` on `device` and waits for the result: the

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, clip
 from harness.report.stats import MIN_REPEATS
+from harness.run.executors import add_executor_arguments
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,13 +88,22 @@ def cmd_models(args) -> int:
     return 0
 
 
+MEMORY_PRECISIONS = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16", "bf16_kahan")  # what `check` estimates memory for
+
+
 def cmd_check(args) -> int:
+    from harness.model import data, memory
     from harness.model.graph import infer
     from harness.model.spec import load_spec
+    from harness.precision import parse_precision
 
     for path in args.specs:
         spec = load_spec(path)
         graph = infer(spec)
+        data.check(spec, path)
+        estimates = [memory.estimate(graph, spec, parse_precision(p)) for p in MEMORY_PRECISIONS]
+        smallest = min(estimates, key=lambda e: e.step_mb)
+        memory.check_fits(spec, graph, [parse_precision(smallest.precision)], "auto", path)  # none fits: an error
         print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}  spec_hash {spec.spec_hash()}")
         width = max(len(layer.path) + layer.path.count(".") for layer in graph.layers) + 2
         for layer in graph.layers:
@@ -102,6 +112,13 @@ def cmd_check(args) -> int:
                   f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
         print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
               f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")
+        print(f"  memory of a training step at batch {spec.batch_size} (estimate; the framework's own workspace "
+              f"comes on top):")
+        for e in estimates:
+            parts = ", ".join(f"{name.replace('_', ' ')} {memory.fmt_mb(mb)}" for name, mb in e.parts_mb.items() if mb)
+            print(f"    {e.precision:<9}{memory.fmt_mb(e.step_mb):>11}  ({parts})")
+        if memory.dataset_mb(spec):
+            print(f"    and the dataset, kept in memory: {memory.fmt_mb(memory.dataset_mb(spec))}")
     return 0
 
 
@@ -137,8 +154,12 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
                 **extra) -> list[dict]:
     """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
     from harness.adapter import discover, load_adapter
+    from harness.model import data, memory
+    from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
+    from harness.results import NO_RESULT
+    from harness.run.executors import executor_from_args
     from harness.run.runner import matrix, pending, run_matrix, summary_line
 
     if args.framework not in discover():
@@ -159,7 +180,8 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
             raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
                                f"not beside --matrix")
         plan = load_matrix(args.matrix)
-        cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items() if v is not None}})
+        cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items()
+                                                     if v is not None and (mode == "run" or k != "precisions")}})
                  for m in plan.models]
         if mode == "run":  # diagnose takes the matrix's models and sizes only
             precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
@@ -171,8 +193,13 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
     for name in precisions:
         for loss_scale in loss_scales:
             parse_loss_scale(loss_scale, parse_precision(name))
-    for model, overrides in cells:
-        load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"), overrides.get("input_size"))
+    for model, overrides in cells:  # every error certain before a worker starts: the spec, its data, its memory
+        spec = load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"),
+                                               overrides.get("input_size"))
+        data.check(spec, model)
+        if not args.force:
+            memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
+                              args.device, model)
     variants = _variants(load_adapter(args.framework), args.variant)
     requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
@@ -183,7 +210,7 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
               f"running {len(requests)}", file=sys.stderr)
     show = sys.stderr.isatty() and not args.no_progress
-    records, interrupted = run_matrix(requests, out, args.timeout, show, filename)
+    records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor_from_args(args, mode))
     if show:
         for r in records:
             print(summary_line(r))
@@ -192,7 +219,17 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         print(f"interrupted after {len(records)} of {len(requests)} runs; every finished run is recorded. "
               f"Resume with the same command plus --resume.", file=sys.stderr)
         raise SystemExit(130)
+    broken = [r for r in records if r["status"] in NO_RESULT]  # ok, unsupported and diverged are results
+    if broken:
+        print(f"{len(broken)} of {len(records)} runs failed or timed out (each record says why); run the same "
+              f"command plus --resume to run them again", file=sys.stderr)
     return records
+
+
+def _exit_code(records: list[dict]) -> int:
+    from harness.results import NO_RESULT
+
+    return 1 if any(r["status"] in NO_RESULT for r in records) else 0
 
 
 def _variants(adapter, asked: list[str] | None) -> list[str]:
@@ -208,24 +245,25 @@ def cmd_run(args) -> int:
     from harness.results import RESULTS_FILE
 
     if args.matrix:
-        _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
+        records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
     else:
-        _run_matrix(args, "run", args.repeats or MIN_REPEATS, 5 if args.warmup is None else args.warmup, RESULTS_FILE)
-    return 0
+        records = _run_matrix(args, "run", args.repeats or MIN_REPEATS, 5 if args.warmup is None else args.warmup,
+                              RESULTS_FILE)
+    return _exit_code(records)
 
 
 def cmd_fingerprint(args) -> int:
     from harness.results import FINGERPRINTS_FILE
 
-    _run_matrix(args, "fingerprint", 1, 0, FINGERPRINTS_FILE)
-    return 0
+    return _exit_code(_run_matrix(args, "fingerprint", 1, 0, FINGERPRINTS_FILE))
 
 
 def cmd_diagnose(args) -> int:
     from harness.results import DIAGNOSES_FILE
 
     args.precision = ["fp32"]  # strict float32: what each 16-bit format would do is derived from it
-    for r in _run_matrix(args, "diagnose", 1, 0, DIAGNOSES_FILE, every=args.every):
+    records = _run_matrix(args, "diagnose", 1, 0, DIAGNOSES_FILE, every=args.every)
+    for r in records:
         diagnosis = r.get("diagnosis") or {}
         if r["status"] != "ok" or not diagnosis.get("available"):
             why = r.get("reason") or f"{r['framework']} cannot capture tensors (not available)"
@@ -236,7 +274,7 @@ def cmd_diagnose(args) -> int:
               f"from {steps[0]}, and the last, {steps[-1]}):")
         for line in diagnosis["verdicts"].values():
             print(f"  {line}")
-    return 0
+    return _exit_code(records)
 
 
 def cmd_study(args) -> int:
@@ -247,7 +285,7 @@ def cmd_study(args) -> int:
     study = f"loss-scale-{time.strftime('%Y%m%dT%H%M%S')}"
     records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, loss_scales=args.scales, study=study)
     print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows them")
-    return 0
+    return _exit_code(records)
 
 
 def cmd_conformance(args) -> int:
@@ -265,10 +303,15 @@ def cmd_parity(args) -> int:
     from harness.parity import compare, compare_diagnoses, diagnosis_table, table
     from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
 
-    comparisons = compare(read_records(args.dirs, FINGERPRINTS_FILE))
-    print(table(comparisons))
+    fingerprints = read_records(args.dirs, FINGERPRINTS_FILE)
     diagnosis_dirs = [d for d in args.dirs if (Path(d) / DIAGNOSES_FILE).exists()]
-    diagnoses = compare_diagnoses(read_records(diagnosis_dirs, DIAGNOSES_FILE)) if diagnosis_dirs else []
+    found = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else []
+    try:
+        comparisons = compare(fingerprints)
+        diagnoses = compare_diagnoses(found) if found else []
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise _malformed_records(args.dirs, exc) from None
+    print(table(comparisons))
     if diagnoses:
         print()
         print(diagnosis_table(diagnoses))
@@ -284,6 +327,13 @@ def cmd_parity(args) -> int:
     return 0
 
 
+def _malformed_records(dirs: list[str], exc: Exception) -> HarnessError:
+    """Records that passed the field checks (harness.results.SHAPES) but hold something deeper that is not what
+    amp-harness writes: one line, not a traceback."""
+    return HarnessError(f"{', '.join(dirs)}: a record holds a value amp-harness does not write there "
+                        f"({type(exc).__name__}: {clip(exc, 80)}); was the file edited?")
+
+
 def cmd_report(args) -> int:
     from harness.report import write_report
     from harness.report.render import markdown_path
@@ -296,7 +346,10 @@ def cmd_report(args) -> int:
     parity = read_records(parity_dirs, FINGERPRINTS_FILE) if parity_dirs else None
     diagnosis_dirs = [d for d in args.dirs + (args.diagnoses or []) if (Path(d) / DIAGNOSES_FILE).exists()]
     diagnoses = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else None
-    html, csv = write_report(records, Path(args.output), parity, diagnoses)
+    try:
+        html, csv = write_report(records, Path(args.output), parity, diagnoses)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise _malformed_records(args.dirs, exc) from None
     md = markdown_path(html)
     print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB), {md} and {csv} from {len(records)} records")
     if args.format == "md":
@@ -375,6 +428,9 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--resume", action="store_true", help="skip runs already recorded in the output directory")
+    run.add_argument("--force", action="store_true", help="run even when the memory estimate exceeds what this "
+                     "machine has (see `amp-harness check`)")
+    add_executor_arguments(run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -183,7 +183,9 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
         if lost > STALL_SWAMPED:
             out[precision] = "stalls: updates lost to rounding", (
                 f"{precision}: {_pct(lost)} of weight updates are below half an ulp of their weights in {fmt.name}: "
-                f"they are lost and training stalls; keep fp32 master weights (amp_{precision})")
+                f"they are lost and training stalls; keep fp32 master weights (amp_{precision}) or write the "
+                f"updates with stochastic rounding ({precision}_sr{', ' + precision + '_kahan' if precision == 'bf16' else ''};"
+                f" harness.rounding)")
         elif optimizer in ("adam", "rmsprop") and squares > MAX_FLUSHED:
             out[precision] = "the optimizer's second moment underflows", (
                 f"{precision}: {_pct(squares)} of squared gradients flush to zero in {fmt.name}, so {optimizer}'s "

@@ -31,6 +31,17 @@ TOLERANCES = {
     "amp_fp16": (1e-2, 2e-2, 5e-2),
     "bf16": (5e-2, 1e-1, 3e-1),
     "fp16": (1e-2, 5e-2, 2e-1),
+    # the pure-16-bit precisions that write float32 updates back by harness.rounding: in fingerprint runs every
+    # framework rounds with the core's bits, so they differ only where 16-bit compute differs (as bf16 and fp16)
+    # or where a float32 rounding difference tips one stochastic decision
+    "bf16_sr": (5e-2, 1e-1, 3e-1),
+    "bf16_kahan": (5e-2, 1e-1, 3e-1),
+    "fp16_sr": (1e-2, 5e-2, 2e-1),
+    # float32 compute on a 2^-14 grid: a tipped decision moves a weight by a grid step, and a convnet with
+    # batchnorm amplifies it (resnet8 after 20 steps: losses 2e-2, outputs 5e-2 apart between torch, TensorFlow
+    # and JAX here; the MLPs and pitfall specs stay within 2e-3)
+    "fixed16_sr": (1e-5, 5e-2, 1e-1),
+    "fixed16_rn": (1e-5, 5e-2, 1e-1),
     # every adapter computes fp64 runs entirely in float64, constants included: 20 steps of training keep
     # agreeing frameworks within ~1e-12 here, so these bounds leave room for summation order only
     "fp64": (1e-10, 1e-9, 1e-8),
@@ -129,7 +140,7 @@ def gradient_error(a: dict, b: dict) -> float | None:
 
 
 def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None, grad_error: float | None) -> str:
-    tol = TOLERANCES.get(precision, TOLERANCES["fp16"])
+    tol = TOLERANCES.get(precision) or TOLERANCES.get(precision.partition(":")[0], TOLERANCES["fp16"])
     if errors[0] > tol[0]:
         return "FAIL"
     if grad_error is not None and grad_error > GRADIENT_TOLERANCES[precision]:

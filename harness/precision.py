@@ -1,9 +1,10 @@
 """Precision policies: each name is parsed once here, in the core, and handed to adapters as data."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from harness.errors import HarnessError
+from harness.rounding import DEFAULT_FRAC_BITS, Rounding
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,9 @@ class Precision:
     gpu_only: bool
     default_loss_scale: str  # "dynamic" or "none"; see LossScale
     description: str
+    #: how the optimizer writes updated weights (harness.rounding): None for the framework's own optimizer step
+    #: in the weights' dtype; else the update is computed in float32 and written by this rule
+    rounding: Rounding | None = None
 
     @property
     def mixed(self) -> bool:
@@ -35,15 +39,44 @@ PRECISIONS: dict[str, Precision] = {
         Precision("bf16", "bfloat16", "bfloat16", False, False, "none", "pure bfloat16 weights and compute"),
         # not a training choice: the parity check's reference, where rounding cannot hide a math difference
         Precision("fp64", "float64", "float64", False, False, "none", "float64 weights and compute"),
+        # pure 16-bit training that converges without float32 master weights (harness.rounding,
+        # docs/stochastic-rounding.md): the update in float32, written back by the rounding rule
+        Precision("bf16_sr", "bfloat16", "bfloat16", False, False, "none",
+                  "pure bfloat16; float32 update written back with stochastic rounding",
+                  Rounding("stochastic", "bfloat16")),
+        Precision("fp16_sr", "float16", "float16", False, False, "none",
+                  "pure float16; float32 update written back with stochastic rounding",
+                  Rounding("stochastic", "float16")),
+        Precision("bf16_kahan", "bfloat16", "bfloat16", False, False, "none",
+                  "pure bfloat16; float32 update added with Kahan summation (bfloat16 compensation buffer)",
+                  Rounding("kahan", "bfloat16")),
+        # Gupta et al.'s setting: float32 compute and storage holding values of the fixed-point grid only
+        Precision("fixed16_sr", "float32", "float32", False, False, "none",
+                  f"weights on a 16-bit fixed-point grid ({DEFAULT_FRAC_BITS} fractional bits; fixed16_sr:F for F), "
+                  "float32 compute, stochastic rounding", Rounding("stochastic", "fixed16")),
+        Precision("fixed16_rn", "float32", "float32", False, False, "none",
+                  f"weights on a 16-bit fixed-point grid ({DEFAULT_FRAC_BITS} fractional bits; fixed16_rn:F for F), "
+                  "float32 compute, round-to-nearest", Rounding("nearest", "fixed16")),
     )
 }
 
 
 def parse_precision(name: str) -> Precision:
+    """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15)."""
+    base, colon, bits = name.partition(":")
     try:
-        return PRECISIONS[name]
+        precision = PRECISIONS[base]
     except KeyError:
         raise HarnessError(f"unknown precision '{name}'; valid: {', '.join(PRECISIONS)}") from None
+    if not colon:
+        return precision
+    if precision.rounding is None or precision.rounding.format != "fixed16" or not bits.isdigit() \
+            or not 0 <= int(bits) <= 15:
+        raise HarnessError(f"precision '{name}': only the fixed-point precisions take ':F', F the fractional bits "
+                           f"0..15 (e.g. fixed16_sr:12)")
+    rounding = replace(precision.rounding, frac_bits=int(bits))
+    return replace(precision, name=name, rounding=rounding,
+                   description=precision.description.replace(f"{DEFAULT_FRAC_BITS} fractional", f"{bits} fractional"))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -14,11 +15,13 @@ from typing import Iterable
 
 from harness.errors import HarnessError
 
+MAX_RECORD_BYTES = 64 << 20  # a record with a diagnosis is at most a few MB; a longer line is not a record
 RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
 SCHEMA_VERSION = 3  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
+NO_RESULT = ("failed", "timeout")  # a run that gave no result: --resume runs it again
 
 #: every record carries these keys (None where a figure does not apply or was not reached)
 FIELDS = (
@@ -43,52 +46,165 @@ def empty_record(**known) -> dict:
 
 def append(out_dir: Path, record: dict, filename: str = RESULTS_FILE) -> None:
     """Append one record as one line, under an exclusive lock, with a single write and fsync, so that
-    readers and other runners never see a half-written line."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    readers and other runners never see a half-written line.
+
+    A line that cannot be written whole (a full disk, a file-size limit) is cut back off, so every record
+    before it stays intact and the next append starts on a fresh line; the error says so in one line. A torn
+    last line left by a crash in an earlier write is cut off the same way before appending: it held no
+    complete record (read_records skips it), and `--resume` runs that run again."""
+    path = out_dir / filename
     line = (json.dumps(record, allow_nan=False, default=str) + "\n").encode()
-    fd = os.open(out_dir / filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _unwritable(path, record, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        os.fsync(fd)
+        try:
+            size = _whole_lines(fd)
+        except OSError as exc:
+            raise _unwritable(path, record, exc) from None
+        try:
+            written = os.write(fd, line)
+            if written != len(line):  # a short write: the disk filled up mid-line
+                os.write(fd, line[written:])  # raises the reason (ENOSPC, EFBIG); a success completes the line
+            os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, size)
+            raise _unwritable(path, record, exc) from None
     finally:
         os.close(fd)
 
 
+def _whole_lines(fd: int) -> int:
+    """The file's size without a torn last line (cut off here), under the caller's lock."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    tail = os.pread(fd, min(size, 1 << 20), max(0, size - (1 << 20)))  # a record line is far under 1 MiB
+    keep = size - len(tail) + tail.rfind(b"\n") + 1 if b"\n" in tail else 0
+    if keep == 0 and size > len(tail):
+        return size  # no line end in the last MiB: not our torn write; leave the file as it is
+    try:
+        json.loads(tail[tail.rfind(b"\n") + 1:])
+    except ValueError:  # torn: drop it
+        os.ftruncate(fd, keep)
+        return keep
+    os.write(fd, b"\n")  # a whole record without its line end (an edited file): keep it
+    return size + 1
+
+
+def _unwritable(path: Path, record: dict, exc: OSError) -> HarnessError:
+    return HarnessError(f"{path}: cannot append the record of run {record.get('run_id')}: {exc.strerror or exc}; "
+                        f"every record before it is intact; free space (or make the directory writable) and "
+                        f"rerun with --resume")
+
+
 def read_records(paths: Iterable[Path | str], filename: str = RESULTS_FILE) -> list[dict]:
-    """Records from .jsonl files, or from directories holding `filename`."""
+    """Records from .jsonl files, or from directories holding `filename`: read line by line with a bound on a
+    line's length, so a huge, binary, wrongly encoded or deeply nested file is one HarnessError naming the file
+    and the line, in bounded memory."""
     records = []
     for path in map(Path, paths):
         file = path / filename if path.is_dir() else path
         if not file.exists():
             raise HarnessError(f"{file}: no such file" + (f" (no {filename} in {path})" if path.is_dir() else ""))
-        text = file.read_text()
-        lines = text.splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                if number == len(lines) and not text.endswith("\n"):  # a write cut short by a crash
-                    print(f"note: {file}: skipped a partial last line (an interrupted write)", file=sys.stderr)
-                    continue
-                raise HarnessError(f"{file}: line {number}: not a JSON record ({exc.msg})") from None
-            if not isinstance(record, dict) or "run_id" not in record:
-                raise HarnessError(f"{file}: line {number}: not a result record (no run_id)")
-            records.append(record)
+        try:
+            with open(file, "rb") as f:
+                records += _records(f, file)
+        except OSError as exc:
+            raise HarnessError(f"{file}: cannot read: {exc.strerror}") from None
     return records
+
+
+def _records(f, file: Path) -> list[dict]:
+    records, number = [], 0
+    while True:
+        raw = f.readline(MAX_RECORD_BYTES + 1)
+        if not raw:
+            return records
+        number += 1
+        if len(raw) > MAX_RECORD_BYTES:
+            raise HarnessError(f"{file}: line {number}: longer than {MAX_RECORD_BYTES >> 20} MiB: not a record")
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise HarnessError(f"{file}: line {number}: byte {exc.start}: not UTF-8 text") from None
+        except RecursionError:
+            raise HarnessError(f"{file}: line {number}: nested too deeply: not a record") from None
+        except json.JSONDecodeError as exc:
+            if not raw.endswith(b"\n") and not f.read(1):  # a write cut short by a crash
+                print(f"note: {file}: skipped a partial last line (an interrupted write)", file=sys.stderr)
+                continue
+            raise HarnessError(f"{file}: line {number}: not a JSON record ({exc.msg})") from None
+        if not isinstance(record, dict) or "run_id" not in record:
+            raise HarnessError(f"{file}: line {number}: not a result record (no run_id)")
+        records.append(record)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+#: what a field must be when present (not None) for a report to read it; a record breaking one is skipped
+SHAPES = {
+    "run_id": lambda v: isinstance(v, str), "framework": lambda v: isinstance(v, str),
+    "precision": lambda v: isinstance(v, str), "status": lambda v: v in STATUSES,
+    "model": lambda v: isinstance(v, str), "spec_hash": lambda v: isinstance(v, str),
+    "variant": lambda v: isinstance(v, str), "device": lambda v: isinstance(v, str),
+    "reason": lambda v: isinstance(v, str), "study": lambda v: isinstance(v, str),
+    "schema": lambda v: isinstance(v, int), "repeat": lambda v: isinstance(v, int),
+    "batch_size": lambda v: isinstance(v, int) and v > 0, "steps": lambda v: isinstance(v, int),
+    "num_classes": lambda v: isinstance(v, int),
+    "step_times_ms": lambda v: isinstance(v, list) and all(_number(t) and t > 0 for t in v),
+    "loss": lambda v: isinstance(v, list) and all(t is None or _number(t) for t in v),
+    **{k: _number for k in ("first_step_ms", "peak_memory_mb", "eval_accuracy", "eval_loss", "flops_per_step",
+                            "efficiency", "samples_per_s", "achieved_gflops", "final_train_loss", "input_ms",
+                            "param_count", "wall_s")},
+    **{k: lambda v: isinstance(v, dict) for k in ("options", "step_time_ms", "fingerprint", "diagnosis")},
+    **{k: lambda v: isinstance(v, dict) and all(x is None or _number(x) for x in v.values())
+       for k in ("state_memory_mb", "device_peak_gflops")},
+    "env": lambda v: isinstance(v, dict) and isinstance(v.get("device") or {}, dict)
+    and (v.get("threads") is None or isinstance(v["threads"], int)),
+    "loss_scale": lambda v: isinstance(v, dict) and _loss_scale_settings(v.get("settings")),
+}
+
+
+def _loss_scale_settings(s) -> bool:
+    return s is None or isinstance(s, dict) and s.get("mode") in (None, "none", "fixed", "dynamic") \
+        and all(s.get(k) is None or _number(s[k]) for k in ("initial", "growth_interval", "growth_factor",
+                                                               "backoff_factor"))
+
+
+def _malformed(r: dict) -> str | None:
+    """The first field a report cannot read, or None."""
+    return next((k for k, ok in SHAPES.items() if r.get(k) is not None and not ok(r[k])), None)
+
+
+def record_key(r: dict) -> tuple:
+    """What identifies a run across attempts (--resume): framework, spec hash, precision, variant, loss-scale
+    setting (harness.precision.loss_scale_key) and repeat."""
+    from harness.precision import loss_scale_key
+
+    return (r["framework"], r.get("spec_hash"), r["precision"], r.get("variant"),
+            loss_scale_key((r.get("loss_scale") or {}).get("settings")), r.get("repeat"))
 
 
 def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
     """Records a report can use, and why the others were skipped: duplicates (the same run_id twice, e.g. a
-    file given twice), records of a newer schema, and records missing the fields that identify a run."""
+    file given twice), records of a newer schema, records missing the fields that identify a run, and records
+    whose fields are not of the kind a record holds (SHAPES)."""
     kept, seen, skipped = [], set(), {}
     for r in records:
-        if r.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
-            why = f"written by a newer amp-harness (schema {r.get('schema')})"
-        elif any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
+        if any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
             why = "missing run_id, framework, precision or status"
+        elif _malformed(r):
+            why = f"{_malformed(r)} is not what a record holds there"
+        elif (r.get("schema") or SCHEMA_VERSION) > SCHEMA_VERSION:
+            why = f"written by a newer amp-harness (schema {r.get('schema')})"
         elif r["run_id"] in seen:
             why = "duplicate run_id"
         else:
@@ -96,6 +212,11 @@ def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
             kept.append(r)
             continue
         skipped[why] = skipped.get(why, 0) + 1
+    retried = {record_key(r) for r in kept if r["status"] not in NO_RESULT}
+    stale = [r for r in kept if r["status"] in NO_RESULT and record_key(r) in retried]
+    if stale:  # --resume ran them again and they gave a result
+        kept = [r for r in kept if not (r["status"] in NO_RESULT and record_key(r) in retried)]
+        skipped["failed, then run again by --resume"] = len(stale)
     return kept, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]
 
 

@@ -6,11 +6,12 @@ The split and the per-epoch shuffles depend on the spec's seed only.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, clip
 from harness.model.spec import ModelSpec
 
 CACHE_LIMIT_BYTES = 256 * 2**20  # materialise a whole dataset only when it is this small
@@ -109,23 +110,11 @@ class ImageFolder(Source):
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
-        root = Path(spec.dataset.path).expanduser()
-        if not root.is_dir():
-            raise HarnessError(f"{spec.name}: dataset.path '{root}' is not a directory")
-        classes = sorted(d.name for d in root.iterdir() if d.is_dir())
-        if len(classes) != spec.dataset.num_classes:
-            raise HarnessError(f"{root}: found {len(classes)} class folders {classes}, "
-                               f"the spec says num_classes {spec.dataset.num_classes}")
-        self.files, labels = [], []
-        for label, name in enumerate(classes):
-            files = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-            if not files:
-                raise HarnessError(f"{root / name}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-            self.files += files
-            labels += [label] * len(files)
+        try:
+            self.files, labels = image_folder_files(spec)
+        except HarnessError as exc:
+            raise HarnessError(f"{spec.name}: {exc}") from None
         self.labels = np.array(labels, np.int64)
-        if len(self.shape) != 3:
-            raise HarnessError(f"{spec.name}: image_folder needs an image input [H, W, C]")
 
     def samples(self, indices):
         from PIL import Image, UnidentifiedImageError
@@ -144,6 +133,98 @@ class ImageFolder(Source):
 
 
 SOURCES = {"synthetic": Synthetic, "digits": Digits, "image_folder": ImageFolder}
+DIGITS_SAMPLES = 1797
+MAX_IMAGE_PIXELS = 2**26  # a 64-megapixel file is not a training sample; PIL itself refuses 179M as a "bomb"
+
+
+def image_folder_files(spec: ModelSpec) -> tuple[list[Path], list[int]]:
+    """The image files of an image_folder dataset and their class ids (class folders in sorted order)."""
+    root = Path(spec.dataset.path).expanduser()
+    where = f"dataset.path '{root}'"
+    if not root.exists():
+        raise HarnessError(f"{where} does not exist")
+    if not root.is_dir():
+        raise HarnessError(f"{where} is a file, not a directory of class folders")
+    try:
+        classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+        if len(classes) != spec.dataset.num_classes:
+            raise HarnessError(f"{where}: found {len(classes)} class folders {classes[:10]}, the spec says "
+                               f"num_classes {spec.dataset.num_classes}")
+        files, labels = [], []
+        for label, name in enumerate(classes):
+            found = sorted(f for f in (root / name).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+            if not found:
+                raise HarnessError(f"{where}: class folder '{name}' has no images "
+                                   f"({', '.join(sorted(IMAGE_SUFFIXES))})")
+            files += found
+            labels += [label] * len(found)
+    except OSError as exc:
+        raise HarnessError(f"{where}: cannot list: {exc.strerror}") from None
+    return files, labels
+
+
+def sample_count(spec: ModelSpec) -> int:
+    name = spec.dataset.name
+    if name == "synthetic":
+        return spec.dataset.size
+    if name == "digits":
+        return DIGITS_SAMPLES
+    return len(image_folder_files(spec)[0])
+
+
+def split_sizes(n: int, eval_fraction: float) -> tuple[int, int]:
+    """(evaluation, training) sample counts: the evaluation split gets at least one sample."""
+    n_eval = max(1, round(n * eval_fraction))
+    return n_eval, n - n_eval
+
+
+def check(spec: ModelSpec, source: str) -> None:
+    """Every data error that is certain before a framework starts (split sizes against the batch, image
+    folders, input shapes a dataset cannot produce), as one HarnessError naming `source` (the spec file) and
+    the place; reads image headers, not pixels."""
+    shape = tuple(spec.input.shape)
+    if spec.dataset.name == "digits" and len(shape) == 1 and math.isqrt(shape[0]) ** 2 != shape[0]:
+        raise HarnessError(f"{source}: input.shape: digits as vectors needs a square input size (64 = 8x8), "
+                           f"got {shape[0]}")
+    if spec.dataset.name == "image_folder":
+        if len(shape) != 3 or shape[2] not in (1, 3):
+            raise HarnessError(f"{source}: input.shape: image_folder needs an image input [H, W, 1] or "
+                               f"[H, W, 3], got {list(shape)}")
+        try:
+            _check_images(Path(spec.dataset.path).expanduser(), image_folder_files(spec)[0])
+        except HarnessError as exc:
+            raise HarnessError(f"{source}: {exc}") from None
+    n = sample_count(spec)
+    n_eval, n_train = split_sizes(n, spec.dataset.eval_fraction)
+    if n_train < spec.batch_size:
+        raise HarnessError(f"{source}: batch_size {spec.batch_size} exceeds the {n_train} training samples "
+                           f"({n} samples, {n_eval} of them for evaluation)")
+
+
+def _check_images(root: Path, files: list[Path]) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    sizes: dict[tuple[int, int], Path] = {}
+    for path in files:
+        where = f"dataset.path: {path.relative_to(root)}"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path) as img:
+                    size = img.size
+                    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+                        raise HarnessError(f"{where}: {size[0]}x{size[1]} pixels: too large for a training sample")
+                    img.verify()  # the file's structure and checksums, without decoding the pixels
+        except UnidentifiedImageError:
+            raise HarnessError(f"{where}: unreadable image: not an image format PIL knows") from None
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError,
+                Image.DecompressionBombWarning) as exc:
+            raise HarnessError(f"{where}: unreadable image: {clip(exc, 120)}") from None
+        sizes.setdefault(size, path)
+        if len(sizes) > 1:
+            (a, first), (b, second) = list(sizes.items())[:2]
+            raise HarnessError(f"{where}: {b[0]}x{b[1]} pixels, but {first.relative_to(root)} is {a[0]}x{a[1]}: the "
+                               f"images of a dataset must share one size (resize them first)")
 
 
 class Data:
@@ -154,9 +235,9 @@ class Data:
         self.source = SOURCES[spec.dataset.name](spec)
         n = len(self.source.labels)
         order = np.random.default_rng([spec.seed, 3]).permutation(n)
-        n_eval = max(1, round(n * spec.dataset.eval_fraction))
+        n_eval, _ = split_sizes(n, spec.dataset.eval_fraction)
         self.eval_idx, self.train_idx = np.sort(order[:n_eval]), np.sort(order[n_eval:])
-        if len(self.train_idx) < spec.batch_size:
+        if len(self.train_idx) < spec.batch_size:  # check() says so before any worker starts
             raise HarnessError(f"{spec.name}: batch_size {spec.batch_size} exceeds the "
                                f"{len(self.train_idx)} training samples")
         self.batches_per_epoch = len(self.train_idx) // spec.batch_size  # the last partial batch is dropped

@@ -57,15 +57,19 @@ class Graph:
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def state_memory_mb(graph: Graph, optimizer, param_dtype: str) -> dict[str, float]:
+def state_memory_mb(graph: Graph, optimizer, precision) -> dict[str, float]:
     """What training keeps besides activations, from the graph alone: weights (with batchnorm's moving
-    statistics), their gradients and the optimizer's slots, all in the weights' dtype. Pure 16-bit training
-    halves all three; mixed precision keeps them in float32."""
-    size = DTYPE_BYTES[param_dtype] / 2**20
+    statistics), their gradients and the optimizer's slots, all in the weights' dtype (a Precision's
+    param_dtype), and for Kahan-compensated updates a compensation buffer per trainable weight. Pure 16-bit
+    training halves the first three; mixed precision keeps them in float32."""
+    size = DTYPE_BYTES[precision.param_dtype] / 2**20
     trainable = graph.param_count
     weights = sum(math.prod(shape) for shape in graph.param_shapes().values())
     slots = {"adam": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
-    return {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
+    state = {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
+    if precision.rounding is not None and precision.rounding.mode == "kahan":
+        state["compensation"] = trainable * size
+    return state
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from harness.errors import SpecError
+from harness.errors import SpecError, clip
 from harness.model.graph import infer
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
@@ -125,12 +125,18 @@ LAYER_TYPES = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", 
 class Input(_Strict):
     shape: list[PositiveInt] = Field(min_length=1, max_length=3)  # [H, W, C] for images, [F] for vectors
 
+    @model_validator(mode="after")
+    def _check(self) -> "Input":
+        if len(self.shape) == 2:
+            raise ValueError("shape: give [H, W, C] for images or [F] for vectors, not two dimensions")
+        return self
+
 
 class Dataset(_Strict):
     name: Literal["synthetic", "digits", "image_folder"]
     num_classes: int = Field(ge=2)
     size: PositiveInt = 2048  # synthetic: number of samples
-    path: Optional[str] = None  # image_folder: directory of class sub-folders
+    path: Optional[str] = Field(None, max_length=4096)  # image_folder: directory of class sub-folders
     eval_fraction: float = Field(0.2, gt=0, lt=1)
 
     @model_validator(mode="after")
@@ -174,8 +180,8 @@ Optimizer = Annotated[Union[SGD, Adam, RMSprop], Field(discriminator="type")]
 
 
 class ModelSpec(_Strict):
-    name: str = Field(min_length=1, max_length=100)
-    description: str = ""
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")  # echoed on one line
+    description: str = Field("", max_length=10_000)
     input: Input
     dataset: Dataset
     layers: list[Layer] = Field(min_length=1)
@@ -214,7 +220,7 @@ def _where(loc: tuple) -> str:
         elif part in LAYER_TYPES + ("sgd", "adam", "rmsprop"):
             continue  # the discriminator's branch name, not a place in the file
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{clip(part, 40)}" if out else clip(part, 40)
     return out or "(top level)"
 
 
@@ -234,13 +240,15 @@ def validate(data: object, source: str) -> ModelSpec:
         err = exc.errors()[0]
         msg = err["msg"]
         if err["type"] == "union_tag_invalid":
-            msg = f"unknown type {err['input'].get('type')!r}" if isinstance(err.get("input"), dict) else msg
+            msg = f"unknown type '{clip(err['input'].get('type'), 40)}'" if isinstance(err.get("input"), dict) else msg
             msg += f" (valid: {', '.join(LAYER_TYPES) if 'layers' in err['loc'] or 'projection' in err['loc'] else 'sgd, adam, rmsprop'})"
         elif err["type"] == "extra_forbidden":
             import difflib
 
             guess = difflib.get_close_matches(str(err["loc"][-1]), _known_fields(), n=1)
             msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else "")
+        elif err["type"] == "string_pattern_mismatch":
+            msg = "must be one line of printable characters"
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
     infer(spec, source)  # the shapes must fit, before any framework starts
@@ -250,11 +258,16 @@ def validate(data: object, source: str) -> ModelSpec:
 def load_spec(name_or_path: str) -> ModelSpec:
     """Load a built-in model by name (models/NAME.yaml) or a spec file by path."""
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+        raise SpecError(f"{clip(name_or_path)}: not a model name or spec file ({getattr(exc, 'strerror', exc)})") \
+            from None
+    if not path.suffix and not exists:
         path = MODELS_DIR / f"{name_or_path}.yaml"
         if not path.exists():
             known = ", ".join(builtin_models()) or "none"
-            raise SpecError(f"unknown model '{name_or_path}'; built-in models: {known}")
+            raise SpecError(f"unknown model '{clip(name_or_path)}'; built-in models: {known}")
     return validate(read_yaml(path, SpecError), str(path))
 
 
@@ -268,7 +281,7 @@ def read_yaml(path: Path, error: type[Exception]):
         with open(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
+        raise error(f"{clip(path, 200)}: cannot read: {exc.strerror}") from None
     if len(raw) > MAX_YAML_BYTES:
         raise error(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB: not a spec") from None
     try:
@@ -276,13 +289,33 @@ def read_yaml(path: Path, error: type[Exception]):
     except UnicodeDecodeError as exc:
         raise error(f"{path}: byte {exc.start}: not UTF-8 text") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
-        raise error(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise error(f"{path}: {where}invalid YAML: {clip(getattr(exc, 'problem', None) or exc, 200)}") from None
     except RecursionError:
         raise error(f"{path}: invalid YAML: nested too deeply") from None
+    _count_values(data, path, error)
+    return data
+
+
+MAX_YAML_VALUES = 100_000  # a spec has hundreds; YAML aliases can make a few lines expand to billions
+
+
+def _count_values(data, path: Path, error: type[Exception]) -> None:
+    """Stop a document whose aliases expand beyond MAX_YAML_VALUES ("billion laughs") before anything walks
+    it; bounded time: the walk itself stops at the limit."""
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            raise error(f"{path}: more than {MAX_YAML_VALUES} values once its aliases (&/*) are expanded: not a spec")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def builtin_models() -> list[str]:

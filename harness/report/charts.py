@@ -1,37 +1,30 @@
-"""Charts for the report: matplotlib figures rendered to inline SVG strings (no files, no network)."""
+"""Charts for the report: inline SVG strings written by our own plotting layer (harness.report.svg), a few KB
+and a few milliseconds each (no matplotlib, no files, no network)."""
 from __future__ import annotations
 
-import io
+import math
 
-import numpy as np
+from harness.report.svg import (
+    Figure,
+    Scale,
+    finite,
+    legend_height,
+    nice_ticks,
+    padded,
+    round_ticks,
+    text_width,
+    wrap,
+)
 
 PALETTE = {"fp32": "#4c72b0", "tf32": "#64b5cd", "amp_fp16": "#dd8452", "amp_bf16": "#55a868",
            "fp16": "#c44e52", "bf16": "#8172b3", "fp64": "#937860"}
-
-
-def _svg(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})  # reproducible output
-    plt.close(fig)
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]  # drop the XML prologue and DOCTYPE: the SVG sits inside HTML
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    matplotlib.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "amp-harness", "font.size": 9,
-                                "axes.spines.top": False, "axes.spines.right": False})
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 MARKERS = {"fp32": "o", "tf32": "D", "amp_fp16": "s", "amp_bf16": "^", "fp16": "v", "bf16": "P", "fp64": "X"}
 PRECISION_ORDER = ("fp64", "fp32", "tf32", "amp_bf16", "amp_fp16", "bf16", "fp16")
+CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+         "#17becf")  # lines without a precision of their own (the loss scales), in label order
+
+WIDTH = 640  # px, a single-panel chart
+TITLE_SIZE = 13
 
 
 def colour(precision: str) -> str:
@@ -42,108 +35,186 @@ def colour(precision: str) -> str:
 def log_ticks(low: float, high: float) -> list[float]:
     """Round tick values (1, 2, 5 x 10^k, denser for narrow ranges) spanning [low, high] on a log axis, so that
     a range of less than a decade still gets labelled ticks, and none crowd each other."""
+    if not (finite(low) and finite(high)):
+        return []
     low, high = max(low, 1e-12), max(high, low * 1.0001)
     for mantissas in ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8)):
-        ticks = [m * 10.0**e for e in range(int(np.floor(np.log10(low))) - 1, int(np.ceil(np.log10(high))) + 1)
+        ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
                  for m in mantissas]
         inside = [t for t in ticks if low <= t <= high]
         if len(inside) >= 3:
             return inside[:: max(1, len(inside) // 7 + (len(inside) % 7 > 0))] if len(inside) > 7 else inside
-    from matplotlib.ticker import (
-        MaxNLocator,  # a narrow range: evenly spaced round numbers
-    )
-
-    return [float(t) for t in MaxNLocator(nbins=4).tick_values(low, high) if low <= t <= high] or [low, high]
+    # a narrow range: evenly spaced round numbers
+    return round_ticks(low, high) or [low, high]
 
 
 def _tick_label(value: float) -> str:
     return f"{value:g}" if value >= 1e-3 else f"{value:.0e}"
 
 
-def _log_axis(axis, low: float, high: float) -> list[float]:
-    """A log axis labelled with plain round numbers only (no crowded '3x10^0 4x10^0' minor labels)."""
-    from matplotlib.ticker import (
-        FixedLocator,
-        FuncFormatter,
-        NullFormatter,
-        NullLocator,
-    )
+def _log_range(values: list[float]) -> tuple[list[float], float, float]:
+    """Plain-number ticks and the view limits of a log axis over the positive finite values (a default decade
+    when there are none)."""
+    good = [v for v in values if finite(v) and v > 0]
+    low, high = (min(good), max(good)) if good else (1.0, 10.0)
+    ticks = log_ticks(low / 1.05, min(high * 1.05, 1e308)) or [low, high]
+    return ticks, min(low, ticks[0]), max(high, ticks[-1])
 
-    ticks = log_ticks(low / 1.05, high * 1.05)
-    axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: _tick_label(v)))
-    axis.set_minor_locator(NullLocator())
-    axis.set_minor_formatter(NullFormatter())
-    return ticks
+
+def _lin_range(values: list[float], bins: int = 5, integer: bool = False, zero: bool = False
+               ) -> tuple[list[float], float, float]:
+    """Ticks and view limits of a linear axis over the finite values, 5% margins (from 0 with zero)."""
+    good = [v for v in values if finite(v)]
+    low, high = (min(good), max(good)) if good else (0.0, 1.0)
+    if zero:
+        low, high = 0.0, max(high, 0.0) * 1.05 or 1.0
+    else:
+        low, high = padded(low, high)
+    return nice_ticks(low, high, bins=bins, integer=integer), low, high
+
+
+def _log2_range(values: list[float]) -> tuple[list[float], float, float]:
+    """Ticks at powers of two (every k-th exponent, at most 7) and the view limits of a log2 axis."""
+    good = [v for v in values if finite(v) and v > 0]
+    if not good:
+        return [1.0, 2.0], 1.0, 2.0
+    lo, hi = math.floor(math.log2(min(good))), math.ceil(math.log2(max(good)))
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    lo, hi = max(lo, -1000), min(hi, 1000)  # powers of two a float holds
+    every = next(k for k in (1, 2, 3, 4, 5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 256, 512, 1024, 2048)
+                 if (hi - lo) // k + 1 <= 7 or k == 2048)
+    ticks = [2.0**e for e in range(lo, hi + 1) if e % every == 0]
+    return ticks, 2.0**lo, 2.0**hi
+
+
+def _exp_label(value: float) -> str:
+    return f"2^{round(math.log2(value))}"
+
+
+def _start(title: str, width: float, entries: list, body: float) -> tuple[Figure, float]:
+    """A figure with the title on top and the legend under it, `body` px left below them for the plot and its
+    axes; returns the figure and the y where the body starts."""
+    legend = legend_height(entries, width - 40) if entries else 0.0
+    top = 28 + legend + (6 if legend else 0)
+    fig = Figure(width, round(top + body), title)
+    size = min(TITLE_SIZE, (width - 20) / max(text_width(title, 1), 1))
+    fig.text(width / 2, 18, title, size=round(size, 1), anchor="middle", weight="600")
+    if entries:
+        fig.legend(entries, width / 2, 27, width - 40)
+    return fig, top
+
+
+def _left_margin(labels: list[str], axis_label: bool = True, size: float = 10) -> float:
+    """Room for tick labels (and a rotated axis label beside them) left of a plot, or right of it."""
+    widest = max((text_width(t, size) for t in labels), default=0.0)
+    return 10 + (22 if axis_label else 0) + widest + 7
+
+
+def _order(precision: str) -> tuple:
+    return (PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else 99, precision)
 
 
 def step_times(rows: list[dict], title: str) -> str:
     """A dot plot: one line per framework, one marker per precision at its median step time, whiskers from p10 to
     p90; log x axis with plain-number ticks."""
-    plt = _pyplot()
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))
-    precisions = sorted({r["precision"] for r in rows},
-                        key=lambda p: (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else 99, p))
-    fig, ax = plt.subplots(figsize=(6.4, 0.55 * len(frameworks) + 1.3))
+    precisions = sorted({r["precision"] for r in rows}, key=_order)
+    n = max(len(frameworks), 1)
+    entries = [(p, {"marker": MARKERS.get(p, "o"), "colour": colour(p), "whisker": True, "size": 8}) for p in precisions]
+    ticks, low, high = _log_range([r.get(k) for r in rows for k in ("p10_ms", "median_ms", "p90_ms")])
+    x = Scale(low / 1.08, high * 1.08, 10)
+    names = [wrap(str(f), WIDTH * 0.38, 11) for f in frameworks]  # long labels (with their settings) in lines
+    left = _left_margin(names, axis_label=False, size=11)
+    row_h = max(38, 14 * max((name.count("\n") + 1 for name in names), default=1) + 10)
+    fig, top = _start(title, WIDTH, entries, n * row_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + n * row_h, x, Scale(-0.6, n - 0.4))
+    ax.grid(xticks=ticks)
     step = 0.6 / max(len(precisions), 1)
     for i, precision in enumerate(precisions):
-        mine = [r for r in rows if r["precision"] == precision]
-        y = [len(frameworks) - 1 - frameworks.index(r["framework"]) - (i - (len(precisions) - 1) / 2) * step
-             for r in mine]
-        median = np.array([r["median_ms"] for r in mine])
-        err = [median - np.array([r["p10_ms"] for r in mine]), np.array([r["p90_ms"] for r in mine]) - median]
-        ax.errorbar(median, y, xerr=err, fmt=MARKERS.get(precision, "o"), color=colour(precision), ms=6,
-                    elinewidth=1, capsize=2, label=precision)
-    ax.set_yticks(range(len(frameworks)), frameworks[::-1])
-    ax.set_ylim(-0.6, len(frameworks) - 0.4)
-    ax.set_xscale("log")
-    low = min(r["p10_ms"] for r in rows)
-    high = max(r["p90_ms"] for r in rows)
-    ticks = _log_axis(ax.xaxis, low, high)
-    ax.set_xlim(min(low, ticks[0]) / 1.08, max(high, ticks[-1]) * 1.08)
-    ax.grid(axis="x", color="#e3e6e9", lw=0.6)
-    ax.set_xlabel("ms per training step (median, whiskers p10-p90; log scale)")
-    ax.legend(fontsize=8, frameon=False, ncol=min(len(precisions), 4), loc="lower center",
-              bbox_to_anchor=(0.5, 1.0))
-    ax.set_title(title, pad=22)
-    return _svg(fig)
+        mine = [r for r in rows if r["precision"] == precision and x.ok(r.get("median_ms"))]
+        ys = [len(frameworks) - 1 - frameworks.index(r["framework"]) - (i - (len(precisions) - 1) / 2) * step
+              for r in mine]
+        # the marker is the geometric mean of repeat medians, the whiskers percentiles of all steps: with very
+        # uneven repeats the marker can lie outside them (the whisker then reaches the marker)
+        medians = [r["median_ms"] for r in mine]
+        lows = [min(r["p10_ms"], m) if x.ok(r.get("p10_ms")) else m for r, m in zip(mine, medians)]
+        highs = [max(r["p90_ms"], m) if x.ok(r.get("p90_ms")) else m for r, m in zip(mine, medians)]
+        ax.whiskers_x(ys, lows, highs, colour(precision), width=1, cap=3)
+        ax.markers(medians, ys, MARKERS.get(precision, "o"), colour(precision), size=8)
+    ax.yaxis(range(len(frameworks)), names[::-1], size=11)
+    ax.xaxis(ticks, [_tick_label(t) for t in ticks], "ms per training step (median, whiskers p10-p90; log scale)")
+    return fig.render()
+
+
+def _curve(losses) -> list:
+    return [None if v is None else v for v in losses]
 
 
 def loss_curves(curves: dict[str, dict[str, list]], title: str) -> str:
     """One panel per framework; a line per precision (mean over repeats) of the training loss by step."""
-    plt = _pyplot()
     frameworks = sorted(curves)
-    fig, axes = plt.subplots(1, len(frameworks), figsize=(3.2 * len(frameworks) + 0.6, 2.8), squeeze=False,
-                             sharey=True)
-    for ax, framework in zip(axes[0], frameworks):
-        for precision, losses in sorted(curves[framework].items()):
-            values = np.array([np.nan if v is None else v for v in losses], dtype=float)
-            ax.plot(np.arange(len(values)), values, label=precision, color=colour(precision), lw=1.2)
-        ax.set_title(framework)
-        ax.set_xlabel("step")
-        ax.set_yscale("log")
+    panels = max(len(frameworks), 1)
+    precisions = sorted({p for c in curves.values() for p in c})
+    entries = [(p, {"line": colour(p), "width": 1.5}) for p in precisions]
     values = [v for c in curves.values() for losses in c.values() for v in losses
-              if v is not None and np.isfinite(v) and v > 0]
-    if values:
-        _log_axis(axes[0][0].yaxis, min(values), max(values))  # the panels share their y axis
-    axes[0][0].set_ylabel("training loss")
-    axes[0][-1].legend(fontsize=8, frameon=False)
-    fig.suptitle(title)
-    return _svg(fig)
+              if v is not None and finite(v) and v > 0]
+    ticks, low, high = _log_range(values)  # the panels share their y axis
+    ylo, yhi = padded(low, high, base=10, margin=0.03)
+    labels = [_tick_label(t) for t in ticks]
+    left = _left_margin(labels)
+    gap = 18
+    panel_w = 300 if panels <= 3 else max(200, (1100 - left - 16) / panels - gap)
+    width = max(480, round(left + panels * panel_w + (panels - 1) * gap + 16))
+    panel_w = (width - left - 16 - (panels - 1) * gap) / panels
+    plot_h = 190
+    fig, top = _start(title, width, entries, 20 + plot_h + 46)
+    top += 20  # each panel's title
+    axes = []
+    for j in range(panels):
+        framework = frameworks[j] if frameworks else ""
+        steps = max((len(v) for v in curves.get(framework, {}).values()), default=0)
+        xticks, xlo, xhi = _lin_range([0, max(steps - 1, 1)], bins=4, integer=True)
+        x0 = left + j * (panel_w + gap)
+        ax = fig.axes(x0, top, x0 + panel_w, top + plot_h, Scale(xlo, xhi), Scale(ylo, yhi, 10))
+        axes.append((framework, ax))
+        ax.grid(yticks=ticks)
+        fig.text(x0 + panel_w / 2, top - 7, str(framework), anchor="middle")
+        ax.yaxis(ticks, labels, "training loss" if j == 0 else "", show_labels=j == 0)
+        ax.xaxis(xticks, [f"{t:g}" for t in xticks], "step")
+    for precision in precisions:  # a precision's lines in every panel, one after another (one <path>)
+        for framework, ax in axes:
+            losses = curves.get(framework, {}).get(precision)
+            if losses is not None:
+                ax.line(range(len(losses)), _curve(losses), colour(precision), width=1.5)
+    return fig.render()
 
 
 def loss_scales(histories: dict[str, list[float]], title: str) -> str:
     """The loss scale by step, one line per framework/precision."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 2.6))
-    for label, history in sorted(histories.items()):
-        ax.step(np.arange(len(history)), history, where="post", label=label, lw=1.2)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss scale")
-    ax.legend(fontsize=8, frameon=False)
-    ax.set_title(title)
-    return _svg(fig)
+    items = sorted(histories.items())
+    entries = [(str(label), {"line": CYCLE[i % len(CYCLE)], "width": 1.5}) for i, (label, _) in enumerate(items)]
+    yticks, ylo, yhi = _log2_range([v for _, h in items for v in h])
+    labels = [_exp_label(t) for t in yticks]
+    steps = max((len(h) for _, h in items), default=0)
+    xticks, xlo, xhi = _lin_range([0, max(steps - 1, 1)], bins=6, integer=True)
+    left = _left_margin(labels)
+    plot_h = 170
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, Scale(xlo, xhi), Scale(*padded(ylo, yhi, 2, 0.05), 2))
+    ax.grid(yticks=yticks)
+    for i, (label, history) in enumerate(items):
+        ax.step(range(len(history)), list(history), CYCLE[i % len(CYCLE)], width=1.5)
+    ax.yaxis(yticks, labels, "loss scale")
+    ax.xaxis(xticks, [f"{t:g}" for t in xticks], "step")
+    return fig.render()
+
+
+def _bin_exp(key) -> int | None:
+    try:
+        return int(key)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def gradient_histogram(series: dict[str, dict], scale_exp: int | None, title: str) -> str:
@@ -151,49 +222,89 @@ def gradient_histogram(series: dict[str, dict], scale_exp: int | None, title: st
     with float16's and bfloat16's representable ranges shaded and the loss scale's shift drawn."""
     from harness.numerics import FORMATS
 
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 2.8))
-    low = min((int(e) for h in series.values() for e in h["bins"]), default=-30)
-    high = max((int(e) for h in series.values() for e in h["bins"]), default=10)
-    for fmt, colour in (("bfloat16", "#8172b3"), ("float16", "#dd8452")):
-        f = FORMATS[fmt]
-        ax.axvspan(max(f.min_subnormal_exp, low - 2), min(f.overflow_exp, high + 3), color=colour, alpha=0.12,
-                   label=f"{fmt} range (subnormals included)")
-        ax.axvline(f.min_normal_exp, color=colour, lw=0.8, ls=":")
-    for (label, h), colour in zip(series.items(), ("#4c72b0", "#55a868", "#c44e52", "#937860")):
-        total = sum(h["bins"].values()) or 1
-        exps = np.arange(low, high + 1)
-        ax.step(exps, [h["bins"].get(int(e), h["bins"].get(str(e), 0)) / total for e in exps], where="post",
-                label=label, color=colour, lw=1.2)
+    exps_seen = [e for h in series.values() for e in map(_bin_exp, h["bins"]) if e is not None]
+    low, high = min(exps_seen, default=-30), max(exps_seen, default=10)
+    xlo, xhi = low - 2, high + 3 + (scale_exp or 0)
+    if xhi <= xlo:
+        xhi = xlo + 1
+    lines, entries = [], []
+    for (label, h), line_colour in zip(series.items(), ("#4c72b0", "#55a868", "#c44e52", "#937860")):
+        counts = {e: h["bins"].get(e, h["bins"].get(str(e), 0)) for e in range(low, high + 1)}
+        total = sum(v for v in h["bins"].values() if finite(v)) or 1
+        shares = [counts[e] / total if finite(counts[e]) else None for e in range(low, high + 1)]
+        lines.append((list(range(low, high + 1)), shares, line_colour))
+        entries.append((str(label), {"line": line_colour, "width": 1.5}))
         if scale_exp:
-            ax.step(exps + scale_exp, [h["bins"].get(int(e), h["bins"].get(str(e), 0)) / total for e in exps],
-                    where="post", color=colour, lw=0.8, ls="--", label=f"{label} x 2^{scale_exp}")
-    ax.set_xlim(low - 2, high + 3 + (scale_exp or 0))
-    ax.set_xlabel("log2 |value|")
-    ax.set_ylabel("share of non-zero values")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
-    ax.set_title(title)
-    return _svg(fig)
+            entries.append((f"{label} x 2^{scale_exp}", {"line": line_colour, "width": 1, "dash": "dashed"}))
+    spans = (("bfloat16", "#8172b3"), ("float16", "#dd8452"))
+    entries += [(f"{fmt} range (subnormals included)", {"patch": c, "opacity": 0.12}) for fmt, c in spans]
+    shares = [s for _, ys, _ in lines for s in ys if s is not None]
+    yticks, ylo, yhi = _lin_range(shares, bins=5, zero=True)
+    labels = [f"{t:g}" for t in yticks]
+    left = _left_margin(labels)
+    plot_h = 190
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, Scale(xlo, xhi), Scale(ylo, yhi))
+    for fmt, span_colour in spans:
+        f = FORMATS[fmt]
+        ax.vspan(max(f.min_subnormal_exp, low - 2), min(f.overflow_exp, high + 3), span_colour, 0.12)
+    for fmt, span_colour in spans:
+        ax.vline(FORMATS[fmt].min_normal_exp, span_colour, width=1, dash="dotted")
+    for xs, ys, line_colour in lines:
+        ax.step(xs, ys, line_colour, width=1.5)
+        if scale_exp:
+            ax.step([e + scale_exp for e in xs], ys, line_colour, width=1, dash="dashed")
+    xticks = nice_ticks(xlo, xhi, bins=10, integer=True)
+    ax.yaxis(yticks, labels, "share of non-zero values")
+    ax.xaxis(xticks, [f"{t:g}" for t in xticks], "log2 |value|")
+    return fig.render()
 
 
 def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: str) -> str:
     """Final eval accuracy and skipped steps against log2 of the loss scale ('none' at the left, 'dynamic' at
     the right), the diagnosed static window shaded."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 2.8))
+    points = [p for p in points if finite(p.get("x"))]
     xs = [p["x"] for p in points]
-    if window and window[0] is not None and window[0] <= window[1]:
-        ax.axvspan(window[0], window[1], color="#55a868", alpha=0.15, label="diagnosed safe window")
-    ax.plot(xs, [p["accuracy"] for p in points], "o-", color="#4c72b0", label="eval accuracy")
-    if points and points[0].get("fp32_accuracy") is not None:
-        ax.axhline(points[0]["fp32_accuracy"], color="#4c72b0", ls=":", lw=1, label="fp32")
-    ax.set_ylabel("eval accuracy")
-    ax.set_xticks(xs, [p["label"] for p in points], rotation=45, fontsize=7)
-    ax.set_xlabel("loss scale")
-    twin = ax.twinx()
-    twin.bar(xs, [p["skipped"] for p in points], color="#c44e52", alpha=0.35, width=0.8, label="skipped steps")
-    twin.set_ylabel("skipped steps")
-    handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, fontsize=7, frameon=False, loc="lower center")
-    ax.set_title(title)
-    return _svg(fig)
+    shaded = bool(window and window[0] is not None and window[1] is not None and finite(window[0])
+                  and finite(window[1]) and window[0] <= window[1])
+    fp32 = points[0].get("fp32_accuracy") if points else None
+    fp32 = fp32 if finite(fp32) else None
+    entries = []
+    if shaded:
+        entries.append(("diagnosed safe window", {"patch": "#55a868", "opacity": 0.15}))
+    entries.append(("eval accuracy", {"line": "#4c72b0", "width": 1.5, "marker": "o", "size": 7}))
+    if fp32 is not None:
+        entries.append(("fp32", {"line": "#4c72b0", "width": 1, "dash": "dotted"}))
+    entries.append(("skipped steps", {"patch": "#c44e52", "opacity": 0.35, "bar": True}))
+    span = xs + (list(window) if shaded else [])
+    x = Scale(*padded(min(span, default=0) - 0.4, max(span, default=1) + 0.4, margin=0.03))
+    accuracies = [p.get("accuracy") for p in points]
+    yticks, ylo, yhi = _lin_range(accuracies + [fp32], bins=5)
+    skipped = [p.get("skipped") for p in points]
+    sticks, slo, shi = _lin_range([s for s in skipped if finite(s) and s >= 0], bins=5, integer=True, zero=True)
+    labels, slabels = [f"{t:g}" for t in yticks], [f"{t:g}" for t in sticks]
+    left = _left_margin(labels)
+    right = WIDTH - _left_margin(slabels)
+    # the settings' names under their x, turned 45 degrees if they would collide
+    names = [str(p.get("label", "")) for p in points]
+    x.p0, x.p1 = left, right
+    pixels = sorted(x(v) for v in xs)
+    room = min((b - a for a, b in zip(pixels, pixels[1:])), default=right - left)
+    rotate = room < max((text_width(t, 10) for t in names), default=0) + 6
+    below = (14 + max((text_width(t, 10) for t in names), default=0) * 0.71) if rotate else 16
+    plot_h = 180
+    fig, top = _start(title, WIDTH, entries, plot_h + below + 30)
+    ax = fig.axes(left, top, right, top + plot_h, x, Scale(ylo, yhi))
+    bars = ax.twin(Scale(slo, shi))
+    if shaded:
+        ax.vspan(window[0], window[1], "#55a868", 0.15)
+    ax.grid(yticks=yticks)
+    bars.bars(xs, skipped, 0.8, "#c44e52", 0.35)
+    if fp32 is not None:
+        ax.hline(fp32, "#4c72b0", width=1, dash="dotted")
+    ax.line(xs, accuracies, "#4c72b0", width=1.5)
+    ax.markers(xs, accuracies, "o", "#4c72b0", size=7)
+    ax.yaxis(yticks, labels, "eval accuracy")
+    bars.yaxis(sticks, slabels, "skipped steps", right=True)
+    ax.xaxis(xs, names, "loss scale", rotate=rotate)
+    return fig.render()

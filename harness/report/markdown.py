@@ -40,6 +40,8 @@ def render_markdown(view: dict) -> str:
         for row in block["rows"]:
             lines.append(f"| {_escape(row['model'])} | " + " | ".join(_cell(e) for e in row["cells"]) + " |")
         lines += [""] + [f"- {line}" for line in block["recommendations"]] + [""]
+    if view.get("pure16", {}).get("markdown"):
+        lines += [view["pure16"]["markdown"], ""]
     if view["why"]:
         lines += ["## Why", ""] + [f"- **{w['title']}**: {w['text']}" for w in view["why"]] + [""]
     if view["not_run"]:

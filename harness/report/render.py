@@ -8,13 +8,15 @@ from pathlib import Path
 from harness.report.markdown import render_markdown
 from harness.report.view import build_view
 
+PER_STEP = ("step_times_ms", "loss", "loss_scale.history")  # lists with one value per step
+
 
 def render(view: dict) -> str:
     from jinja2 import Environment, PackageLoader, select_autoescape
     from markupsafe import Markup
 
     env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
-    # matplotlib's SVG escapes its text; mark it safe to inline it
+    # the charts' SVG (harness/report/svg.py) escapes its text; mark it safe to inline it
     for item in view["sections"] + view["numerics"] + view["studies"]:
         for key in ("speed_chart", "loss_chart", "scale_chart", "chart"):
             if item.get(key):
@@ -38,8 +40,12 @@ def write_report(records: list[dict], out: Path, parity_records: list[dict] | No
         markdown_path(out).write_text(render_markdown(view))
     out.write_text(render(view))
     frame = to_frame(records)
-    for column in frame.columns:  # lists (per-step times, losses) and option dicts as JSON cells
-        frame[column] = frame[column].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+    # per-step lists are summarised by their statistics (step_time_ms.*, final_train_loss) and stay whole in the
+    # records: over 10,000 runs they would make the CSV hundreds of MB
+    frame = frame.drop(columns=[c for c in frame.columns if c in PER_STEP or c.startswith(("fingerprint.", "diagnosis."))])
+    for column in frame.columns:  # what is left of lists and option dicts as JSON cells
+        if frame[column].dtype == object:
+            frame[column] = frame[column].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     csv = out.with_suffix(".csv")
     frame.to_csv(csv, index=False)
     return out, csv

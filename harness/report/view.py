@@ -18,6 +18,7 @@ from harness.report.accuracy import ACCURACY_MARGIN
 from harness.report.explain import explain
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
+from harness.report.pure16 import pure16_section
 
 
 def device_key(r: dict) -> str | None:
@@ -147,10 +148,18 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     cells = {key: Cell(rs, *labels[key]) for key, rs in groups.items()}
     models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
     frameworks = sorted({r["framework"] for r in records if r.get("framework")})
-    classes = {m: accuracy.num_classes([r for r in ok if r["model"] == m]) for m in models}
+    by_model: dict[str, list[dict]] = {}
+    for r in ok:
+        by_model.setdefault(r["model"], []).append(r)
+    classes = {m: accuracy.num_classes(by_model.get(m, [])) for m in models}
+
+    fp32_cells: dict[tuple, Cell] = {}
+    for k, c in cells.items():
+        if k[3] == "fp32":
+            fp32_cells.setdefault(k[:3], c)
 
     def fp32_of(key):  # the fp32 cell measured under the same setting
-        return next((c for k, c in cells.items() if k[:3] == key[:3] and k[3] == "fp32"), None)
+        return fp32_cells.get(key[:3])
 
     for key, c in cells.items():  # judged against the fp32 baseline's accuracy, or its own without one
         base = fp32_of(key) or c
@@ -257,6 +266,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "spec_hashes": _spec_hashes(records),
         "parity": [c.row() for c in parity_compare(parity_records)] if parity_records else None,
         **numerics_view(diagnoses or [], studies, cells),
+        "pure16": pure16_section(records, diagnoses or []),
     }
 
 

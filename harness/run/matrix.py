@@ -30,10 +30,12 @@ class MatrixModel(_Strict):
     steps: Optional[PositiveInt] = None
     # loss scales to run for the precisions that scale by default (amp_fp16), e.g. [none, dynamic]
     loss_scales: Optional[list[str]] = Field(None, min_length=1)
+    # this model's precisions instead of the matrix's (e.g. the pure 16-bit arms of swamped_mlp)
+    precisions: Optional[list[str]] = Field(None, min_length=1)
 
     def overrides(self) -> dict:
         return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps,
-                "loss_scales": self.loss_scales}
+                "loss_scales": self.loss_scales, "precisions": self.precisions}
 
 
 class Matrix(_Strict):
@@ -55,6 +57,11 @@ def load_matrix(path: str) -> Matrix:
     for name in matrix.precisions:
         parse_precision(name)
     for i, model in enumerate(matrix.models):
+        for name in model.precisions or []:
+            try:
+                parse_precision(name)
+            except HarnessError as exc:
+                raise HarnessError(f"{path}: models.{i}.precisions: {exc}") from None
         for scale in model.loss_scales or []:
             try:
                 parse_loss_scale(scale, parse_precision("amp_fp16"))

@@ -29,6 +29,7 @@ from harness.model.spec import load_spec
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
+from harness.rounding import RoundingNoise, trainable_shapes
 from harness.run import measure, peak
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
@@ -86,7 +87,7 @@ def run(req: RunRequest, progress=None) -> dict:
         if variant not in adapter.variants:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
-        record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision.param_dtype))
+        record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
         reason = adapter.unsupported(precision, device)
         if reason:
             record.update(status="unsupported", reason=reason)
@@ -98,7 +99,9 @@ def run(req: RunRequest, progress=None) -> dict:
         trainer = adapter.build(spec, graph, weights, precision, loss_scale, device, variant)
         record["options"] = dict(trainer.options)
         if req.mode == "fingerprint":
-            _fingerprint(spec, data, masks, trainer, loss_scale, record)
+            noise = RoundingNoise(trainable_shapes(graph), spec.seed) \
+                if precision.rounding is not None and precision.rounding.stochastic else None
+            _fingerprint(spec, data, masks, trainer, loss_scale, record, noise)
         elif req.mode == "diagnose":
             diagnose(spec, data, masks, trainer, record, req.every, progress)
         else:
@@ -219,14 +222,17 @@ def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progres
             record.update(eval_loss=None, status="diverged", reason="evaluation loss is not finite")
 
 
-def _fingerprint(spec, data, masks, trainer, loss_scale, record) -> None:
+def _fingerprint(spec, data, masks, trainer, loss_scale, record, noise: RoundingNoise | None = None) -> None:
     """What the parity check compares across frameworks: outputs on a fixed batch before and after
-    `spec.steps` untimed training steps, and the loss (and loss scale) of every step."""
+    `spec.steps` untimed training steps, and the loss (and loss scale) of every step. With `noise`
+    (stochastically rounding precisions), every step rounds with the core's bits, so frameworks round alike."""
     x, _ = data.fixed_batch()
     initial = trainer.predict(x)
     losses, scales, gradients = [], LossScaleLog(loss_scale), None
     for step in range(spec.steps):
         bx, by = data.train_batch(step)
+        if noise is not None:
+            trainer.set_rounding_noise(noise.for_step(step))
         batch = trainer.to_device(bx, by, masks.for_step(step, len(by)))
         captured = trainer.captured_step(batch) if step == 0 else None  # the first step's gradients, if it can
         if captured is None:

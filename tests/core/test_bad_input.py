@@ -110,11 +110,147 @@ CORPUS = [
 ]
 
 
+def _png(path, width, height, colour=0):
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("L", (width, height), colour).save(path)
+
+
+def _png_header(path, width, height):
+    """A PNG whose header claims width x height pixels, with no pixel data: what a decompression bomb looks
+    like to a reader that trusts the header."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b""))
+
+
+def folder_spec(make=None, **dataset):
+    """A spec text reading an image folder that `make(root)` fills (two 8x8 classes by default)."""
+    def text(tmp_path):
+        root = tmp_path / "images"
+        if make is None:
+            for c in ("a", "b"):
+                for i in range(4):
+                    _png(root / c / f"{i}.png", 8, 8, 40 * i)
+        else:
+            make(root)
+        data = copy.deepcopy(BASE)
+        data["dataset"] = {"name": "image_folder", "num_classes": 2, "path": str(root), **dataset}
+        data.update(input={"shape": [8, 8, 1]}, batch_size=2,
+                    layers=[{"type": "flatten"}, {"type": "dense", "units": data["dataset"]["num_classes"]}])
+        return yaml.safe_dump(data)
+    return text
+
+
+def _two_classes(root, extra=None):
+    for c in ("a", "b"):
+        for i in range(4):
+            _png(root / c / f"{i}.png", 8, 8)
+    if extra:
+        extra(root)
+
+
+def _huge_images(root):
+    _two_classes(root, lambda r: _png_header(r / "a" / "huge.png", 9000, 8000))
+
+
+def _laughs():
+    layers = ["&x0 {type: residual, layers: [" + ", ".join(["{type: relu}"] * 10) + "]}"]
+    layers += [f"&x{i} {{type: residual, layers: [" + ", ".join([f"*x{i - 1}"] * 10) + "]}" for i in range(1, 8)]
+    return "name: laughs\nlayers: [" + ", ".join(layers) + "]\n"
+
+
+SYNTH = edit(BASE, setpath(["dataset", "size"], 100))
+# data that cannot serve the run, sizes that cannot fit, strings and structures beyond sane limits
+CORPUS += [
+    ("batch-exceeds-train-split", edit(yaml.safe_load(SYNTH), setpath(["batch_size"], 90)),
+     "batch_size 90 exceeds the 80 training samples"),
+    ("batch-exceeds-digits", edit(MLP, setpath(["batch_size"], 1500)), "batch_size 1500 exceeds the 1438 training samples"),
+    ("one-sample-dataset", edit(BASE, setpath(["dataset", "size"], 1)), "exceeds the 0 training samples"),
+    ("all-for-evaluation", edit(yaml.safe_load(SYNTH), setpath(["dataset", "eval_fraction"], 0.999)),
+     "exceeds the 0 training samples"),
+    ("digits-vector-not-square", edit(MLP, lambda d: (d.update(input={"shape": [50]}), d["layers"].pop(0))),
+     "digits as vectors needs a square input size"),
+    ("input-2d", edit(MLP, setpath(["input", "shape"], [28, 28])), "input: Value error, shape: give [H, W, C]"),
+    ("image-folder-missing", edit(BASE, setpath(["dataset"], {"name": "image_folder", "num_classes": 10,
+                                                              "path": "/nonexistent/amp-harness"})), "does not exist"),
+    ("image-folder-is-file", lambda tmp: edit(BASE, setpath(["dataset"], {
+        "name": "image_folder", "num_classes": 10, "path": str(tmp / "image-folder-is-file.yaml")})),
+     "is a file, not a directory of class folders"),
+    ("image-folder-empty", folder_spec(lambda root: root.mkdir()), "found 0 class folders"),
+    ("image-folder-fewer-classes", folder_spec(num_classes=3), "found 2 class folders ['a', 'b'], the spec says num_classes 3"),
+    ("image-folder-class-without-images", folder_spec(lambda root: _two_classes(root, lambda r: (r / "c").mkdir()),
+                                                      num_classes=3), "class folder 'c' has no images"),
+    ("image-folder-text-as-png", folder_spec(lambda root: _two_classes(
+        root, lambda r: (r / "a" / "notes.png").write_text("not an image"))), "notes.png: unreadable image"),
+    ("image-folder-truncated-png", folder_spec(lambda root: _two_classes(
+        root, lambda r: (r / "b" / "cut.png").write_bytes((r / "b" / "0.png").read_bytes()[:40]))),
+     "cut.png: unreadable image"),
+    ("image-folder-mixed-sizes", folder_spec(lambda root: _two_classes(
+        root, lambda r: _png(r / "b" / "wide.png", 16, 8))), "the images of a dataset must share one size"),
+    ("image-folder-huge-image", folder_spec(_huge_images), "huge.png: 9000x8000 pixels: too large"),
+    ("image-folder-bomb", folder_spec(lambda root: _two_classes(
+        root, lambda r: _png_header(r / "a" / "bomb.png", 60000, 60000))), "bomb.png: unreadable image"),
+    ("image-folder-vector-input", lambda tmp: folder_spec()(tmp).replace("shape:\n  - 8\n  - 8\n  - 1", "shape:\n  - 64"),
+     "image_folder needs an image input"),
+    ("image-folder-two-channels", lambda tmp: folder_spec()(tmp).replace("  - 8\n  - 1\n", "  - 8\n  - 2\n"),
+     "image_folder needs an image input [H, W, 1] or [H, W, 3]"),
+    ("dense-billions-of-units", edit(MLP, setpath(["layers", 1, "units"], 4_000_000_000)), "needs about"),
+    ("image-60000-pixels", edit(BASE, setpath(["input", "shape"], [60000, 60000, 3])), "needs about"),
+    ("batch-of-millions", edit(yaml.safe_load(edit(BASE, setpath(["dataset", "size"], 20_000_000))),
+                               setpath(["batch_size"], 10_000_000)), "needs about"),
+    ("classes-in-billions", edit(MLP, lambda d: (d["dataset"].update(name="synthetic", num_classes=3_000_000_000),
+                                                 d["layers"][-1].update(units=3_000_000_000))), "needs about"),
+    ("name-with-newline", edit(BASE, setpath(["name"], "two\nlines")), "name: must be one line of printable characters"),
+    ("name-with-escape", edit(BASE, setpath(["name"], "\x1b[31mred")), "name: must be one line"),
+    ("name-empty", edit(BASE, setpath(["name"], "")), "name: String should have at least 1 character"),
+    ("description-megabyte", edit(BASE, setpath(["description"], "d" * 20_000)), "description: String should have at most"),
+    ("path-too-long", edit(BASE, setpath(["dataset"], {"name": "image_folder", "num_classes": 10, "path": "p" * 5000})),
+     "dataset.path: String should have at most 4096 characters"),
+    ("long-unknown-key", edit(BASE, setpath(["k" * 10_000], 1)), "kkk...: unknown key"),
+    ("long-unknown-type", edit(BASE, setpath(["layers", 0, "type"], "t" * 10_000)), "unknown type 'ttt"),
+    ("yaml-aliases-billion-laughs", _laughs(), "more than 100000 values once its aliases"),
+    ("deep-residuals", "name: x\nlayers: [" + "{type: residual, layers: [" * 400 + "{type: relu}" + "]}" * 400 + "]\n",
+     "invalid YAML: nested too deeply"),
+    ("nul-bytes", "name: x\x00\n", "invalid YAML"),
+    ("binary-png-as-spec", lambda tmp: (_png(tmp / "img.png", 4, 4), (tmp / "img.png").read_bytes().decode("latin-1"))[1],
+     "not UTF-8 text"),
+    ("size-zero", edit(BASE, setpath(["dataset", "size"], 0)), "dataset.size: Input should be greater than 0"),
+    ("eval-fraction-zero", edit(BASE, setpath(["dataset", "eval_fraction"], 0)), "dataset.eval_fraction: Input should be greater than 0"),
+    ("seed-float", edit(BASE, setpath(["seed"], 1.5)), "seed: Input should be a valid integer"),
+    ("seed-text", edit(BASE, setpath(["seed"], "lucky")), "seed: Input should be a valid integer"),
+    ("steps-huge-float", edit(BASE, setpath(["steps"], 1e400)), "steps: Input should be"),
+    ("lr-nan", edit(BASE, setpath(["optimizer", "learning_rate"], float("nan"))), "optimizer.learning_rate: Input should be a finite number"),
+    ("momentum-minus-inf", edit(BASE, setpath(["optimizer", "momentum"], float("-inf"))), "optimizer.momentum: Input should be a finite number"),
+    ("dropout-negative", edit(MLP, lambda d: d["layers"].insert(2, {"type": "dropout", "rate": -0.1})), "layers[2].rate: Input should be greater than or equal to 0"),
+    ("pool-strides-zero", edit(BASE, lambda d: d["layers"].insert(0, {"type": "avgpool2d", "strides": 0})), "layers[0].strides: Input should be greater than 0"),
+    ("conv-strides-negative", edit(BASE, setpath(["layers", 0, "strides"], -1)), "layers[0].strides: Input should be greater than 0"),
+    ("gelu-approximate-text", edit(MLP, lambda d: d["layers"].insert(2, {"type": "gelu", "approximate": "maybe"})), "layers[2].approximate: Input should be a valid boolean"),
+    ("adam-epsilon-negative", edit(BASE, setpath(["optimizer"], {"type": "adam", "learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": -1e-7})), "optimizer.epsilon: Input should be greater than 0"),
+    ("adam-beta-one", edit(BASE, setpath(["optimizer"], {"type": "adam", "learning_rate": 0.001, "beta_1": 1.0, "beta_2": 0.999, "epsilon": 1e-7})), "optimizer.beta_1: Input should be less than 1"),
+    ("rmsprop-rho-one", edit(BASE, setpath(["optimizer"], {"type": "rmsprop", "learning_rate": 0.1, "rho": 1.0, "epsilon": 1e-7, "epsilon_placement": "inside"})), "optimizer.rho: Input should be less than 1"),
+    ("from-logits-text", edit(BASE, setpath(["loss", "from_logits"], "sometimes")), "loss.from_logits: Input should be a valid boolean"),
+    ("input-null", edit(BASE, setpath(["input"], None)), "input: Input should be a valid dictionary"),
+    ("dataset-unknown-key", edit(BASE, setpath(["dataset", "root"], "/data")), "dataset.root: unknown key"),
+    ("integer-key", edit(BASE, setpath([1], 2)), "[1]: Keys should be strings"),
+    ("residual-empty-layers", edit(BASE, setpath(["layers", 3, "layers"], [])), "layers[3].layers: List should have at least 1 item"),
+    ("yaml-set", "!!set {a, b}\n", "expected a mapping at the top level, got set"),
+    ("top-level-string", "just some text\n", "expected a mapping at the top level, got str"),
+]
+
+
 @pytest.mark.parametrize("name, text, expected", CORPUS, ids=[c[0] for c in CORPUS])
 @pytest.mark.parametrize("command", ["check", "run"])
 def test_malformed_spec_corpus(tmp_path, capsys, command, name, text, expected):
     path = tmp_path / f"{name}.yaml"
-    path.write_text(text)
+    path.write_text(text(tmp_path) if callable(text) else text, encoding="latin-1" if name.startswith("binary-png") else None)
     args = ["check", str(path)] if command == "check" else \
         ["run", "--framework", "torch", "--model", str(path), "--out", str(tmp_path / "out")]
     if command == "run":  # the spec is validated before the adapter is needed; skip the adapter check
@@ -131,7 +267,9 @@ def test_malformed_spec_corpus(tmp_path, capsys, command, name, text, expected):
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("amp-harness: error: "), err
-    assert str(path) in lines[0] and expected in lines[0], lines[0]
+    assert (str(path) in lines[0] or yaml.safe_load(path.read_text())["name"] in lines[0]) and expected in lines[0], \
+        lines[0]
+    assert not (tmp_path / "out").exists()  # no records: nothing reached a worker
 
 
 @pytest.mark.parametrize("command", ["check", "run"])
@@ -151,7 +289,7 @@ def test_a_spec_that_is_not_utf8_text_is_one_line(tmp_path, capsys, command):
 
 
 def test_corpus_is_large_enough():
-    assert len(CORPUS) >= 40
+    assert len(CORPUS) >= 100
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)

@@ -66,7 +66,7 @@ def test_ctrl_c_stops_after_the_current_run_and_says_how_to_resume(tmp_path):
 def test_segfaulting_or_oom_killed_worker_is_recorded_and_the_matrix_goes_on(tmp_path):
     out = amp("run", "--repeats", "1", "--framework", "fake", "--model", SPEC, "--precision", "fp16,bf16,fp32", "--steps", "4",
               "--out", str(tmp_path), faults="fp16=segv,bf16=oom")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr
     status = {r["precision"]: (r["status"], r["reason"]) for r in results.read_records([tmp_path])}
     assert status["fp16"][0] == "failed" and status["fp16"][1].startswith("worker killed by signal SIGSEGV")
     assert status["bf16"][0] == "failed" and status["bf16"][1].startswith("worker killed by signal SIGKILL")
@@ -94,7 +94,7 @@ def test_untimed_runs_share_a_process_and_a_crash_there_loses_no_other_run(tmp_p
     out = amp("fingerprint", "--framework", "fake", "--precision", "fp32,amp_bf16", "--steps", "3", "--out",
               str(tmp_path), "--model", "mnist_mlp,tests/specs/pitfall_batchnorm.yaml,tests/specs/pitfall_dropout_adam.yaml",
               faults="pitfall_batchnorm=segv")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr
     records = {(r["model"], r["precision"]): r for r in results.read_records([tmp_path], results.FINGERPRINTS_FILE)}
     assert len(records) == 6
     for (model, precision), r in records.items():
@@ -102,3 +102,17 @@ def test_untimed_runs_share_a_process_and_a_crash_there_loses_no_other_run(tmp_p
             assert r["status"] == "failed" and "SIGSEGV" in r["reason"], r["reason"]
         else:
             assert r["status"] == "ok", (model, precision, r["reason"])
+
+
+def test_resume_runs_failed_runs_again_and_the_report_keeps_the_new_record(tmp_path):
+    from harness.report.view import build_view
+
+    args = ["run", "--repeats", "1", "--framework", "fake", "--model", SPEC, "--precision", "fp32,amp_bf16",
+            "--steps", "3", "--warmup", "0", "--out", str(tmp_path)]
+    first = amp(*args, faults="amp_bf16=raise")
+    assert first.returncode == 1 and "1 of 2 runs failed or timed out" in first.stderr
+    again = amp(*args, "--resume")
+    assert again.returncode == 0 and "resume: 1 of 2 runs already recorded" in again.stderr, again.stderr
+    assert sorted(r["status"] for r in results.read_records([tmp_path])) == ["failed", "ok", "ok"]
+    view = build_view(results.read_records([tmp_path]))
+    assert not view["not_run"] and "1 record skipped: failed, then run again by --resume" in view["skipped"]

@@ -25,7 +25,8 @@ def test_matrix_survives_abort_hang_error_and_nan(tmp_path):
               "--precision", "fp32,fp16,bf16,amp_bf16,amp_fp16,tf32", "--steps", "6", "--warmup", "1",
               "--timeout", "6", "--out", str(tmp_path),
               faults="fp16=abort,bf16=hang,amp_bf16=raise,amp_fp16=nan")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # runs that gave no result: a script must see it
+    assert "3 of 6 runs failed or timed out" in out.stderr
     df = results.load([tmp_path])
     status = dict(zip(df.precision, df.status))
     assert status == {"fp32": "ok", "fp16": "failed", "bf16": "timeout", "amp_bf16": "failed",
@@ -70,6 +71,13 @@ def test_every_record_has_every_field(tmp_path):
      "--steps, --precision: the matrix file benchmarks/compare.yaml sets this; give it there"),
     (["run", "--framework", "fake", "--model", "mnist_mlp", "--timeout", "-1"], "'-1' is not a positive number of seconds"),
     (["run", "--framework", "fake", "--model", "mnist_mlp", "--loss-scale", "2^99999"], "--loss-scale '2^99999': expected"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--loss-scale", "dynamic:abc"], "--loss-scale 'dynamic:abc': expected"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--loss-scale", "none:5"], "--loss-scale 'none:5': expected"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--loss-scale", "-4"], "--loss-scale '-4': expected"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--timeout", "nan"], "'nan' is not a positive number of seconds"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--threads", "0"], "'0' is not a positive integer"),
+    (["run", "--framework", "fake", "--model", "x" * 5000], "not a model name or spec file (File name too long)"),
+    (["run", "--framework", "fake", "--model", "mnist_mlp", "--batch-size", "5000"], "batch_size 5000 exceeds the 1438"),
     (["report", "x", "--nosuch"], "unrecognized arguments: --nosuch"),
     (["parity", "tests"], "no fingerprints.jsonl in tests"),
 ])

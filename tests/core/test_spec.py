@@ -125,7 +125,8 @@ def test_precisions():
     assert parse_precision("amp_fp16").mixed and not parse_precision("fp16").mixed
     with pytest.raises(HarnessError, match="unknown precision 'fp8'; valid: fp32, tf32, amp_fp16"):
         parse_precision("fp8")
-    assert set(PRECISIONS) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp64"}
+    assert set(PRECISIONS) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp64", "bf16_sr", "fp16_sr",
+                               "bf16_kahan", "fixed16_sr", "fixed16_rn"}
     assert parse_loss_scale(None, parse_precision("amp_fp16")).mode == "dynamic"
     assert parse_loss_scale(None, parse_precision("fp16")).mode == "none"
     fixed = parse_loss_scale("128", parse_precision("amp_fp16"))

@@ -72,6 +72,23 @@ class JaxAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
+    def write_weights(self, precision, x, bits, device):
+        import jax
+
+        from amp_harness_jax.rounding import draw_bits, round_nearest, round_stochastic
+        from harness.rounding import device_seed
+
+        rounding = precision.rounding
+        dev = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
+        values = jax.device_put(np.asarray(x, dtype=np.float32), dev)
+        if rounding.mode == "nearest":
+            out = jax.jit(lambda v: round_nearest(v, rounding))(values)
+        else:
+            bits = jax.device_put(np.asarray(bits, dtype=np.int32), dev) if bits is not None else \
+                jax.jit(lambda key: draw_bits(key, values.shape))(jax.random.key(device_seed()))
+            out = jax.jit(lambda v, b: round_stochastic(v, b, rounding))(values, bits)
+        return np.asarray(out).astype(np.float32)
+
     def matmul(self, n, dtype, device):
         import jax
 
@@ -113,7 +130,18 @@ class JaxTrainer(Trainer):
         put = lambda names: {n: jax.device_put(weights[n].astype(self.input_dtype), self.device)  # noqa: E731
                              for n in names}
         self.params, self.statistics = put(net.trainable), put(net.statistics)
-        optimizer = make_optimizer(spec.optimizer)
+        self.rounding = rounding = precision.rounding
+        if rounding is None:
+            optimizer = make_optimizer(spec.optimizer)
+        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
+            from amp_harness_jax.rounding import make_rounded_optimizer, round_nearest
+            from harness.rounding import device_seed
+
+            self.rounding_seed = device_seed()
+            optimizer = make_rounded_optimizer(spec.optimizer, rounding, self.rounding_seed)
+            if rounding.format == "fixed16":  # the initial weights onto the grid
+                self.params = {n: round_nearest(p, rounding) for n, p in self.params.items()}
+        self._bits = None  # fingerprint runs: the core's rounding bits for the next step
         self.opt_state = jax.block_until_ready(jax.jit(optimizer.init)(self.params))  # every slot, now
 
         self.loss_scale = loss_scale
@@ -122,7 +150,7 @@ class JaxTrainer(Trainer):
         self._scale = self._device_scale = None
         scaling = self.scaler is not None
 
-        def step(params, opt_state, statistics, x, y, masks, scale, capture=False):
+        def step(params, opt_state, statistics, x, y, masks, scale, bits=None, capture=False):
             """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step."""
             def objective(params):
                 out, new_statistics = net.apply(params, statistics, x, masks, training=True)
@@ -134,7 +162,8 @@ class JaxTrainer(Trainer):
             if scaling:
                 grads = jax.tree.map(lambda g: (g / scale).astype(g.dtype), grads)
                 finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
-            new_params, new_opt_state = optimizer.update(grads, opt_state, params)
+            new_params, new_opt_state = optimizer.update(grads, opt_state, params, bits) if rounding else \
+                optimizer.update(grads, opt_state, params)
             if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
                 # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
                 new_params, new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
@@ -167,7 +196,12 @@ class JaxTrainer(Trainer):
         self.options = {"jit": True, "donated_buffers": True, "tf32": precision.tf32, "x64": loss_dtype == jnp.float64,
                         "compute_dtype": precision.compute_dtype, "param_dtype": precision.param_dtype,
                         "matmul_precision": matmul_precision,
-                        "loss_scaler": "harness (manual, in the jitted step)" if scaling else None}
+                        "loss_scaler": "harness (manual, in the jitted step)" if scaling else None,
+                        "weight_update": rounding.describe() if rounding else None,
+                        "rounding_seed": getattr(self, "rounding_seed", None)}
+
+    def set_rounding_noise(self, bits):
+        self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
 
     def _set_scale(self) -> None:
         """The scale as a device scalar, transferred only when the rules change it."""
@@ -186,13 +220,15 @@ class JaxTrainer(Trainer):
 
     # -- training -------------------------------------------------------------------------------------
     def train_step(self, batch) -> float:
+        bits, self._bits = self._bits, None
         self.params, self.opt_state, self.statistics, loss, finite = self._step(
-            self.params, self.opt_state, self.statistics, *batch, self._device_scale)
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
         return self._finish(loss, finite)
 
     def captured_step(self, batch):
+        bits, self._bits = self._bits, None
         self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
-            self.params, self.opt_state, self.statistics, *batch, self._device_scale)
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
         return self._finish(loss, finite), {name: _numpy(g) for name, g in grads.items()}
 
     def _finish(self, loss, finite) -> float:

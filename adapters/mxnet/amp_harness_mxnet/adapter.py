@@ -56,6 +56,14 @@ class MXNetAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     def unsupported(self, precision, device) -> str | None:
+        if precision.rounding is not None and precision.rounding.format != "fixed16":
+            # checked with 1.9.1: neither mx.nd nor mx.np can reinterpret a float32 array's bits as integers
+            # (no bitcast operator, mx.np.ndarray has no .view), which harness.rounding's rules are written with
+            return (f"MXNet 1.9 has no bit-cast (no bitcast operator, no ndarray.view(dtype)) to write "
+                    f"{precision.rounding.describe()}")
+        if precision.rounding is not None:
+            return ("the MXNet adapter does not implement the fixed-point grid's float32 update (its Gluon Trainer "
+                    "updates weights in place); left undone, see docs/stochastic-rounding.md")
         reason = super().unsupported(precision, device)
         if reason or device.kind != "cpu":
             return reason

@@ -64,6 +64,27 @@ class TensorFlowAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
+    def write_weights(self, precision, x, bits, device):
+        import tensorflow as tf
+
+        from amp_harness_tensorflow.rounding import (
+            draw_bits,
+            round_nearest,
+            round_stochastic,
+        )
+        from harness.rounding import device_seed
+
+        rounding = precision.rounding
+        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
+            values = tf.constant(np.asarray(x, dtype=np.float32))
+            if rounding.mode == "nearest":
+                out = round_nearest(values, rounding)
+            else:
+                bits = draw_bits(values.shape, tf.random.Generator.from_seed(device_seed())) if bits is None \
+                    else tf.constant(np.asarray(bits, dtype=np.int32))
+                out = round_stochastic(values, bits, rounding)
+        return tf.cast(out, tf.float32).numpy()
+
     def matmul(self, n, dtype, device):
         import tensorflow as tf
 
@@ -99,7 +120,19 @@ class TensorFlowTrainer(Trainer):
         self.input_dtype = floatx
         self.net = Network(spec, graph, weights, floatx)
         model = self.net.train_model
-        optimizer = make_optimizer(spec.optimizer)
+        self.rounding = precision.rounding
+        self.rounded = None
+        if self.rounding is None:
+            optimizer = make_optimizer(spec.optimizer)
+        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
+            from amp_harness_tensorflow.rounding import RoundedOptimizer, round_nearest
+            from harness.rounding import device_seed
+
+            if self.rounding.format == "fixed16":  # the initial weights onto the grid
+                for variable in model.trainable_variables:
+                    variable.assign(round_nearest(variable, self.rounding))
+            self.rounding_seed = device_seed()
+            optimizer = self.rounded = RoundedOptimizer(spec.optimizer, self.rounding, self.rounding_seed)
         self.loss_scale = loss_scale
         self.scaler = None
         if loss_scale.mode == "dynamic":
@@ -144,7 +177,13 @@ class TensorFlowTrainer(Trainer):
         self._trainable_names = [self.net.name_of[id(v)] for v in variables]
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
-                        "loss_scaler": self.scaler, "train_step": "tf.function"}
+                        "loss_scaler": self.scaler, "train_step": "tf.function",
+                        "weight_update": self.rounding.describe() if self.rounding else None,
+                        "rounding_seed": getattr(self, "rounding_seed", None)}
+
+    def set_rounding_noise(self, bits):
+        for name, value in bits.items():  # Keras' layouts are the canonical ones
+            self.rounded.set_bits(self.net.variables[name], value)
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):

@@ -48,6 +48,27 @@ class TorchAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TorchTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
+    def write_weights(self, precision, x, bits, device):
+        import torch
+
+        from amp_harness_torch.rounding import (
+            draw_bits,
+            round_nearest,
+            round_stochastic,
+        )
+        from harness.rounding import device_seed
+
+        rounding = precision.rounding
+        values = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device.name)
+        if rounding.mode == "nearest":
+            out = round_nearest(values, rounding)
+        else:
+            seed = device_seed()  # as a timed run seeds it
+            bits = draw_bits(values.shape, torch.Generator(device=device.name).manual_seed(seed)) if bits is None \
+                else torch.from_numpy(np.asarray(bits, dtype=np.int32)).to(device.name)
+            out = round_stochastic(values, bits, rounding)
+        return out.float().cpu().numpy()
+
     def matmul(self, n, dtype, device):
         import torch
 
@@ -87,7 +108,20 @@ class TorchTrainer(Trainer):
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
-        self.optimizer = make_optimizer(spec.optimizer, net.parameters())
+        self.rounding = precision.rounding
+        if self.rounding is None:
+            self.optimizer = make_optimizer(spec.optimizer, net.parameters())
+        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
+            from amp_harness_torch.rounding import RoundedUpdate, round_nearest
+            from harness.rounding import device_seed
+
+            if self.rounding.format == "fixed16":  # the initial weights onto the grid
+                with torch.no_grad():
+                    for p in net.parameters():
+                        p.copy_(round_nearest(p, self.rounding))
+            self.rounding_seed = device_seed()
+            self.optimizer = RoundedUpdate(net.parameters(), spec.optimizer, self.rounding, self.device,
+                                           self.rounding_seed)
         self.forward = torch.compile(net) if variant == "compile" else net
         self.loss_scale = loss_scale
         self.grad_scaler = None
@@ -101,7 +135,9 @@ class TorchTrainer(Trainer):
         self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": variant == "compile",
                         "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
                         "loss_scaler": "GradScaler" if self.grad_scaler else
-                        (None if loss_scale.mode == "none" else "harness (manual)")}
+                        (None if loss_scale.mode == "none" else "harness (manual)"),
+                        "weight_update": self.rounding.describe() if self.rounding else None,
+                        "rounding_seed": getattr(self, "rounding_seed", None)}
 
     # -- data -----------------------------------------------------------------------------------------
     def _input(self, x: np.ndarray):
@@ -122,6 +158,15 @@ class TorchTrainer(Trainer):
         if self.is_cuda:
             self.torch.cuda.synchronize()
         return batch
+
+    def set_rounding_noise(self, bits):
+        from harness.model.weights import to_channels_first
+
+        owners = self.net._owners
+        self.optimizer.given_bits = {
+            getattr(owners[name][0], owners[name][1]):
+                self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value))).to(self.device)
+            for name, value in bits.items()}
 
     def _autocast(self):
         import contextlib

@@ -1,0 +1,141 @@
+"""What one training step needs in memory, from the spec's graph alone (no framework), and how much this
+machine can give: `check` prints the estimate per precision, `run` refuses a run that cannot fit before any
+worker allocates it.
+
+The estimate counts what every framework must hold:
+- the weights (with batchnorm's moving statistics), their gradients and the optimizer's slots, in the weights'
+  dtype, and Kahan's compensation buffer (harness.model.graph.state_memory_mb);
+- mixed precision: a copy of the trainable weights in the compute dtype;
+- activations kept for backward: every layer's output once, in the compute dtype, at the batch size, and the
+  two largest of them again (the gradient flowing back and the one it produces);
+- the input batch: float32 on the host and once more as the framework's tensor, and its labels.
+It leaves out what depends on the framework: its own workspace (convolution algorithms, oneDNN primitives,
+the allocator's caching and fragmentation, XLA's buffers), temporaries that fusion may or may not remove,
+and the fixed cost of importing the framework; the guard adds the dataset when the core keeps it in memory.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from harness.errors import HarnessError
+from harness.model.graph import DTYPE_BYTES, Graph, state_memory_mb
+from harness.precision import Precision
+
+MB = 2**20
+LIMIT_ENV = "AMP_HARNESS_MEMORY_LIMIT_MB"
+INPUT_BYTES = 4  # the core hands batches over as float32
+LABEL_BYTES = 8  # int64 class ids
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    precision: str
+    parts_mb: dict[str, float]  # weights, gradients, optimizer_state, compute_copy, activations, input_batch
+
+    @property
+    def step_mb(self) -> float:
+        """One training step's memory: what the measured peak above the framework's own level holds."""
+        return sum(self.parts_mb.values())
+
+
+def estimate(graph: Graph, spec, precision: Precision) -> MemoryEstimate:
+    parts = state_memory_mb(graph, spec.optimizer, precision)
+    compute = DTYPE_BYTES[precision.compute_dtype]
+    parts["compute_copy"] = graph.param_count * compute / MB if precision.mixed else 0.0
+    outputs = [math.prod(layer.out_shape) for layer in graph.layers if layer.type != "residual"]
+    kept = sum(outputs) + sum(sorted(outputs)[-2:])
+    parts["activations"] = kept * spec.batch_size * compute / MB
+    sample = math.prod(spec.input.shape)
+    parts["input_batch"] = spec.batch_size * (2 * sample * INPUT_BYTES + LABEL_BYTES) / MB
+    return MemoryEstimate(precision.name, parts)
+
+
+def dataset_mb(spec) -> float:
+    """The dataset the core materialises before training (harness.model.data.Data keeps small ones whole)."""
+    from harness.model.data import CACHE_LIMIT_BYTES, sample_count
+
+    total = sample_count(spec) * math.prod(spec.input.shape) * INPUT_BYTES
+    return total / MB if total <= CACHE_LIMIT_BYTES else 0.0
+
+
+def fmt_mb(mb: float) -> str:
+    for unit, size in (("TiB", 2**20), ("GiB", 2**10)):
+        if mb >= size:
+            return f"{mb / size:.2f} {unit}"
+    return f"{mb:.1f} MiB" if mb >= 1 else f"{mb * 1024:.1f} KiB"
+
+
+# ---- what this machine can give ---------------------------------------------------------------------------
+def _meminfo_mb(field: str) -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_room_mb() -> float | None:
+    """What the cgroup (v2) still lets this process tree allocate, when it has a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        return (int(limit) - used) / MB
+    except (OSError, ValueError):
+        return None
+
+
+def _gpu_memory_mb() -> float | None:
+    """The smallest visible NVIDIA GPU's total memory, asked of nvidia-smi (no framework needed)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        sizes = [float(v) for v in out.stdout.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(sizes) if sizes else None
+
+
+def available_mb(device: str) -> tuple[float, str] | None:
+    """(MiB, what it is) a run on `device` ("auto", "cpu", "gpu") may use: a GPU's memory when one is visible
+    and the run may use it, else the host's available RAM (within its cgroup's limit); None when unknown."""
+    if os.environ.get(LIMIT_ENV):  # users who share a machine, and tests
+        try:
+            return float(os.environ[LIMIT_ENV]), LIMIT_ENV
+        except ValueError:
+            raise HarnessError(f"{LIMIT_ENV}={os.environ[LIMIT_ENV]!r}: expected a number of MiB") from None
+    if device != "cpu":
+        gpu = _gpu_memory_mb()
+        if gpu is not None:
+            return gpu, "the GPU's memory (nvidia-smi)"
+    room = [v for v in (_meminfo_mb("MemAvailable"), _cgroup_room_mb()) if v is not None]
+    return (min(room), "the host's available memory") if room else None
+
+
+def check_fits(spec, graph: Graph, precisions: list[Precision], device: str, source: str) -> None:
+    """HarnessError, before anything is allocated, when a training step of `spec` in any of `precisions`
+    cannot fit in what this machine has for `device` (see the module's note on what the estimate holds)."""
+    room = available_mb(device)
+    if room is None:
+        return
+    limit, what = room
+    extra = dataset_mb(spec)
+    for precision in precisions:
+        need = estimate(graph, spec, precision).step_mb + extra
+        if need > limit:
+            raise HarnessError(f"{source}: {precision.name} needs about {fmt_mb(need)} for a training step at batch "
+                               f"{spec.batch_size}{' and the dataset in memory' if extra else ''} (`amp-harness "
+                               f"check` shows the parts), more than {what} "
+                               f"({fmt_mb(limit)}); use a smaller batch_size or input, or --force")

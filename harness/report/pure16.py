@@ -1,0 +1,205 @@
+"""The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
+rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32,
+per model and framework: eval accuracy, the loss curves, the share of updates swamped by rounding (from
+`amp-harness diagnose`), weight memory, and one computed sentence per model and framework.
+
+    section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
+    section["html"], section["markdown"], section["sentences"]
+"""
+from __future__ import annotations
+
+import html
+import math
+
+from harness.report.accuracy import ACCURACY_MARGIN, num_classes, too_short
+
+#: the arms in the order the table shows them; fp32 is the reference
+ARMS = ("fp32", "amp_bf16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr")
+PURE = {"bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr"}
+REMEDIES = {"bf16_sr": "stochastic rounding", "bf16_kahan": "Kahan-compensated updates",
+            "fp16_sr": "stochastic rounding", "fixed16_sr": "stochastic rounding"}
+NEAREST = {"bf16": ("bf16", ("bf16_sr", "bf16_kahan")), "fp16": ("fp16", ("fp16_sr",)),
+           "fixed16": ("fixed16_rn", ("fixed16_sr",))}
+SWAMPED_FORMAT = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _base(precision: str) -> str:
+    return precision.partition(":")[0]  # fixed16_sr:12 is a fixed16_sr arm
+
+
+def _mean(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _arm(records: list[dict]) -> dict:
+    ok = [r for r in records if r.get("status") == "ok"]
+    curves = [r["loss"] for r in ok if r.get("loss")]
+    length = min((len(c) for c in curves), default=0)
+    curve = [_mean([c[i] for c in curves]) for i in range(length)]
+    state = (ok or records)[0].get("state_memory_mb") or {}
+    return {"precision": records[0]["precision"], "runs": len(records), "ok": len(ok),
+            "failed": [f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"],
+            "accuracy": _mean([r.get("eval_accuracy") for r in ok]),
+            "final_loss": _mean([r.get("final_train_loss") for r in ok]),
+            # what keeps the weights: Kahan's compensation buffer counts with them
+            "weights_mb": None if state.get("weights") is None else state["weights"] + state.get("compensation", 0.0),
+            "peak_mb": _mean([r.get("peak_memory_mb") for r in ok]),
+            "curve": curve}
+
+
+def swamped_shares(diagnoses: list[dict]) -> dict[str, dict[str, float]]:
+    """Per model, the share of fp32 training's weight updates that nearest rounding would lose in each 16-bit
+    format (harness.numerics.update_counts, summed over layers and captured steps), from ok diagnoses."""
+    out: dict[str, dict[str, float]] = {}
+    for d in diagnoses or []:
+        counts = ((d.get("diagnosis") or {}).get("updates") or {}) if d.get("status") == "ok" else {}
+        updates = sum(c.get("updates", 0) for c in counts.values())
+        if updates:
+            out.setdefault(d["model"], {fmt: sum(c.get(fmt, 0) for c in counts.values()) / updates
+                                        for fmt in ("bfloat16", "float16")})
+    return out
+
+
+def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> list[dict]:
+    """Per (model, framework) with a pure-16-bit arm and fp32: the arms, the swamped shares and the sentence."""
+    swamped = swamped_shares(diagnoses or [])
+    groups: dict[tuple, dict[str, list]] = {}
+    for r in records:
+        if r.get("mode", "run") != "run" or _base(r.get("precision", "")) not in ARMS or not r.get("model"):
+            continue
+        groups.setdefault((r["model"], r.get("framework")), {}).setdefault(r["precision"], []).append(r)
+    out = []
+    for (model, framework), arms in sorted(groups.items(), key=lambda item: (item[0][0], str(item[0][1]))):
+        if "fp32" not in arms or not PURE & {_base(p) for p in arms}:
+            continue
+        rows = {p: _arm(rs) for p, rs in arms.items()}
+        classes = num_classes([r for rs in arms.values() for r in rs])
+        judged = not too_short(rows["fp32"]["accuracy"], classes)
+        ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
+        out.append({"model": model, "framework": framework, "arms": ordered, "judged": judged,
+                    "swamped": swamped.get(model, {}),
+                    "sentence": sentence(model, framework, rows, judged, swamped.get(model, {}))})
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float]) -> str:
+    """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding stalls
+    (71.2% vs 93.3% fp32); stochastic rounding recovers 93.0% with half the weight memory"."""
+    fp32 = rows["fp32"]
+    head = f"{model} ({framework}): "
+    if fp32["accuracy"] is None:
+        return head + "no fp32 accuracy to compare against"
+    if not judged:
+        return head + f"fp32 scores at chance level ({_pct(fp32['accuracy'])}): too short to judge"
+    parts = []
+    for family, (nearest, remedies) in NEAREST.items():
+        arms = {p: a for p, a in rows.items() if _base(p) in (nearest, *remedies)}
+        if not arms:
+            continue
+        clauses = []
+        near = next((a for p, a in arms.items() if _base(p) == nearest), None)
+        if near is not None:
+            label = f"{nearest} with nearest rounding" if family != "fixed16" else "16-bit fixed point with nearest rounding"
+            if near["accuracy"] is None:
+                clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
+            else:
+                behind = fp32["accuracy"] - near["accuracy"]
+                verb = "stalls" if behind > ACCURACY_MARGIN else "keeps up"
+                swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
+                clauses.append(f"{label} {verb} ({_pct(near['accuracy'])} vs {_pct(fp32['accuracy'])} fp32"
+                               + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
+                                  if swamp is not None else "") + ")")
+        for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
+                           key=lambda item: (remedies.index(_base(item[0])), item[0])):
+            if a["accuracy"] is None:
+                clauses.append(f"{REMEDIES[_base(p)]} ({p}) did not finish")
+                continue
+            behind = fp32["accuracy"] - a["accuracy"]
+            plural = REMEDIES[_base(p)].endswith("updates")
+            verb = ("recover" if plural else "recovers") if behind <= ACCURACY_MARGIN else \
+                ("reach only" if plural else "reaches only")
+            memory = ""
+            if a.get("weights_mb") and fp32.get("weights_mb"):
+                ratio = a["weights_mb"] / fp32["weights_mb"]
+                memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
+                    (f" with {ratio:.2g}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
+                     else " with fp32's weight memory")
+            clauses.append(f"{REMEDIES[_base(p)]} ({p}) {verb} {_pct(a['accuracy'])}{memory}")
+        parts.append("; ".join(clauses))
+    return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
+
+
+def _curves_svg(entry: dict) -> str:
+    """The arms' mean training-loss curves against fp32 (one panel)."""
+    from harness.report import charts
+
+    curves = {a["precision"]: a["curve"] for a in entry["arms"] if a["curve"]}
+    if not curves:
+        return ""
+    return charts.loss_curves({entry["framework"]: curves}, f"{entry['model']}: training loss, pure 16-bit vs fp32")
+
+
+def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> dict:
+    """{"entries": pure16_view(...), "sentences": [...], "html": str, "markdown": str}: the section for the
+    report ("" html and markdown when no model has a pure-16-bit arm beside fp32)."""
+    entries = pure16_view(records, diagnoses)
+    return {"entries": entries, "sentences": [e["sentence"] for e in entries],
+            "html": _html(entries, charts) if entries else "", "markdown": _markdown(entries) if entries else ""}
+
+
+def _row_cells(entry: dict, arm: dict) -> list[str]:
+    fp32 = next(a for a in entry["arms"] if a["precision"] == "fp32")
+    delta = None if arm["accuracy"] is None or fp32["accuracy"] is None else arm["accuracy"] - fp32["accuracy"]
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", _pct(arm["accuracy"]),
+            "-" if delta is None or arm["precision"] == "fp32" else f"{100 * delta:+.1f} pt",
+            "-" if arm["final_loss"] is None else f"{arm['final_loss']:.4g}",
+            "-" if arm["weights_mb"] is None else f"{arm['weights_mb']:.3g}",
+            "-" if arm["peak_mb"] is None else f"{arm['peak_mb']:.1f}"]
+
+
+HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32", "final train loss", "weights (+compensation) MB",
+          "peak MB (measured)"]
+
+
+def _html(entries: list[dict], charts: bool) -> str:
+    e = html.escape
+    out = ['<section id="pure16"><h2>Pure 16-bit training: no float32 master weights</h2>',
+           "<p>Pure bf16/fp16 arms keep weights (and optimizer state) in 16 bits. With nearest rounding, updates "
+           "below half a weight's gap are lost (swamped); stochastic rounding (<code>*_sr</code>) and "
+           "Kahan-compensated updates (<code>bf16_kahan</code>, a bfloat16 compensation buffer per weight) keep "
+           "them (docs/stochastic-rounding.md). Accuracy is the mean over repeats.</p>"]
+    for entry in entries:
+        out.append(f"<h3>{e(entry['model'])} &middot; {e(str(entry['framework']))}</h3>")
+        out.append(f"<p class=\"answer\">{e(entry['sentence'])}</p>")
+        if entry["swamped"]:
+            out.append("<p>Swamped share (fp32 updates below half an ulp of their weights, from diagnose): "
+                       + ", ".join(f"{e(fmt)} {_pct(share)}" for fmt, share in entry["swamped"].items()) + "</p>")
+        out.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>")
+        for arm in entry["arms"]:
+            out.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in _row_cells(entry, arm)) + "</tr>")
+        out.append("</tbody></table>")
+        failed = [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]]
+        if failed:
+            out.append("<p>Not ok: " + "; ".join(e(f) for f in failed) + "</p>")
+        if charts:
+            out.append(_curves_svg(entry))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _markdown(entries: list[dict]) -> str:
+    lines = ["## Pure 16-bit training", ""]
+    for entry in entries:
+        lines += [f"- {entry['sentence']}"]
+    lines.append("")
+    for entry in entries:
+        lines += [f"### {entry['model']} · {entry['framework']}", "", "| " + " | ".join(HEADER) + " |",
+                  "|" + "---|" * len(HEADER)]
+        lines += ["| " + " | ".join(_row_cells(entry, arm)) + " |" for arm in entry["arms"]]
+        lines.append("")
+    return "\n".join(lines)

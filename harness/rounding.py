@@ -1,0 +1,274 @@
+"""How weights are written back after an update, once for every adapter: stochastic rounding, Kahan-compensated
+updates and the 16-bit fixed-point grid of the pure-16-bit precisions (`bf16_sr`, `fp16_sr`, `bf16_kahan`,
+`fixed16_sr`, `fixed16_rn`; see harness.precision and docs/stochastic-rounding.md).
+
+With round-to-nearest, a weight update smaller than half the gap between the weight and its neighbour in the
+storage format is lost ("swamped", harness.numerics); repeated, training stalls. Stochastic rounding rounds to
+one of the two neighbours with probabilities that make the rounded value unbiased: its expectation is the
+float32 value (Gupta et al., ICML 2015). Kahan summation keeps what rounding lost in a compensation buffer of
+the weights' dtype and adds it back to the next update (Zamirai et al., Revisiting BFloat16 Training, 2020).
+
+The rules, as every adapter implements them with its framework's bit-casts (the numpy functions here are the
+reference the conformance kit holds them to, bit for bit):
+
+- The optimizer's update is computed in float32 (its state is read from and written back to the weights' dtype,
+  with nearest rounding), giving the new weight `x` in float32; `x` is then written to the weights' format.
+- Stochastic rounding takes 16 random bits `r` (an integer 0 <= r < 2^16) per weight and step.
+  bfloat16: add `r` to the float32 bit pattern and clear its low 16 bits (the pattern is sign and magnitude,
+  so the magnitude rounds away from zero exactly when its 16 discarded bits plus `r` carry).
+  Other formats, the same rule in arithmetic: with `g` the gap of the format's grid at |x| (a power of two)
+  and `m = |x| / g`, the magnitude rounds away from zero to `(floor(m) + 1) * g` when
+  `r + (m - floor(m)) * 2^16 >= 2^16`, else to `floor(m) * g`; the sign is kept. For bfloat16 the two are
+  identical (a core test checks it); the probability of rounding away is the distance to the lower neighbour
+  over the gap, resolved to 2^-16 of the gap.
+- float16's gap at |x| is 2^(max(e, -14) - 10) for |x| in [2^e, 2^(e+1)) (subnormals below 2^-14);
+  bfloat16's 2^(max(e, -126) - 7). A float16 value past the largest finite one becomes infinity, as a cast
+  does.
+- The fixed-point grid (`fixed16_*`): 16-bit two's complement integers times 2^-F (F fractional bits, default
+  14): gap 2^-F, range [-2^(15-F), 2^(15-F) - 2^-F]; values outside saturate (Gupta et al. clip too).
+  Nearest rounding there is round-half-to-even.
+- Kahan (`bf16_kahan`): with the update `u = x - w` in float32 and the compensation `c` (bfloat16, zero at
+  the start): `y = u - c`, `s = bf16(w + y)`, `c = bf16((s - w) - y)`, `w = s` (w, s, c read as float32).
+- Non-finite values are written with the format's nearest rounding (an infinite update stays infinite).
+
+Noise: in timed runs every adapter draws `r` on the device with its framework's generator, so the timing is a
+real implementation's. In fingerprint runs the core draws it (`RoundingNoise`: counter-based, from the spec's
+seed, the weight and the step), so stochastically rounded runs are the same in every framework and the parity
+check covers them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.errors import HarnessError
+
+NOISE_BITS = 16  # random bits per weight and step
+NOISE_RANGE = 1 << NOISE_BITS
+DEFAULT_FRAC_BITS = 14  # Gupta et al.'s best setting for 16-bit fixed point
+MODES = ("nearest", "stochastic", "kahan")
+FORMATS = ("bfloat16", "float16", "fixed16")
+_STREAM = 0x5A0D  # keeps rounding-noise keys apart from dropout's and any other use of the spec's seed
+
+# (smallest normal exponent, explicit mantissa bits) of the floating-point formats
+_FLOAT_FORMATS = {"bfloat16": (-126, 7), "float16": (-14, 10)}
+FLOAT16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """How a precision writes updated weights: `mode` nearest / stochastic / kahan onto `format`'s grid."""
+
+    mode: str
+    format: str
+    frac_bits: int = DEFAULT_FRAC_BITS  # fixed16 only
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES or self.format not in FORMATS:
+            raise HarnessError(f"rounding: mode must be one of {MODES}, format one of {FORMATS}")
+        if self.format == "fixed16" and not 0 <= self.frac_bits <= 15:
+            raise HarnessError(f"fixed16: the fractional bits must be 0..15, got {self.frac_bits}")
+        if self.mode == "kahan" and self.format != "bfloat16":
+            raise HarnessError("Kahan-compensated updates are defined for bfloat16 weights only")
+
+    @property
+    def stochastic(self) -> bool:
+        return self.mode == "stochastic"
+
+    @property
+    def fixed_step(self) -> float:
+        """The fixed-point grid's gap, 2^-F."""
+        return 2.0 ** -self.frac_bits
+
+    @property
+    def fixed_range(self) -> tuple[float, float]:
+        """The fixed-point grid's smallest and largest values: 16-bit two's complement integers times 2^-F."""
+        return -(2.0 ** (15 - self.frac_bits)), 2.0 ** (15 - self.frac_bits) - self.fixed_step
+
+    def describe(self) -> str:
+        what = {"stochastic": "stochastic rounding", "nearest": "round-to-nearest", "kahan": "Kahan-compensated"}
+        grid = f"16-bit fixed point with {self.frac_bits} fractional bits" if self.format == "fixed16" \
+            else self.format
+        return f"{what[self.mode]} onto {grid}"
+
+
+# ---- the reference implementation (numpy, float32) ----------------------------------------------------------
+def _f32(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def gap(x, rounding: Rounding) -> np.ndarray:
+    """The spacing of the format's grid at |x| (float32, a power of two), for finite x."""
+    x = _f32(x)
+    if rounding.format == "fixed16":
+        return np.full(x.shape, rounding.fixed_step, np.float32)
+    emin, mantissa = _FLOAT_FORMATS[rounding.format]
+    exponent = ((x.view(np.uint32) >> 23) & 0xFF).astype(np.int32) - 127  # float32 subnormals: -127
+    return np.ldexp(np.float32(1), np.maximum(exponent, emin) - mantissa).astype(np.float32)
+
+
+def round_nearest(x, rounding: Rounding) -> np.ndarray:
+    """x written to the format with round-to-nearest-even, as float32 values."""
+    x = _f32(x)
+    if rounding.format == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        return np.where(np.isnan(x), x, rounded)
+    if rounding.format == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    lo, hi = rounding.fixed_range
+    step = np.float32(rounding.fixed_step)
+    return np.clip(np.rint(x / step) * step, lo, hi).astype(np.float32)
+
+
+def round_stochastic(x, bits, rounding: Rounding) -> np.ndarray:
+    """x written to the format with stochastic rounding, using `bits` (integers 0..2^16-1, x's shape)."""
+    x = _f32(x)
+    r = np.asarray(bits, dtype=np.int64)
+    if r.shape != x.shape or (r.size and (r.min() < 0 or r.max() >= NOISE_RANGE)):
+        raise HarnessError(f"stochastic rounding needs one integer in [0, 2^16) per value; got {r.shape} for "
+                           f"{x.shape}")
+    finite = np.isfinite(x)
+    if rounding.format == "bfloat16":
+        pattern = x.view(np.uint32).astype(np.int64)
+        rounded = ((pattern + r) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    else:
+        rounded = _stochastic_arithmetic(x, r, rounding)
+    return np.where(finite, rounded, round_nearest(x, rounding)).astype(np.float32)
+
+
+def _stochastic_arithmetic(x: np.ndarray, r: np.ndarray, rounding: Rounding) -> np.ndarray:
+    """The arithmetic form of the rule (module docstring): exact in float32, as every adapter computes it."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.abs(x)
+        g = gap(np.where(np.isfinite(x), x, 0), rounding)
+        m = magnitude / g
+        low = np.floor(m)
+        away = r.astype(np.float32) + (m - low) * np.float32(NOISE_RANGE) >= np.float32(NOISE_RANGE)
+        y = np.copysign((low + away) * g, x).astype(np.float32)
+    if rounding.format == "fixed16":
+        return np.clip(y, *rounding.fixed_range).astype(np.float32)
+    if rounding.format == "bfloat16":  # float32 overflows by itself
+        return y
+    return np.where(np.abs(y) > FLOAT16_MAX, np.copysign(np.float32(np.inf), x), y).astype(np.float32)
+
+
+def round_stochastic_arithmetic(x, bits, rounding: Rounding) -> np.ndarray:
+    """The arithmetic form for any format, bfloat16 included (a test checks it equals the bit-pattern rule)."""
+    x = _f32(x)
+    return _stochastic_arithmetic(x, np.asarray(bits, dtype=np.int64), rounding)
+
+
+def kahan_update(w, x, c) -> tuple[np.ndarray, np.ndarray]:
+    """(new weight, new compensation) of bfloat16 weights `w` moved to float32 `x` with compensation `c`."""
+    bf16 = Rounding("nearest", "bfloat16")
+    w, x, c = _f32(w), _f32(x), _f32(c)
+    y = (x - w) - c
+    s = round_nearest(w + y, bf16)
+    return s, round_nearest((s - w) - y, bf16)
+
+
+def write(x, rounding: Rounding, bits=None) -> np.ndarray:
+    """Float32 new weights `x` written by the rounding's mode (nearest or stochastic; Kahan needs kahan_update)."""
+    if rounding.mode == "stochastic":
+        return round_stochastic(x, bits, rounding)
+    if rounding.mode == "nearest":
+        return round_nearest(x, rounding)
+    raise HarnessError("Kahan-compensated updates keep a compensation buffer: use kahan_update")
+
+
+def device_seed() -> int:
+    """The seed of a timed run's on-device noise: fresh entropy per process, as a real implementation seeds
+    its generator, so that repeats sample the rounding noise instead of repeating one draw (fingerprint runs
+    take the core's RoundingNoise instead). Adapters record it in the run's options."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+# ---- the core's noise for fingerprint runs --------------------------------------------------------------------
+class RoundingNoise:
+    """The 16 random bits per trainable weight and step of a fingerprint run, drawn by the core so that every
+    framework rounds alike: Philox keyed by the spec's seed and the weight's index in canonical order, the step
+    as the counter (any step's bits without replaying the steps before it). int32 arrays (0..2^16-1) in the
+    weights' canonical layouts, by canonical name."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], seed: int):
+        self.shapes = dict(shapes)
+        self._keys = {name: np.random.SeedSequence([seed % 2**63, _STREAM, index]).generate_state(2, np.uint64)
+                      for index, name in enumerate(self.shapes)}
+
+    def for_step(self, step: int) -> dict[str, np.ndarray]:
+        bits = {}
+        for name, shape in self.shapes.items():
+            key = int(self._keys[name][0]) << 64 | int(self._keys[name][1])
+            generator = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, step]))
+            bits[name] = generator.integers(0, NOISE_RANGE, size=shape, dtype=np.int32)
+        return bits
+
+
+def trainable_shapes(graph) -> dict[str, tuple[int, ...]]:
+    """The trainable weights' canonical names and shapes (batchnorm's moving statistics are not trained)."""
+    return {name: shape for name, shape in graph.param_shapes().items()
+            if not name.rsplit(".", 1)[1].startswith("moving_")}
+
+
+# ---- what the unbiasedness tests round ---------------------------------------------------------------------
+def sample_values(rounding: Rounding) -> np.ndarray:
+    """Float32 values spread over the format's whole range, none on its grid: normal values across the
+    exponents, subnormals, values just above and just below powers of two, both signs (the statistical tests of
+    every adapter's rounding take these)."""
+    rng = np.random.default_rng(20150706)
+    if rounding.format == "fixed16":
+        lo, hi = rounding.fixed_range
+        step = rounding.fixed_step
+        base = np.concatenate([rng.uniform(lo + step, hi - step, 24), [step * 0.3, -step * 0.7, step * 1.01,
+                                                                        1 + step * 0.25, 1 - step * 0.4]])
+    else:
+        emin, mantissa = _FLOAT_FORMATS[rounding.format]
+        emax = 15 if rounding.format == "float16" else 127
+        exponents = np.linspace(emin, emax - 1, 16).round()
+        normal = np.ldexp(rng.uniform(1, 2, exponents.size), exponents.astype(int))
+        subnormal = np.ldexp(rng.uniform(0.05, 1, 6), emin)  # below the smallest normal
+        power = np.ldexp(1.0, np.array([emin, 0, 5, emax - 2]))
+        ulp = np.ldexp(1.0, np.array([emin, 0, 5, emax - 2]) - mantissa)
+        near = np.concatenate([power + 0.3 * ulp, power - 0.2 * ulp])  # just above and just below 2^k
+        base = np.concatenate([normal, subnormal, near])
+    values = _f32(base * np.where(np.arange(base.size) % 2, -1, 1))
+    off_grid = round_nearest(values, Rounding("nearest", rounding.format, rounding.frac_bits)) != values
+    return values[off_grid]
+
+
+def unbiasedness(values: np.ndarray, rounded: np.ndarray, rounding: Rounding, sigmas: float = 3.0) -> list[str]:
+    """Checks `rounded` ([draws, values] float32, draws of stochastic rounding of each value) against the rule:
+    every draw is one of the value's two neighbours, and the mean is the value within `sigmas` standard errors
+    (the standard error of the mean of draws from those two neighbours with the rule's probabilities). Returns
+    the failures, one line each."""
+    return [message for _, message in biased(values, rounded, rounding, sigmas)]
+
+
+def biased(values: np.ndarray, rounded: np.ndarray, rounding: Rounding, sigmas: float = 3.0) -> list[tuple[int, str]]:
+    """unbiasedness's failures with the index of the value each concerns."""
+    values, rounded = _f32(values), np.asarray(rounded, dtype=np.float64)
+    draws = rounded.shape[0]
+    g = gap(values, rounding).astype(np.float64)
+    magnitude = np.abs(values).astype(np.float64)
+    low = np.floor(magnitude / g) * g
+    p = (magnitude - low) / g
+    lower = np.copysign(low, values)
+    upper = np.copysign(low + g, values)
+    failures = []
+    for i, v in enumerate(values.astype(np.float64)):
+        column = rounded[:, i]
+        if not np.all((column == lower[i]) | (column == upper[i])):
+            bad = column[(column != lower[i]) & (column != upper[i])][0]
+            failures.append((i, f"{v!r}: rounded to {bad!r}, not one of its neighbours {lower[i]!r}, {upper[i]!r}"))
+            continue
+        se = g[i] * np.sqrt(p[i] * (1 - p[i]) / draws)
+        mean = column.mean()
+        if abs(mean - v) > sigmas * se:
+            failures.append((i, f"{v!r}: the mean of {draws} roundings is {mean!r}, {abs(mean - v) / se:.1f} standard "
+                            f"errors away (P(round away) should be {p[i]:.4f}, was "
+                            f"{np.mean(column == upper[i]):.4f})"))
+    return failures

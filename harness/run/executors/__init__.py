@@ -1,0 +1,90 @@
+"""Where the runs of a matrix execute: the local executor (the default: one subprocess after another on this
+machine) or a Ray cluster (harness.run.executors.ray_cluster). The runner above is the same for both: matrix,
+records, --resume, Ctrl-C, progress, exit codes.
+
+An executor has a `name` and one method, `run_batches(batches, timeout_s, on_progress, on_record, stop,
+on_batch)`: run each batch (requests that share one worker process), call `on_record(record)` for every record
+as it is known (in the calling thread or the progress reader's; an exception from it must stop the executor
+and reach its caller), and stop starting batches once `stop` (a list) is non-empty (Ctrl-C).
+
+This module imports nothing heavy, and never Ray: the CLI imports it to add its options, and the default
+install has no Ray."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.run.executors.local import LocalExecutor
+
+__all__ = ["LocalExecutor", "add_executor_arguments", "executor_from_args"]
+
+#: where `tox` builds each framework's environment, the default interpreter of a framework's runs on a cluster
+TOX_DIR = Path(__file__).resolve().parents[3] / ".tox"
+DEFAULT_RETRIES = 2
+
+
+def _python(text: str) -> tuple[str, str]:
+    framework, sep, path = text.partition("=")
+    if not sep or not framework.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"'{text}' is not FRAMEWORK=PATH, e.g. torch=/opt/envs/torch/bin/python")
+    return framework.strip(), path.strip()
+
+
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of retries from 0 to 10")
+    return value
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `run`, `fingerprint`, `diagnose` and `study` that choose the executor."""
+    group = parser.add_argument_group("executor", "where the runs execute (docs/cluster.md)")
+    group.add_argument("--executor", choices=("local", "ray"), default="local",
+                       help="local: one run after another on this machine (default); ray: the runs as Ray tasks "
+                            "on a cluster, each in its own worker process on its node (pip install -e .[ray])")
+    group.add_argument("--address", help="ray: HOST:PORT of the cluster's head, or 'auto' for the cluster this "
+                                         "machine has joined (default: a one-node Ray started for this call)")
+    group.add_argument("--python", type=_python, action="append", metavar="FRAMEWORK=PATH",
+                       help="ray: the interpreter of the framework's environment, at this path on every node "
+                            f"(default: the tox env, {TOX_DIR}/FRAMEWORK/bin/python); repeatable")
+    group.add_argument("--pack", action="store_true",
+                       help="ray: let runs share a node (one CPU each, a quarter of a GPU) when their timing does "
+                            "not matter (fingerprints, diagnoses); by default a run has a GPU or a node to itself")
+    group.add_argument("--retries", type=_retries, default=None,
+                       help=f"ray: tries again of a run whose task was lost with its node or worker (default "
+                            f"{DEFAULT_RETRIES}); then it is recorded failed with the Ray error")
+
+
+def executor_from_args(args: argparse.Namespace, mode: str):
+    """The executor the options ask for; `mode` (run, fingerprint, diagnose) tells whether timing matters."""
+    if args.executor == "local":
+        given = [name for name, value in (("--address", args.address), ("--python", args.python),
+                                          ("--pack", args.pack), ("--retries", args.retries))
+                 if value is not None and value is not False]  # 0 retries is given too
+        if given:
+            raise HarnessError(f"{', '.join(given)}: only with --executor ray")
+        return LocalExecutor()
+    if importlib.util.find_spec("ray") is None:
+        raise HarnessError("--executor ray: Ray is not installed in this environment (pip install -e '.[ray]', "
+                           "see docs/cluster.md)")
+    pythons = dict(args.python or [])
+    python = pythons.get(args.framework, str(TOX_DIR / args.framework / "bin" / "python"))
+    if not Path(python).is_absolute():
+        raise HarnessError(f"--python {args.framework}={python}: give an absolute path (the same on every node)")
+    if args.address is None and not Path(python).exists():  # the cluster is this machine: check it now
+        raise HarnessError(f"--executor ray: no interpreter for {args.framework} at {python} (build it with "
+                           f"`tox -e {args.framework}` or give --python {args.framework}=PATH)")
+    if args.pack and mode == "run":
+        print("note: --pack: runs share nodes, so their step times are disturbed by each other; the records say "
+              "placement 'packed'", file=sys.stderr)
+    from harness.run.executors.ray_cluster import RayExecutor
+
+    return RayExecutor(address=args.address, python=python, pack=args.pack,
+                       retries=DEFAULT_RETRIES if args.retries is None else args.retries)

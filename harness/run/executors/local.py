@@ -1,0 +1,28 @@
+"""The default executor: every batch in a subprocess of this machine, one after another."""
+from __future__ import annotations
+
+import platform
+
+
+class LocalExecutor:
+    """Today's behaviour: each batch of requests in a subprocess of this machine (harness.run.runner.run_group)."""
+
+    name = "local"
+
+    def run_batches(self, batches, timeout_s, on_progress, on_record, stop, on_batch) -> None:
+        """Run each batch (a list of requests sharing one worker process), calling on_batch(batch) before it
+        and on_record(record) for each record; stop when `stop` (a list) becomes non-empty (Ctrl-C)."""
+        from harness.run.runner import run_group
+
+        node = platform.node()
+
+        def placed(record: dict) -> None:  # the same fields a cluster's records carry, so reports compare them
+            record["env"] = {**(record.get("env") or {}), "executor": self.name, "node": node,
+                             "placement": "alone on this machine (one run at a time)"}
+            on_record(record)
+
+        for batch in batches:
+            if stop:
+                break
+            on_batch(batch)
+            run_group(batch, timeout_s, on_progress, placed)
