@@ -10,8 +10,6 @@ import sys
 import time
 
 from harness import results
-from harness.precision import loss_scale_key
-from harness.run.runner import run_key
 from tests.cluster.conftest import amp, grow
 
 SLOW = "tests/specs/pitfall_batchnorm.yaml"  # each step sleeps 0.4 s (the fake adapter's `slow`)
@@ -27,8 +25,7 @@ def outcomes(out_dir, filename=results.RESULTS_FILE) -> dict:
     """run key -> status: what identifies a run across executors (run ids carry a timestamp and a uuid)."""
     found = {}
     for r in results.read_records([out_dir], filename):
-        key = run_key(r["framework"], r["spec_hash"], r["precision"], r["variant"],
-                      loss_scale_key((r.get("loss_scale") or {}).get("settings")), r["repeat"])
+        key = results.record_key(r)
         assert key not in found, f"{key} recorded twice"
         found[key] = r["status"]
     return found
