@@ -10,6 +10,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError, clip
 from harness.report.stats import MIN_REPEATS
+from harness.results import NO_RESULT
 from harness.run.executors import add_executor_arguments
 
 
@@ -158,7 +159,6 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
     from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.results import NO_RESULT
     from harness.run.executors import executor_from_args
     from harness.run.runner import matrix, pending, run_matrix, summary_line
 
@@ -227,8 +227,6 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
 
 
 def _exit_code(records: list[dict]) -> int:
-    from harness.results import NO_RESULT
-
     return 1 if any(r["status"] in NO_RESULT for r in records) else 0
 
 
@@ -310,7 +308,7 @@ def cmd_parity(args) -> int:
         comparisons = compare(fingerprints)
         diagnoses = compare_diagnoses(found) if found else []
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise _malformed_records(args.dirs, exc) from None
+        raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     print(table(comparisons))
     if diagnoses:
         print()
@@ -349,7 +347,7 @@ def cmd_report(args) -> int:
     try:
         html, csv = write_report(records, Path(args.output), parity, diagnoses)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise _malformed_records(args.dirs, exc) from None
+        raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     md = markdown_path(html)
     print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB), {md} and {csv} from {len(records)} records")
     if args.format == "md":
