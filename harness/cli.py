@@ -307,7 +307,7 @@ def cmd_parity(args) -> int:
     try:
         comparisons = compare(fingerprints)
         diagnoses = compare_diagnoses(found) if found else []
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     print(table(comparisons))
     if diagnoses:
@@ -346,7 +346,7 @@ def cmd_report(args) -> int:
     diagnoses = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else None
     try:
         html, csv = write_report(records, Path(args.output), parity, diagnoses)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     md = markdown_path(html)
     print(f"wrote {html} ({html.stat().st_size / 1024:.0f} KiB), {md} and {csv} from {len(records)} records")
