@@ -118,8 +118,9 @@ def cmd_check(args) -> int:
         for e in estimates:
             parts = ", ".join(f"{name.replace('_', ' ')} {memory.fmt_mb(mb)}" for name, mb in e.parts_mb.items() if mb)
             print(f"    {e.precision:<9}{memory.fmt_mb(e.step_mb):>11}  ({parts})")
-        if memory.dataset_mb(spec):
-            print(f"    and the dataset, kept in memory: {memory.fmt_mb(memory.dataset_mb(spec))}")
+        in_memory = memory.dataset_mb(spec)
+        if in_memory:
+            print(f"    and the dataset, kept in memory: {memory.fmt_mb(in_memory)}")
     return 0
 
 

@@ -201,8 +201,8 @@ def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
     for r in records:
         if any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
             why = "missing run_id, framework, precision or status"
-        elif _malformed(r):
-            why = f"{_malformed(r)} is not what a record holds there"
+        elif field := _malformed(r):
+            why = f"{field} is not what a record holds there"
         elif (r.get("schema") or SCHEMA_VERSION) > SCHEMA_VERSION:
             why = f"written by a newer amp-harness (schema {r.get('schema')})"
         elif r["run_id"] in seen:
@@ -213,10 +213,10 @@ def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
             continue
         skipped[why] = skipped.get(why, 0) + 1
     retried = {record_key(r) for r in kept if r["status"] not in NO_RESULT}
-    stale = [r for r in kept if r["status"] in NO_RESULT and record_key(r) in retried]
-    if stale:  # --resume ran them again and they gave a result
-        kept = [r for r in kept if not (r["status"] in NO_RESULT and record_key(r) in retried)]
-        skipped["failed, then run again by --resume"] = len(stale)
+    fresh = [r for r in kept if not (r["status"] in NO_RESULT and record_key(r) in retried)]
+    if len(fresh) < len(kept):  # --resume ran them again and they gave a result
+        skipped["failed, then run again by --resume"] = len(kept) - len(fresh)
+    kept = fresh
     return kept, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]
 
 

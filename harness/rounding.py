@@ -208,12 +208,6 @@ class RoundingNoise:
         return bits
 
 
-def trainable_shapes(graph) -> dict[str, tuple[int, ...]]:
-    """The trainable weights' canonical names and shapes (batchnorm's moving statistics are not trained)."""
-    return {name: shape for name, shape in graph.param_shapes().items()
-            if not name.rsplit(".", 1)[1].startswith("moving_")}
-
-
 # ---- what the unbiasedness tests round ---------------------------------------------------------------------
 def sample_values(rounding: Rounding) -> np.ndarray:
     """Float32 values spread over the format's whole range, none on its grid: normal values across the

@@ -87,12 +87,12 @@ def test_fingerprint_steps_round_with_the_cores_bits(adapter):
     from harness.conformance.specs import SPECS
     from harness.conformance.test_contract import batch, build
     from harness.model.data import Data
-    from harness.rounding import RoundingNoise, trainable_shapes
+    from harness.rounding import RoundingNoise
 
     precision, _ = _supported(adapter, "bf16_sr")
     spec = SPECS["swamped_mlp"]  # plain SGD: the update is -lr * g
     trainer, graph, _ = build(adapter, spec, "bf16_sr")
-    noise, data = RoundingNoise(trainable_shapes(graph), spec.seed), Data(spec)
+    noise, data = RoundingNoise(graph.trainable_shapes(), spec.seed), Data(spec)
     for step in range(3):
         before = trainer.get_weights()
         bits = noise.for_step(step)

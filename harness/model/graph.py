@@ -53,6 +53,11 @@ class Graph:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
 
+    def trainable_shapes(self) -> dict[str, tuple[int, ...]]:
+        """param_shapes without batchnorm's moving statistics (state, not parameters)."""
+        return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()
+                if not name.startswith("moving_")}
+
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 

@@ -29,7 +29,7 @@ from harness.model.spec import load_spec
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
-from harness.rounding import RoundingNoise, trainable_shapes
+from harness.rounding import RoundingNoise
 from harness.run import measure, peak
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
@@ -99,7 +99,7 @@ def run(req: RunRequest, progress=None) -> dict:
         trainer = adapter.build(spec, graph, weights, precision, loss_scale, device, variant)
         record["options"] = dict(trainer.options)
         if req.mode == "fingerprint":
-            noise = RoundingNoise(trainable_shapes(graph), spec.seed) \
+            noise = RoundingNoise(graph.trainable_shapes(), spec.seed) \
                 if precision.rounding is not None and precision.rounding.stochastic else None
             _fingerprint(spec, data, masks, trainer, loss_scale, record, noise)
         elif req.mode == "diagnose":

@@ -19,7 +19,6 @@ from harness.rounding import (
     round_stochastic,
     round_stochastic_arithmetic,
     sample_values,
-    trainable_shapes,
     unbiasedness,
 )
 
@@ -120,7 +119,7 @@ def test_kahan_keeps_what_nearest_rounding_loses():
 
 def test_core_noise_is_counter_based_per_weight_and_step():
     graph = infer(load_spec("mnist_mlp"))
-    shapes = trainable_shapes(graph)
+    shapes = graph.trainable_shapes()
     assert sorted(shapes) == ["1.bias", "1.kernel", "3.bias", "3.kernel"]
     noise = RoundingNoise(shapes, seed=0)
     a, b = noise.for_step(5), RoundingNoise(shapes, seed=0).for_step(5)
