@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the PyTorch adapter: fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet,
-# `diagnose` (tensor capture, numerics verdicts) on resnet8 and mnist_mlp, then a table of median step times.
+# `diagnose` (tensor capture, numerics verdicts) on resnet8 and mnist_mlp, `profile` (per-layer times and the
+# dtype each layer computed in, under torch.profiler) on both models, then a table of median step times.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -13,6 +14,8 @@ python3 -m harness run --framework torch --device gpu --model resnet8,small_conv
   --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 3 --no-progress --out "$out"
 python3 -m harness diagnose --framework torch --device gpu --model resnet8,mnist_mlp --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
+python3 -m harness profile --framework torch --device gpu --model resnet8,small_convnet \
+  --precision fp32,amp_fp16,amp_bf16 --steps 5 --no-progress --out "$out/profile"
 python3 - "$out" <<'PY'
 import sys
 from harness.results import load

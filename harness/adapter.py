@@ -31,6 +31,12 @@ Rules:
   drawing stochastic rounding's bits on the device in timed runs and taking the core's bits in fingerprint runs
   (``Trainer.set_rounding_noise``); ``Adapter.write_weights`` exposes the same rounding code to the kit's
   statistical test. A framework that cannot bit-cast reports these precisions ``unsupported``.
+- ``Trainer.profile`` (optional) runs the core's steps under the framework's own profiler and returns every op that
+  ran (``OpTime``), with the scopes it ran in. The network names a scope per layer with ``layer_scope(path)``
+  (torch ``record_function``, ``tf.name_scope``, ...) and wraps the loss, the optimizer's update and the loss
+  scaler's work in ``LOSS_SCOPE``, ``UPDATE_SCOPE`` and ``LOSS_SCALE_SCOPE``; a backward op carries the scope of
+  the forward op it differentiates; the runtime's own per-step work, where the profiler times it, is in
+  ``RUNTIME_SCOPE``. The core (``harness.run.profile``) maps scopes to layers, never the adapter.
 - ``variants`` names the framework's own idioms for running a step (eager or compiled, memory layouts...);
   ``build`` gets one of them, and the record keeps it. The first is the default.
 """
@@ -65,6 +71,40 @@ class Device:
 class LossScaleState:
     scale: float  # the scale that will be applied to the next step
     skipped: bool  # the step just taken was skipped (gradients overflowed)
+
+
+LOSS_SCOPE = "part.loss"  # the loss (and its gradient) in a profile
+UPDATE_SCOPE = "part.update"  # the optimizer's update of the weights
+LOSS_SCALE_SCOPE = "part.loss_scale"  # scaling the loss, unscaling and checking gradients, updating the scale
+RUNTIME_SCOPE = "part.runtime"  # the framework's per-step dispatch outside every op (launching a compiled step,
+# handing back its outputs), where its profiler measures it
+
+
+def layer_scope(path: str) -> str:
+    """The scope name a network gives the layer at canonical path `path` ("3", "5.layers.0") in a profile: valid
+    as a TensorFlow name scope, a torch record_function and an MXNet profiler name."""
+    return f"layer.{path}"
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op of a profile as the framework's profiler saw it, summed over the profiled steps."""
+
+    op: str  # the framework's name for it: "aten::convolution", "Conv2DBackpropFilter", "_backward_Convolution"
+    scope: str  # the scopes it ran in, outermost first, joined by "/" (layer_scope, LOSS_SCOPE...; "" for none)
+    seconds: float  # self time (time in ops it called excluded), summed over the profiled steps
+    backward: bool = False  # computed for the backward pass (scope: the forward op's)
+    cast: bool = False  # a dtype conversion (autocast's, a Keras policy's, MXNet AMP's amp_cast)
+    calls: int = 1
+    inputs: tuple[str, ...] = ()  # its floating-point inputs' dtypes as it ran: "float32", "float16", "bfloat16"
+    outputs: tuple[str, ...] = ()  # its floating-point outputs' dtypes, where the profiler knows them
+
+
+@dataclass(frozen=True)
+class ProfiledOps:
+    tool: str  # what measured, e.g. "torch.profiler (torch 2.13.0, CPU activities)"
+    ops: list[OpTime]
+    note: str = ""  # how this framework's profile differs from its timed runs, if it does
 
 
 class Trainer(ABC):
@@ -119,6 +159,12 @@ class Trainer(ABC):
         train_step must round with instead of drawing its own. Called outside the timed region."""
         raise HarnessError(f"{type(self).__name__} cannot take the core's rounding noise (set_rounding_noise): "
                            f"stochastically rounded fingerprints would differ between frameworks")
+
+    def profile(self, run_steps: Callable[[], None]) -> ProfiledOps | None:
+        """Profile mode only (optional): start the framework's own profiler, call run_steps() (the core's loop
+        of train_steps on batches already on the device), stop the profiler and return every op that ran in
+        between. None: this adapter cannot profile (the record says "not available")."""
+        return None
 
     def after_step(self) -> None:
         """Called after every step, outside the timed region (MXNet samples GPU memory here: it has no peak

@@ -172,19 +172,23 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
 
         if args.model:
             raise HarnessError("give either --model or --matrix, not both")
-        beside = [name for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
-                                           ("--input-size", args.input_size)) if value is not None]
-        if mode == "run":  # the matrix file sets these; diagnose takes its models and sizes only
+        beside = [name for name, value in (("--steps", args.steps if mode != "profile" else None),
+                                           ("--batch-size", args.batch_size), ("--input-size", args.input_size))
+                  if value is not None]
+        if mode == "run":  # the matrix file sets these; diagnose and profile take its models and sizes only
             beside += [name for name, value in (("--precision", args.precision), ("--repeats", repeats),
                                                 ("--warmup", warmup)) if value is not None]
         if beside:
             raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
                                f"not beside --matrix")
         plan = load_matrix(args.matrix)
+        own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
         cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items()
-                                                     if v is not None and (mode == "run" or k != "precisions")}})
+                                                     if v is not None and (mode == "run" or k in own)}})
                  for m in plan.models]
-        if mode == "run":  # diagnose takes the matrix's models and sizes only
+        if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
+            cells = [(m, {**o, "steps": args.steps}) for m, o in cells]
+        if mode == "run":
             precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
     elif args.model:
         cells = [(model, cli) for model in args.model]
@@ -276,6 +280,43 @@ def cmd_diagnose(args) -> int:
     return _exit_code(records)
 
 
+def cmd_profile(args) -> int:
+    from harness.results import PROFILES_FILE
+    from harness.run.profile import COVERAGE_TOLERANCE
+
+    args.steps = args.steps or 5
+    args.precision = args.precision or ["fp32", "amp_fp16", "amp_bf16"]
+    records = _run_matrix(args, "profile", 1, args.steps, PROFILES_FILE)  # as many warm-up steps as profiled
+    for r in records:
+        if r["status"] != "ok":
+            print(f"{r['framework']} {r['model']} {r['precision']}: {r['status']}: {r.get('reason')}")
+            continue
+        print(profile_table(r))
+        coverage = r["profile"]["coverage"]
+        if coverage is None or abs(coverage - 1) > COVERAGE_TOLERANCE:
+            print(f"  warning: layers and parts account for {coverage:.0%} of the profiled step, beyond the "
+                  f"{COVERAGE_TOLERANCE:.0%} the report trusts")
+    return _exit_code(records)
+
+
+def profile_table(r: dict) -> str:
+    """One profile as text: a line per layer, then the parts apart from layers."""
+    p = r["profile"]
+    step = p["step_mean_ms"]
+    width = max(len(layer["label"]) for layer in p["layers"]) + 2
+    lines = [f"{r['framework']} {r['model']} {r['precision']}: {step:.2f} ms per profiled step (mean of "
+             f"{p['steps']}; {p['tool']})",
+             f"  {'':<{width}}{'forward ms':>11}{'backward ms':>12}{'share':>7}  computed in"]
+    for layer in p["layers"]:
+        total = layer["forward_ms"] + layer["backward_ms"]
+        lines.append(f"  {layer['label']:<{width}}{layer['forward_ms']:>11.3f}{layer['backward_ms']:>12.3f}"
+                     f"{total / step:>7.1%}  {layer.get('compute') or '-'}")
+    for name, ms in p["parts"].items():
+        if name != "unattributed":
+            lines.append(f"  {name:<{width}}{ms:>23.3f}{ms / step:>7.1%}")
+    return "\n".join(lines)
+
+
 def cmd_study(args) -> int:
     import time
 
@@ -336,7 +377,12 @@ def _malformed_records(dirs: list[str], exc: Exception) -> HarnessError:
 def cmd_report(args) -> int:
     from harness.report import write_report
     from harness.report.render import markdown_path
-    from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, read_records
+    from harness.results import (
+        DIAGNOSES_FILE,
+        FINGERPRINTS_FILE,
+        PROFILES_FILE,
+        read_records,
+    )
 
     records = read_records(args.dirs)
     parity_dirs = [d for d in args.parity or [] if (Path(d) / FINGERPRINTS_FILE).exists()]
@@ -345,8 +391,10 @@ def cmd_report(args) -> int:
     parity = read_records(parity_dirs, FINGERPRINTS_FILE) if parity_dirs else None
     diagnosis_dirs = [d for d in args.dirs + (args.diagnoses or []) if (Path(d) / DIAGNOSES_FILE).exists()]
     diagnoses = read_records(diagnosis_dirs, DIAGNOSES_FILE) if diagnosis_dirs else None
+    profile_dirs = [d for d in args.dirs + (args.profiles or []) if (Path(d) / PROFILES_FILE).exists()]
+    profiles = read_records(profile_dirs, PROFILES_FILE) if profile_dirs else None
     try:
-        html, csv = write_report(records, Path(args.output), parity, diagnoses)
+        html, csv = write_report(records, Path(args.output), parity, diagnoses, profiles)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     md = markdown_path(html)
@@ -369,10 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
     diagnose = sub.add_parser("diagnose", help="is 16-bit safe for this model? fp32 training with tensor capture, "
                                                "reduced to histograms and verdicts")
+    profile = sub.add_parser("profile", help="why is 16-bit slower here? per-layer times and compute dtypes under "
+                             "the framework's own profiler (profiles.jsonl; never mixed with timed runs)")
     study = sub.add_parser("study", help="studies made of ordinary runs: `study loss-scale` sweeps loss scales")
     study.add_argument("kind", choices=["loss-scale"])
-    for p in (run, fingerprint, diagnose, study):
+    for p in (run, fingerprint, diagnose, study, profile):
         _add_matrix_options(p)
+    profile.set_defaults(func=cmd_profile, out="profiles")
     diagnose.add_argument("--every", type=_positive, default=10, help="capture after every K steps (and the last)")
     diagnose.set_defaults(func=cmd_diagnose, out="diagnoses")
     study.add_argument("--scales", type=_csv, required=True,
@@ -380,9 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--warmup", type=_count, default=5)
     study.add_argument("--repeats", type=_positive, default=1)
     study.set_defaults(func=cmd_study, out="results")
-    for p in (run, diagnose):
+    for p in (run, diagnose, profile):
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
-                       "benchmarks/compare.yaml (diagnose takes its models and sizes)")
+                       "benchmarks/compare.yaml (diagnose and profile take its models and sizes)")
     run.add_argument("--warmup", type=_count, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_positive,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
@@ -403,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--parity", nargs="*", metavar="DIR", help="fingerprint directories to show parity from")
     report.add_argument("--diagnoses", nargs="*", metavar="DIR", help="diagnose directories (diagnoses.jsonl) for "
                         "the Numerics section; result directories holding one are read anyway")
+    report.add_argument("--profiles", nargs="*", metavar="DIR", help="profile directories (profiles.jsonl) for "
+                        "\"Where the time goes\"; result directories holding one are read anyway")
     report.add_argument("--format", choices=("html", "md"), default="html",
                         help="md: also print the Markdown summary (always written beside the page as .md)")
     report.set_defaults(func=cmd_report)

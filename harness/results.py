@@ -19,6 +19,7 @@ MAX_RECORD_BYTES = 64 << 20  # a record with a diagnosis is at most a few MB; a 
 RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
+PROFILES_FILE = "profiles.jsonl"  # records of `amp-harness profile`
 SCHEMA_VERSION = 3  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 NO_RESULT = ("failed", "timeout")  # a run that gave no result: --resume runs it again

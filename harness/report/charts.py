@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 from harness.report.svg import (
+    BAR,
     Figure,
     Scale,
     finite,
     legend_height,
     nice_ticks,
+    num,
     padded,
     round_ticks,
     text_width,
@@ -307,4 +309,37 @@ def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: 
     ax.yaxis(yticks, labels, "eval accuracy")
     bars.yaxis(sticks, slabels, "skipped steps", right=True)
     ax.xaxis(xs, names, "loss scale", rotate=rotate)
+    return fig.render()
+
+
+GROUP_COLOURS = ("#4c72b0", "#55a868", "#8172b3", "#64b5cd", "#ccb974", "#937860", "#dd8452", "#c44e52", "#da8bc3",
+                 "#8c8c8c", "#d0d3d6")  # layer groups, then the parts; "other" last, in grey
+
+
+def time_breakdown(bars: list[dict], order: list[str], title: str) -> str:
+    """Horizontal stacked bars, one per {"label", "segments": [(name, ms), ...]}, on a linear ms axis; a colour
+    per segment name, names in the legend (and colours) in `order`."""
+    present = {name for b in bars for name, _ in b["segments"]}
+    names = [name for name in order if name in present]
+    colours = {name: ("#d0d3d6" if name == "other" else GROUP_COLOURS[i % (len(GROUP_COLOURS) - 1)])
+               for i, name in enumerate(names)}
+    entries = [(name, {"patch": colours[name], "bar": True}) for name in names]
+    total = max((sum(ms for _, ms in b["segments"]) for b in bars), default=1.0) or 1.0
+    ticks, low, high = _lin_range([0.0, total], zero=True)
+    labels = [b["label"] for b in bars]
+    left = _left_margin(labels, axis_label=False, size=11)
+    row_h = 24
+    fig, top = _start(title, WIDTH, entries, len(bars) * row_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + len(bars) * row_h, Scale(low, high), Scale(-0.5, len(bars) - 0.5))
+    ax.grid(xticks=ticks)
+    for i, b in enumerate(bars):
+        y = ax.y(len(bars) - 1 - i)
+        start = 0.0
+        for name, ms in b["segments"]:
+            a, z = ax.x(start), ax.x(start + ms)
+            if z - a > 0.05:
+                fig.path(BAR, f"M{num(a)} {num(y - 8)}H{num(z)}V{num(y + 8)}H{num(a)}z", f' fill="{colours[name]}"')
+            start += ms
+    ax.yaxis(range(len(bars)), labels[::-1], size=11)
+    ax.xaxis(ticks, [f"{t:g}" for t in ticks], "ms per profiled training step")
     return fig.render()

@@ -17,21 +17,35 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
-def explain(records: list[dict], cells: dict, summary: list[dict]) -> list[dict]:
+def explain(records: list[dict], cells: dict, summary: list[dict], citations: dict | None = None) -> list[dict]:
     """Explanations the data supports, each citing the figures and facts that triggered it. A rule speaks only
-    of the device and the cells it cites, and names the cells that measured the opposite."""
+    of the device and the cells it cites, and names the cells that measured the opposite. `citations`: per
+    (model, framework, precision, batch size, device), what its profile says made it slower than fp32
+    (harness.report.profile); a cell with one is explained by it, not by reasoning from the CPU's flags."""
+    citations = citations or {}
+
+    def cited(s: dict) -> str | None:
+        c = cells[s["key"]]
+        return citations.get((c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device")))
+
     out = []
     by_device: dict[str, list[dict]] = {}
     for s in summary:
         by_device.setdefault(cells[s["key"]].device, []).append(s)
     for device, comparisons in sorted(by_device.items()):
+        slower = [s for s in comparisons if s["hi"] < 1 and cited(s)]
+        if slower:
+            out.append({"title": f"Where 16-bit loses time on {device}, by the profiles",
+                        "text": "; ".join(f"{cited(s)} (timed: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
+                                          f"{_cell_ms(cells, s, fp32=True)} ms per step, {s['ci']})"
+                                          for s in slower) + "."})
         c0 = next(cells[s["key"]] for s in comparisons)
         if c0.records[0].get("device") != "cpu":
             continue
         env = next((r["env"] for c in cells.values() if c.device == device for r in c.records if r.get("env")),
                    {}) or {}
-        out += _cpu_16bit(device, env, comparisons, cells)
-        very = [s for s in comparisons if s["hi"] < 0.2]
+        out += _cpu_16bit(device, env, comparisons, cells, {s["key"] for s in slower})
+        very = [s for s in comparisons if s["hi"] < 0.2 and not cited(s)]
         if very:
             cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower "
                               f"({s['ci']})" for s in very[:6])
@@ -85,15 +99,15 @@ def explain(records: list[dict], cells: dict, summary: list[dict]) -> list[dict]
     return out
 
 
-def _cpu_16bit(device: str, env: dict, comparisons: list[dict], cells: dict) -> list[dict]:
-    """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells that did, and naming those
-    that ran faster (then the CPU alone cannot be the reason)."""
+def _cpu_16bit(device: str, env: dict, comparisons: list[dict], cells: dict, profiled: set) -> list[dict]:
+    """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells that did and have no profile
+    (`profiled` keys) to say it, and naming those that ran faster (then the CPU alone cannot be the reason)."""
     out = []
     flags = set(env.get("cpu_flags") or [])
     for dtype, native, name in (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"),
                                 ("fp16", ("avx512_fp16", "amx_fp16"), "float16")):
         mine = [s for s in comparisons if dtype in s["precision"]]
-        slower = [s for s in mine if s["hi"] < 1]  # slower beyond the interval (or the whole range)
+        slower = [s for s in mine if s["hi"] < 1 and s["key"] not in profiled]  # beyond the interval (or range)
         if not slower:
             continue
         faster = [s for s in mine if s["lo"] > 1]

@@ -42,6 +42,8 @@ def render_markdown(view: dict) -> str:
         lines += [""] + [f"- {line}" for line in block["recommendations"]] + [""]
     if view.get("pure16", {}).get("markdown"):
         lines += [view["pure16"]["markdown"], ""]
+    if view.get("profile", {}).get("markdown"):
+        lines += [view["profile"]["markdown"], ""]
     if view["why"]:
         lines += ["## Why", ""] + [f"- **{w['title']}**: {w['text']}" for w in view["why"]] + [""]
     if view["not_run"]:

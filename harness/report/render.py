@@ -30,11 +30,12 @@ def markdown_path(out: Path) -> Path:
 
 
 def write_report(records: list[dict], out: Path, parity_records: list[dict] | None = None,
-                 diagnoses: list[dict] | None = None, markdown: bool = True) -> tuple[Path, Path]:
+                 diagnoses: list[dict] | None = None, profiles: list[dict] | None = None,
+                 markdown: bool = True) -> tuple[Path, Path]:
     """The page at `out`, the records as CSV beside it and (with markdown) the first screen as Markdown."""
     from harness.results import to_frame
 
-    view = build_view(records, parity_records, diagnoses)
+    view = build_view(records, parity_records, diagnoses, profiles)
     out.parent.mkdir(parents=True, exist_ok=True)
     if markdown:  # before render(), which marks the charts up in place
         markdown_path(out).write_text(render_markdown(view))

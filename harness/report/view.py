@@ -18,6 +18,7 @@ from harness.report.accuracy import ACCURACY_MARGIN
 from harness.report.explain import explain
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
+from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 
 
@@ -132,7 +133,7 @@ def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str, str]
 
 
 def build_view(records: list[dict], parity_records: list[dict] | None = None,
-               diagnoses: list[dict] | None = None) -> dict:
+               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> dict:
     from harness.results import usable
 
     records, skipped = usable(records)
@@ -240,6 +241,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                                         f"scale changed; a drop marks an overflow and a skipped step.")
         sections.append(section)
 
+    profiled = profile_section(profiles or [])
     fastest = []  # per device: a GPU and a CPU are never ranked together
     for (model, precision, device) in sorted({(k[0], k[3], c.device) for k, c in cells.items()}):
         contenders = [c for k, c in cells.items() if (k[0], k[3], c.device) == (model, precision, device)]
@@ -258,7 +260,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
         "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_margin": 100 * ACCURACY_MARGIN,
         "any_too_short": any(not c.judged for c in cells.values()),
-        "scaling": scaling, "sections": sections, "why": explain(records, cells, summary),
+        "scaling": scaling, "sections": sections, "why": explain(records, cells, summary, profiled["citations"]),
         "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
                      "repeat": r.get("repeat"), "status": r.get("status"), "reason": r.get("reason") or "-"}
                     for r in not_run],
@@ -267,6 +269,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "parity": [c.row() for c in parity_compare(parity_records)] if parity_records else None,
         **numerics_view(diagnoses or [], studies, cells),
         "pure16": pure16_section(records, diagnoses or []),
+        "profile": profiled,
     }
 
 

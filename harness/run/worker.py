@@ -33,6 +33,7 @@ from harness.rounding import RoundingNoise
 from harness.run import measure, peak
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
+from harness.run.profile import profile
 
 PROGRESS_INTERVAL_S = 0.25
 
@@ -54,7 +55,8 @@ class RunRequest:
     threads: int = 1
     variant: str | None = None  # one of the adapter's variants; None: its default
     measure_peak: bool = True  # measure (or read from the cache) the device's matmul peak for `efficiency`
-    mode: str = "run"  # "run": timed training; "fingerprint": for the parity check; "diagnose": numerics
+    mode: str = "run"  # "run": timed training; "fingerprint": for the parity check; "diagnose": numerics;
+    # "profile": where the step's time goes, under the framework's profiler (harness.run.profile)
     every: int = 10  # diagnose: capture after every this many steps (and the last)
     study: str | None = None  # the id tying the runs of one study together
 
@@ -104,6 +106,8 @@ def run(req: RunRequest, progress=None) -> dict:
             _fingerprint(spec, data, masks, trainer, loss_scale, record, noise)
         elif req.mode == "diagnose":
             diagnose(spec, data, masks, trainer, record, req.every, progress)
+        elif req.mode == "profile":
+            profile(spec, graph, data, masks, trainer, record, req.warmup, progress)
         else:
             _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb)
             if record["status"] == "ok" and req.measure_peak:

@@ -18,7 +18,7 @@ from harness.model.spec import ModelSpec, validate
 from harness.precision import parse_precision
 
 SCHEMA = ModelSpec.model_json_schema()
-HEAD = [{"type": "flatten"}]  # then a dense layer of num_classes units: the network ends as the loss needs
+HEAD = ({"type": "flatten"},)  # then a dense layer of num_classes units: the network ends as the loss needs
 WRONG = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8) \
     | st.lists(st.integers(), max_size=3) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
 
@@ -91,7 +91,9 @@ def specs(draw):
     time, one fault: a value of the wrong kind, a number past its bound, a key removed or an unknown key."""
     doc = draw(_from(SCHEMA, 0))
     if draw(st.booleans()):
-        doc["layers"] = doc["layers"][:3] + HEAD + [{"type": "dense", "units": doc["dataset"]["num_classes"]}]
+        # fresh copies: a fault below may change a value in place, and a shared HEAD would break every later doc
+        doc["layers"] = doc["layers"][:3] + [dict(layer) for layer in HEAD] + [
+            {"type": "dense", "units": doc["dataset"]["num_classes"]}]
         doc["loss"] = {"type": "sparse_categorical_crossentropy", "from_logits": True}
         doc["input"]["shape"] = doc["input"]["shape"][:1] if draw(st.booleans()) else (doc["input"]["shape"] * 3)[:3]
         doc["dataset"]["num_classes"] = min(doc["dataset"]["num_classes"], 64)

@@ -1,7 +1,7 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
 fault per precision or model chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang,mnist_mlp=segv" (abort,
 segv, oom, hang, slow, raise, nan, stuckscale: report the initial loss scale after an overflow, against the core's
-rules)."""
+rules); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile."""
 from __future__ import annotations
 
 import os
@@ -9,10 +9,20 @@ import time
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import (
+    LOSS_SCOPE,
+    UPDATE_SCOPE,
+    Adapter,
+    Device,
+    LossScaleState,
+    OpTime,
+    ProfiledOps,
+    Trainer,
+    layer_scope,
+)
 from harness.precision import LossScaler
 
-SLOW_STEP_S, SLOW_INPUT_S = 0.3, 0.1
+SLOW_STEP_S, SLOW_INPUT_S, PROFILED_STEP_S = 0.3, 0.1, 0.02
 
 
 def _fault(precision: str, model: str) -> str:
@@ -24,10 +34,10 @@ class FakeTrainer(Trainer):
     overflows = (2,)  # the steps (counted from 1) whose gradients overflow
 
     def __init__(self, graph, weights, precision, loss_scale, model=""):
-        self.weights, self.out_shape = weights, graph.output_shape
+        self.graph, self.weights, self.out_shape = graph, weights, graph.output_shape
         self.fault, self.steps = _fault(precision.name, model), 0
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
-        self.skipped = False
+        self.skipped, self.profiling = False, False
         self.options = {"fake": True}
 
     def to_device(self, x, y, masks):
@@ -47,6 +57,8 @@ class FakeTrainer(Trainer):
             os.kill(os.getpid(), 9)  # what the out-of-memory killer does
         if self.fault == "slow":
             time.sleep(SLOW_STEP_S)
+        if self.profiling:
+            time.sleep(PROFILED_STEP_S)
         if self.fault == "hang":
             time.sleep(3600)
         if self.fault == "raise":
@@ -62,6 +74,27 @@ class FakeTrainer(Trainer):
             return None
         return LossScaleState(self.scaler.settings.initial if self.fault == "stuckscale" else self.scaler.scale,
                               self.skipped)
+
+    def profile(self, run_steps):
+        """Ops named as a framework's profiler names them: scopes nested by residual blocks, a layer scope made
+        unique by a suffix ("layer.3_1", as TensorFlow does), a cast, backward ops, the loss and the update; 90% of
+        the measured time is given to them, the rest is "other"."""
+        if os.environ.get("AMP_FAKE_NO_PROFILE"):
+            return super().profile(run_steps)
+        self.profiling = True  # steps of a measurable length
+        start = time.perf_counter()
+        run_steps()
+        share = 0.9 * (time.perf_counter() - start) / (4 * len(self.graph.layers) + 2)
+        ops = []
+        for info in self.graph.layers:
+            parts = info.path.split(".")
+            nested = "/".join(layer_scope(".".join(parts[:i])) for i in range(1, len(parts) + 1, 2))
+            scope = f"model/{nested}" + ("_1" if info.path == "1" else "")
+            ops += [OpTime(f"{info.type}_op", scope, 2 * share, inputs=("float32", "float32"), outputs=("float32",)),
+                    OpTime(f"{info.type}_grad", scope, share, backward=True),
+                    OpTime("Cast", scope, share, cast=True)]
+        ops += [OpTime("loss_op", LOSS_SCOPE, share), OpTime("update_op", f"optimizer/{UPDATE_SCOPE}", share)]
+        return ProfiledOps("the fake adapter's invented ops", ops)
 
     def predict(self, x):
         return np.full((len(x), *self.out_shape), 1.0 / self.out_shape[-1], np.float32)  # uniform

@@ -63,7 +63,7 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def executor_from_args(args: argparse.Namespace, mode: str):
-    """The executor the options ask for; `mode` (run, fingerprint, diagnose) tells whether timing matters."""
+    """The executor the options ask for; `mode` (run, profile, fingerprint, diagnose) tells whether timing matters."""
     if args.executor == "local":
         given = [name for name, value in (("--address", args.address), ("--python", args.python),
                                           ("--pack", args.pack), ("--retries", args.retries))
@@ -81,7 +81,7 @@ def executor_from_args(args: argparse.Namespace, mode: str):
     if args.address is None and not Path(python).exists():  # the cluster is this machine: check it now
         raise HarnessError(f"--executor ray: no interpreter for {args.framework} at {python} (build it with "
                            f"`tox -e {args.framework}` or give --python {args.framework}=PATH)")
-    if args.pack and mode == "run":
+    if args.pack and mode in ("run", "profile"):
         print("note: --pack: runs share nodes, so their step times are disturbed by each other; the records say "
               "placement 'packed'", file=sys.stderr)
     from harness.run.executors.ray_cluster import RayExecutor

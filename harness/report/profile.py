@@ -1,0 +1,240 @@
+"""The report's "Where the time goes" section, from `amp-harness profile` records (harness.run.profile): per model,
+a stacked bar per (framework, precision) by layer group, the layers whose time grew most from fp32 to each 16-bit
+precision, the share of the step spent in casts, and the cast map: the dtype each layer computed in, per
+framework, as the profiler saw it run.
+
+    section = profile_section(profiles)   # profiles.jsonl records
+    section["html"], section["markdown"], section["citations"][(model, framework, precision, batch, device)]
+
+A profiled step carries the profiler's overhead and comes from one run of a few steps: the section compares
+profiles with profiles only, and the timed comparison stays the measurement of speed.
+"""
+from __future__ import annotations
+
+import html
+
+from harness.report import charts
+from harness.run.profile import COVERAGE_TOLERANCE
+
+GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
+          "layernorm": "normalisation", "maxpool2d": "pooling", "avgpool2d": "pooling",
+          "global_avgpool2d": "pooling", "relu": "activations", "gelu": "activations", "tanh": "activations",
+          "sigmoid": "activations", "softmax": "activations"}  # the rest (flatten, dropout, residual adds): "other layers"
+PART_NAMES = {"casts": "casts", "loss": "loss", "update": "optimizer update", "loss_scale": "loss scaling",
+              "runtime": "runtime dispatch"}
+ORDER = [*dict.fromkeys(GROUPS.values()), "other layers", *PART_NAMES.values(), "other"]  # the chart's segments
+GROWN = 3  # layers named per (framework, 16-bit precision)
+
+
+def _key(r: dict) -> tuple[str, str, str]:
+    return r["model"], r["framework"], r["precision"]
+
+
+def latest(profiles: list[dict]) -> dict[tuple[str, str, str], dict]:
+    """The last ok profile of each (model, framework, precision): a profile is one run, rerun to replace it."""
+    out = {}
+    for r in profiles:
+        if r.get("status") == "ok" and _well_formed(r.get("profile")):
+            out[_key(r)] = r
+    return out
+
+
+def _well_formed(p) -> bool:
+    """A profile as harness.run.profile writes it (an edited or foreign record is left out, not a traceback)."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+    return (isinstance(p, dict) and number(p.get("step_mean_ms")) and p["step_mean_ms"] > 0
+            and isinstance(p.get("parts"), dict) and all(number(p["parts"].get(k, 0.0)) for k in PART_NAMES)
+            and number(p["parts"].get("other"))
+            and isinstance(p.get("layers"), list) and all(
+                isinstance(layer, dict) and isinstance(layer.get("path"), str) and isinstance(layer.get("label"), str)
+                and number(layer.get("forward_ms")) and number(layer.get("backward_ms")) for layer in p["layers"]))
+
+
+def breakdown(p: dict) -> list[tuple[str, float]]:
+    """(group, ms per step) in the chart's order: layer groups, then the parts, then what no op accounts for."""
+    groups: dict[str, float] = {}
+    for layer in p["layers"]:
+        group = GROUPS.get(layer["type"], "other layers")
+        groups[group] = groups.get(group, 0.0) + layer["forward_ms"] + layer["backward_ms"]
+    out = [(g, groups[g]) for g in ORDER if groups.get(g)]
+    out += [(PART_NAMES[name], ms) for name, ms in p["parts"].items() if name in PART_NAMES and ms > 0]
+    if p["parts"]["other"] > 0:
+        out.append(("other", p["parts"]["other"]))
+    return out
+
+
+def grown(p16: dict, p32: dict, most: int = GROWN) -> list[dict]:
+    """The layers (and pass: forward or backward) whose time grew most from fp32, by milliseconds added."""
+    base = {layer["path"]: layer for layer in p32["layers"]}
+    step = p16["step_mean_ms"]
+    rows = []
+    for layer in p16["layers"]:
+        before = base.get(layer["path"])
+        for phase in ("forward", "backward"):
+            ms16, ms32 = layer[f"{phase}_ms"], before[f"{phase}_ms"] if before else 0.0
+            if ms16 > ms32:
+                rows.append({"label": layer["label"], "phase": phase, "ms": ms16, "fp32_ms": ms32,
+                             "added_ms": ms16 - ms32, "share": ms16 / step if step else None,
+                             "factor": ms16 / ms32 if ms32 > 0 else None, "compute": layer.get("compute")})
+    return sorted(rows, key=lambda row: -row["added_ms"])[:most]
+
+
+def _x(factor) -> str:
+    return "-" if factor is None else (f"{factor:.1f}x" if factor < 10 else f"{factor:.0f}x")
+
+
+def citation(model: str, framework: str, precision: str, p16: dict, p32: dict) -> str:
+    """One sentence for the Why section: what the profile says made this precision slower than fp32."""
+    rows = grown(p16, p32, 1)
+    step16, step32 = p16["step_mean_ms"], p32["step_mean_ms"]
+    casts = p16["parts"]["casts"] / step16 if step16 else 0.0
+    head = (f"{framework} {precision} ({model}), profiled: {step16:.3g} ms per step against fp32's {step32:.3g} "
+            f"ms")
+    if not rows:
+        return f"{head}; no layer took longer than in fp32; casts take {casts:.0%} of the step"
+    top = rows[0]
+    return (f"{head}; layer {top['label']} {top['phase']} takes {top['share']:.0%} of the step, {_x(top['factor'])} "
+            f"its fp32 time ({top['ms']:.3g} vs {top['fp32_ms']:.3g} ms, computing in {top['compute'] or '-'}); "
+            f"casts take {casts:.0%}")
+
+
+def cast_maps(model: str, found: dict) -> list[dict]:
+    """Per precision profiled for `model`: layers x frameworks, the dtype each layer computed in, with the rows
+    where frameworks differ marked."""
+    out = []
+    precisions = sorted({p for (m, _, p) in found if m == model}, key=charts._order)
+    for precision in precisions:
+        columns = sorted(f for (m, f, p) in found if m == model and p == precision)
+        layers = {f: {layer["path"]: layer for layer in found[(model, f, precision)]["profile"]["layers"]}
+                  for f in columns}
+        paths = list(dict.fromkeys(path for f in columns for path in layers[f]))
+        rows = []
+        for path in paths:
+            cells = [layers[f].get(path, {}).get("compute") for f in columns]
+            if not any(cells):
+                continue  # a layer no framework ran an op for (a flatten that is a view)
+            label = next(layers[f][path]["label"] for f in columns if path in layers[f])
+            rows.append({"label": label, "cells": [c or "-" for c in cells],
+                         "differs": len({c for c in cells if c}) > 1})
+        uniform = {c for row in rows for c in row["cells"] if c != "-"}
+        out.append({"precision": precision, "columns": columns, "rows": rows,
+                    "uniform": next(iter(uniform)) if len(uniform) == 1 else None})
+    return out
+
+
+def profile_view(profiles: list[dict]) -> list[dict]:
+    found = latest(profiles)
+    entries = []
+    for model in sorted({m for (m, _, _) in found}):
+        mine = {k: r for k, r in found.items() if k[0] == model}
+        bars, growth = [], []
+        for (_, framework, precision), r in sorted(mine.items(), key=lambda kv: (kv[0][1], charts._order(kv[0][2]))):
+            p = r["profile"]
+            bars.append({"label": f"{framework} {precision}", "segments": breakdown(p),
+                         "overlap": -p["parts"]["other"] if p["parts"]["other"] < 0 else 0.0})
+            base = mine.get((model, framework, "fp32"))
+            if precision != "fp32" and base is not None:
+                growth.append({"framework": framework, "precision": precision, "step_ms": p["step_mean_ms"],
+                               "batch": r.get("batch_size"), "device": r.get("device"),
+                               "fp32_step_ms": base["profile"]["step_mean_ms"],
+                               "casts": p["parts"]["casts"] / p["step_mean_ms"],
+                               "rows": grown(p, base["profile"]),
+                               "citation": citation(model, framework, precision, p, base["profile"])})
+        first = next(iter(mine.values()))
+        entries.append({"model": model, "bars": bars, "growth": growth, "cast_maps": cast_maps(model, found),
+                        "steps": first["profile"].get("steps"), "batch": first.get("batch_size"),
+                        "tools": sorted({f"{k[1]}: {r['profile'].get('tool')}" for k, r in mine.items()}),
+                        "notes": sorted({f"{k[1]}: {r['profile']['note']}" for k, r in mine.items()
+                                         if r["profile"].get("note")}),
+                        "coverage": {f"{k[1]} {k[2]}": r["profile"].get("coverage") for k, r in mine.items()}})
+    return entries
+
+
+def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
+    """{"entries", "citations", "html", "markdown"}: "" html and markdown without an ok profile."""
+    entries = profile_view(profiles or [])
+    citations = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["citation"]
+                 for e in entries for g in e["growth"]}
+    return {"entries": entries, "citations": citations,
+            "html": _html(entries, charts_on) if entries else "", "markdown": _markdown(entries) if entries else ""}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _html(entries: list[dict], charts_on: bool) -> str:
+    e = html.escape
+    out = ['<h2 id="profile">Where the time goes</h2>',
+           "<p>From <code>amp-harness profile</code>: a few warm-up steps, then a few steps under each framework's own "
+           "profiler, each op given to the spec's layer whose scope it ran in (backward ops to their forward op's "
+           "layer). Times are per step, profiler overhead included, from one run: compare them with each other, and "
+           "take speed itself from the timed comparison above. \"other\" is step time no op accounts for.</p>"]
+    for entry in entries:
+        out.append(f"<h3>{e(entry['model'])}</h3>")
+        if charts_on:
+            out.append(f'<figure class="chart" data-chart="profile">'
+                       f"{charts.time_breakdown(entry['bars'], ORDER, entry['model'] + ': where a training step goes')}"
+                       f"<figcaption>{e(entry['model'])}: ms per profiled step (mean of {entry['steps']} steps, batch "
+                       f"{entry['batch']}) by layer group, casts, loss, optimizer update, loss scaling, runtime "
+                       f"dispatch and other.</figcaption></figure>")
+        overlaps = [f"{b['label']} ({_ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0]
+        if overlaps:
+            out.append(f"<p class=\"notice\">Ops overlapped in time (an inter-op thread pool), so their sum exceeds the "
+                       f"step by: {e(', '.join(overlaps))}.</p>")
+        if entry["growth"]:
+            out.append('<div class="table-wrap"><table><caption>The layers whose time grew most from fp32, per framework '
+                       'and 16-bit precision (ms per profiled step), and the share of the step in casts.</caption>'
+                       "<thead><tr><th>framework</th><th>precision</th><th>step ms (fp32)</th><th>casts</th>"
+                       "<th>layer</th><th>pass</th><th>ms (fp32)</th><th>factor</th><th>share of step</th>"
+                       "<th>computed in</th></tr></thead><tbody>")
+            for g in entry["growth"]:
+                rows = g["rows"] or [None]
+                for i, row in enumerate(rows):
+                    head = (f"<td>{e(g['framework'])}</td><td>{e(g['precision'])}</td><td class=\"num\">"
+                            f"{_ms(g['step_ms'])} ({_ms(g['fp32_step_ms'])})</td><td class=\"num\">{g['casts']:.0%}</td>"
+                            if i == 0 else "<td></td>" * 4)
+                    body = ("<td colspan=\"6\">no layer took longer than in fp32</td>" if row is None else
+                            f"<td>{e(row['label'])}</td><td>{row['phase']}</td><td class=\"num\">{_ms(row['ms'])} "
+                            f"({_ms(row['fp32_ms'])})</td><td class=\"num\">{_x(row['factor'])}</td>"
+                            f"<td class=\"num\">{row['share']:.0%}</td><td>{e(row['compute'] or '-')}</td>")
+                    out.append(f"<tr>{head}{body}</tr>")
+            out.append("</tbody></table></div>")
+        for cmap in entry["cast_maps"]:
+            if cmap["uniform"]:
+                out.append(f"<p>Cast map, {e(cmap['precision'])}: every layer with an op computed in "
+                           f"{e(cmap['uniform'])} in {e(', '.join(cmap['columns']))}.</p>")
+                continue
+            out.append(f"<p>Cast map, {e(cmap['precision'])}: the dtype each layer's heaviest forward op computed in, "
+                       f"as the profiler saw it run; rows in bold differ between frameworks.</p>"
+                       f'<div class="table-wrap"><table><caption>Cast map, {e(cmap["precision"])}</caption>'
+                       f"<thead><tr><th>layer</th>"
+                       + "".join(f"<th>{e(c)}</th>" for c in cmap["columns"]) + "</tr></thead><tbody>")
+            for row in cmap["rows"]:
+                cells = "".join(f"<td>{e(c)}</td>" for c in row["cells"])
+                out.append(f"<tr class=\"flag\"><td><strong>{e(row['label'])}</strong></td>{cells}</tr>"
+                           if row["differs"] else f"<tr><td>{e(row['label'])}</td>{cells}</tr>")
+            out.append("</tbody></table></div>")
+        low = [f"{name} {c:.0%}" for name, c in sorted(entry["coverage"].items())
+               if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]
+        out.append(f"<p class=\"muted\">Profilers: {e('; '.join(entry['tools']))}."
+                   + (f" {e(' '.join(entry['notes']))}" if entry["notes"] else "")
+                   + (f" Ops account for less than {1 - COVERAGE_TOLERANCE:.0%} or more than "
+                      f"{1 + COVERAGE_TOLERANCE:.0%} of the step in: {e(', '.join(low))}." if low else "")
+                   + "</p>")
+    return "\n".join(out)
+
+
+def _markdown(entries: list[dict]) -> str:
+    lines = ["## Where the time goes", ""]
+    for entry in entries:
+        for g in entry["growth"]:
+            lines.append(f"- {g['citation']}.")
+        for cmap in entry["cast_maps"]:
+            differs = [row["label"] for row in cmap["rows"] if row["differs"]]
+            if differs:
+                lines.append(f"- {entry['model']} {cmap['precision']}: frameworks computed these layers in different "
+                             f"dtypes: {', '.join(differs)} ({', '.join(cmap['columns'])}).")
+    return "\n".join(lines)
