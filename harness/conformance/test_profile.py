@@ -48,9 +48,13 @@ def test_profiles_map_every_layer_and_read_compute_dtypes(framework, tmp_path):
                     f"{where}: no forward or backward op ran in its scope (harness.adapter.layer_scope): name a "
                     f"scope per layer and give backward ops their forward op's scope")
             if layer["type"] in COMPUTE_LAYERS:
-                assert layer.get("compute") == want, (
-                    f"{where}: its heaviest forward op ({layer.get('op')}) computed in {layer.get('compute')}, "
-                    f"{r['precision']} computes in {want}: read dtypes from what ran (OpTime.inputs)")
+                # a compiler may compute a 16-bit layer in float32 after all (XLA on a CPU converts bfloat16
+                # convolutions back): the profile must then show the casts it ran for that layer
+                upcast = r["precision"] != "fp32" and layer.get("compute") == "float32" and layer["cast_ms"] > 0
+                assert layer.get("compute") == want or upcast, (
+                    f"{where}: its compute op ({layer.get('op')}) computed in {layer.get('compute')}, "
+                    f"{r['precision']} computes in {want} (or in float32 after casts the profile shows): read "
+                    f"dtypes from what ran (OpTime.inputs)")
         assert p["parts"]["loss"] > 0 and p["parts"]["update"] > 0, (
             f"{r['precision']}: no op ran in LOSS_SCOPE or UPDATE_SCOPE ({p['parts']})")
         if r["precision"] == "amp_fp16":

@@ -313,7 +313,8 @@ def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: 
 
 
 GROUP_COLOURS = ("#4c72b0", "#55a868", "#8172b3", "#64b5cd", "#ccb974", "#937860", "#dd8452", "#c44e52", "#da8bc3",
-                 "#8c8c8c", "#d0d3d6")  # layer groups, then the parts; "other" last, in grey
+                 "#8c8c8c", "#1b7f79")  # one per name of time_breakdown's order, in that order; "other" is grey
+OTHER_COLOUR = "#d0d3d6"
 
 
 def time_breakdown(bars: list[dict], order: list[str], title: str) -> str:
@@ -321,8 +322,8 @@ def time_breakdown(bars: list[dict], order: list[str], title: str) -> str:
     per segment name, names in the legend (and colours) in `order`."""
     present = {name for b in bars for name, _ in b["segments"]}
     names = [name for name in order if name in present]
-    colours = {name: ("#d0d3d6" if name == "other" else GROUP_COLOURS[i % (len(GROUP_COLOURS) - 1)])
-               for i, name in enumerate(names)}
+    colours = {name: OTHER_COLOUR if name == "other" else GROUP_COLOURS[i % len(GROUP_COLOURS)]
+               for i, name in enumerate(order)}  # by place in `order`: the same colour in every chart
     entries = [(name, {"patch": colours[name], "bar": True}) for name in names]
     total = max((sum(ms for _, ms in b["segments"]) for b in bars), default=1.0) or 1.0
     ticks, low, high = _lin_range([0.0, total], zero=True)

@@ -34,11 +34,11 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
         by_device.setdefault(cells[s["key"]].device, []).append(s)
     for device, comparisons in sorted(by_device.items()):
         slower = [s for s in comparisons if s["hi"] < 1 and cited(s)]
-        if slower:
-            out.append({"title": f"Where 16-bit loses time on {device}, by the profiles",
+        for framework in sorted({cells[s["key"]].framework for s in slower}):  # a paragraph per framework
+            out.append({"title": f"Where 16-bit loses time in {framework} on {device}, by its profiles",
                         "text": "; ".join(f"{cited(s)} (timed: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
                                           f"{_cell_ms(cells, s, fp32=True)} ms per step, {s['ci']})"
-                                          for s in slower) + "."})
+                                          for s in slower if cells[s["key"]].framework == framework) + "."})
         c0 = next(cells[s["key"]] for s in comparisons)
         if c0.records[0].get("device") != "cpu":
             continue

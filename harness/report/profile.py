@@ -207,8 +207,9 @@ def _html(entries: list[dict], charts_on: bool) -> str:
                 out.append(f"<p>Cast map, {e(cmap['precision'])}: every layer with an op computed in "
                            f"{e(cmap['uniform'])} in {e(', '.join(cmap['columns']))}.</p>")
                 continue
-            out.append(f"<p>Cast map, {e(cmap['precision'])}: the dtype each layer's heaviest forward op computed in, "
-                       f"as the profiler saw it run; rows in bold differ between frameworks.</p>"
+            out.append(f"<p>Cast map, {e(cmap['precision'])}: the dtype each layer's compute op (its forward op "
+                       f"taking the most inputs: data, weights) ran in, as the profiler saw it run; rows in bold "
+                       f"differ between frameworks.</p>"
                        f'<div class="table-wrap"><table><caption>Cast map, {e(cmap["precision"])}</caption>'
                        f"<thead><tr><th>layer</th>"
                        + "".join(f"<th>{e(c)}</th>" for c in cmap["columns"]) + "</tr></thead><tbody>")

@@ -9,6 +9,7 @@ profiler's overhead, so it is never compared with a timed run's step.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter
@@ -75,25 +76,25 @@ def profile(spec, graph: Graph, data, masks, trainer, record: dict, warmup: int,
 
     profiled = trainer.profile(run_steps)
     if profiled is None:
-        record.update(status="unsupported", reason=f"the {record['framework']} adapter cannot profile "
-                                                   f"(its Trainer has no profile method)")
+        record.update(status="unsupported", reason=f"the {record['framework']} adapter cannot profile on "
+                                                   f"{record.get('device') or 'this device'} (Trainer.profile)")
         return
     if len(step_ms) != spec.steps:
         raise HarnessError(f"the {record['framework']} adapter's profile ran {len(step_ms)} of the {spec.steps} "
                            f"steps the core gave it (Trainer.profile must call run_steps once)")
-    record.update(status="ok", loss=losses,
+    record.update(status="ok", loss=[v if math.isfinite(v) else None for v in losses],
                   profile={"tool": profiled.tool, "note": profiled.note, "warmup": warmup,
                            **attribute(graph.layers, profiled.ops, step_ms)})
 
 
 def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float]) -> dict:
     """Per step (the mean over the profiled steps): each layer's forward, backward and cast time and the dtypes
-    its heaviest forward op computed in; time in casts, the loss, the update and loss scaling; and "other", the
+    its compute op ran in (_weight); time in casts, the loss, the update and loss scaling; and "other", the
     step time no op accounts for (negative where ops overlapped in time: an inter-op thread pool)."""
     steps = len(step_ms)
     per_layer = {info.path: {"path": info.path, "type": info.type, "label": label(info), "forward_ms": 0.0,
                              "backward_ms": 0.0, "cast_ms": 0.0} for info in layers}
-    heaviest: dict[str, OpTime] = {}
+    compute: dict[str, OpTime] = {}  # per layer, the forward op that does its work
     parts = dict.fromkeys(PARTS, 0.0)
     unattributed = 0.0
     by_name: Counter = Counter()
@@ -114,9 +115,10 @@ def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float]) 
             parts[found[1]] += ms
         else:
             per_layer[found[1]]["backward_ms" if op.backward else "forward_ms"] += ms
-            if not op.backward and (found[1] not in heaviest or op.seconds > heaviest[found[1]].seconds):
-                heaviest[found[1]] = op
-    for path, op in heaviest.items():
+            if not op.backward and (op.inputs or op.outputs) and (
+                    found[1] not in compute or _weight(op) > _weight(compute[found[1]])):
+                compute[found[1]] = op
+    for path, op in compute.items():
         per_layer[path].update(op=op.op, inputs=list(op.inputs), outputs=list(op.outputs), compute=compute_dtype(op))
     step = sum(step_ms) / steps
     named = sum(l["forward_ms"] + l["backward_ms"] for l in per_layer.values()) + sum(parts.values())
@@ -125,6 +127,14 @@ def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float]) 
             "parts": {**parts, "unattributed": unattributed, "other": step - named},
             "coverage": named / step if step > 0 else None,
             "top_ops": [{"op": name, "owner": where, "backward": bwd, "ms": ms} for (name, where, bwd), ms in top]}
+
+
+def _weight(op: OpTime) -> tuple[int, float]:
+    """Which forward op is a layer's compute: the one taking the most floating-point inputs (a convolution takes
+    data, kernel and bias; the padding before it, the data alone), then the heaviest. Time alone would let a light
+    op slowed by a busy machine (measured: MXNet's float32 Pad before a bfloat16 convolution, 100x slower under
+    load) decide what the layer computed in. A range's own time (Python between ops) names no dtype: never."""
+    return len(op.inputs), op.seconds
 
 
 def compute_dtype(op: OpTime) -> str | None:

@@ -44,25 +44,27 @@ def test_layer_scope_is_what_owner_reads():
 def test_attribute_sums_per_step_and_keeps_casts_apart():
     layers = infer(load_spec("small_convnet")).layers
     ops = [OpTime("conv", "layer.0", 0.040, inputs=("float16", "float16", "float32"), outputs=("float16",)),
-           OpTime("pad", "layer.0", 0.002, inputs=("float32",)),  # lighter: not the layer's compute
+           OpTime("pad", "layer.0", 0.042, inputs=("float32",)),  # heavier, but takes the data alone
+           OpTime("layer.0", "layer.0", 0.050),  # the range's own time (Python): heavier, but names no dtype
            OpTime("conv_grad", "layer.0", 0.060, backward=True),
            OpTime("to", "layer.0", 0.010, cast=True, inputs=("float32",), outputs=("float16",)),
            OpTime("matmul", "layer.14", 0.004, inputs=("bfloat16", "bfloat16")),
            OpTime("bce", LOSS_SCOPE, 0.002), OpTime("rmsprop", UPDATE_SCOPE, 0.008),
            OpTime("mystery", "", 0.006)]
-    p = attribute(layers, ops, [50.0, 70.0])  # two steps: 120 ms, op seconds are sums over both
+    p = attribute(layers, ops, [90.0, 70.0])  # two steps: 160 ms, op seconds are sums over both
     conv = p["layers"][0]
-    assert (conv["forward_ms"], conv["backward_ms"], conv["cast_ms"]) == pytest.approx((21.0, 30.0, 5.0))
+    assert (conv["forward_ms"], conv["backward_ms"], conv["cast_ms"]) == pytest.approx((66.0, 30.0, 5.0))
     assert (conv["op"], conv["compute"], conv["outputs"]) == ("conv", "float16", ["float16"])
     assert p["layers"][14]["compute"] == "bfloat16"
     assert "compute" not in p["layers"][1]  # no op ran in the relu's scope
     parts = p["parts"]
     assert (parts["casts"], parts["loss"], parts["update"], parts["unattributed"]) == pytest.approx((5, 1, 4, 3))
-    assert p["step_mean_ms"] == 60.0
-    named = 21 + 30 + 2 + 5 + 1 + 4  # layers (conv, dense) and parts: the unattributed op is "other"
-    assert parts["other"] == pytest.approx(60 - named)
-    assert p["coverage"] == pytest.approx(named / 60)
+    assert p["step_mean_ms"] == 80.0
+    named = 66 + 30 + 2 + 5 + 1 + 4  # layers (conv, dense) and parts: the unattributed op is "other"
+    assert parts["other"] == pytest.approx(80 - named)
+    assert p["coverage"] == pytest.approx(named / 80)
     assert p["top_ops"][0] == {"op": "conv_grad", "owner": "0", "backward": True, "ms": pytest.approx(30.0)}
+    assert [op["op"] for op in p["top_ops"][1:3]] == ["layer.0", "pad"]
 
 
 def test_a_scope_naming_a_layer_the_spec_lacks_is_an_error():
@@ -70,8 +72,8 @@ def test_a_scope_naming_a_layer_the_spec_lacks_is_an_error():
         attribute(infer(load_spec("mnist_mlp")).layers, [OpTime("Conv2D", "layer.99", 0.1)], [1.0])
 
 
-def cli(out_dir, *args):
-    return amp(*args, "--out", str(out_dir), "--no-progress")
+def cli(out_dir, *args, faults=""):
+    return amp(*args, "--out", str(out_dir), "--no-progress", faults=faults)
 
 
 def test_profile_cli_maps_the_fake_adapters_ops(tmp_path):
@@ -116,3 +118,11 @@ def test_profile_takes_the_matrix_models_and_sizes_but_its_own_steps(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "profiles.jsonl").read_text().splitlines()]
     assert [(r["model"], r["batch_size"], r["profile"]["steps"]) for r in records] == [
         ("mnist_mlp", 8, 2), ("underflow_mlp", load_spec("underflow_mlp").batch_size, 2)]  # one run each
+
+
+def test_a_non_finite_loss_in_a_profiled_step_is_recorded_not_a_crash(tmp_path):
+    out = cli(tmp_path, "profile", "--framework", "fake", "--model", "mnist_mlp", "--precision", "fp16", "--steps", "3",
+              faults="fp16=nan")  # the fake's 4th step, the first profiled one, returns NaN
+    assert out.returncode == 0, out.stderr
+    (r,) = [json.loads(line) for line in (tmp_path / "profiles.jsonl").read_text().splitlines()]
+    assert r["status"] == "ok" and r["loss"][0] is None and r["profile"]["steps"] == 3

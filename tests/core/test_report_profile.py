@@ -82,7 +82,8 @@ def test_why_cites_the_profile_instead_of_the_cpu_flags(timed):
     view = build_view(records, profiles=PROFILES)
     titles = [w["title"] for w in view["why"]]
     assert not any("float16 ran slower than fp32" in t for t in titles)
-    (cited,) = [w for w in view["why"] if "by the profiles" in w["title"]]
+    (cited,) = [w for w in view["why"] if "by its profiles" in w["title"]]
+    assert cited["title"].startswith("Where 16-bit loses time in fake on cpu")
     assert "fake amp_fp16 (pitfall_rmsprop_epsilon), profiled" in cited["text"]
     assert "layer 3 dense backward takes 86% of the step" in cited["text"] and "timed: amp_fp16" in cited["text"]
     # a profile at another batch size is not this cell's: the reasoning from the CPU comes back

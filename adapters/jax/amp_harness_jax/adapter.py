@@ -16,6 +16,9 @@ JAX-specific choices:
 - XLA's CPU reductions of 16-bit arrays accumulate in 16 bits: bias gradients are summed in float32
   (network.add_bias), as PyTorch and cuDNN do, or float16 runs would overflow where the others do not.
 - XLA sizes its CPU thread pool from the process's CPU affinity when jax first starts: set_threads narrows it.
+- Profiles (Trainer.profile, profile.py) read jax.profiler's XLA:CPU events per HLO instruction; the layer and
+  part scopes are jax.named_scope, which only names the HLO ops' metadata (the compiled step is otherwise the
+  same), so they are always on.
 
 Variant (`run --variant`): the single jitted step.
 """
@@ -110,6 +113,7 @@ class JaxTrainer(Trainer):
 
         from amp_harness_jax.network import Network
         from amp_harness_jax.optimizers import loss_fn, make_optimizer
+        from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
 
         self.jax, self.spec = jax, spec
         # process-wide switches, set for every build (the contract tests build several precisions in one process)
@@ -152,22 +156,30 @@ class JaxTrainer(Trainer):
 
         def step(params, opt_state, statistics, x, y, masks, scale, bits=None, capture=False):
             """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step."""
+            # the scopes (and the network's layer scopes) only name the HLO ops' metadata, read by profile
             def objective(params):
                 out, new_statistics = net.apply(params, statistics, x, masks, training=True)
-                loss = loss_fn(spec.loss, out, y)
-                return (loss * scale if scaling else loss), (loss, new_statistics)
+                with jax.named_scope(LOSS_SCOPE):
+                    loss = loss_fn(spec.loss, out, y)
+                if not scaling:
+                    return loss, (loss, new_statistics)
+                with jax.named_scope(LOSS_SCALE_SCOPE):
+                    return loss * scale, (loss, new_statistics)
 
             grads, (loss, new_statistics) = jax.grad(objective, has_aux=True)(params)
             finite = jnp.array(True)
             if scaling:
-                grads = jax.tree.map(lambda g: (g / scale).astype(g.dtype), grads)
-                finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
-            new_params, new_opt_state = optimizer.update(grads, opt_state, params, bits) if rounding else \
-                optimizer.update(grads, opt_state, params)
+                with jax.named_scope(LOSS_SCALE_SCOPE):
+                    grads = jax.tree.map(lambda g: (g / scale).astype(g.dtype), grads)
+                    finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+            with jax.named_scope(UPDATE_SCOPE):
+                new_params, new_opt_state = optimizer.update(grads, opt_state, params, bits) if rounding else \
+                    optimizer.update(grads, opt_state, params)
             if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
                 # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
-                new_params, new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                                         (new_params, new_opt_state), (params, opt_state))
+                with jax.named_scope(LOSS_SCALE_SCOPE):
+                    new_params, new_opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                                             (new_params, new_opt_state), (params, opt_state))
             out = new_params, new_opt_state, new_statistics, loss, finite
             return (*out, grads) if capture else out
 
@@ -239,6 +251,24 @@ class JaxTrainer(Trainer):
         self.skipped = self.scaler.update(finite=bool(finite))
         self._set_scale()
         return float(loss)
+
+    def profile(self, run_steps):
+        if self.is_gpu:  # a GPU's instructions run on device planes, which profile.py does not read
+            return None
+        from amp_harness_jax.profile import annotated, profile_steps
+        from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE
+
+        # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs)
+        # in RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
+        patched = [(self, "train_step", RUNTIME_SCOPE)] + \
+            ([(self.scaler, "update", LOSS_SCALE_SCOPE)] if self.scaler is not None else [])
+        for owner, name, scope in patched:
+            setattr(owner, name, annotated(getattr(owner, name), scope))
+        try:
+            return profile_steps(run_steps, self.net.infos.values())
+        finally:
+            for owner, name, _ in patched:
+                delattr(owner, name)  # the class's method again
 
     def loss_scale_state(self) -> LossScaleState | None:
         return None if self.scaler is None else LossScaleState(self.scaler.scale, self.skipped)

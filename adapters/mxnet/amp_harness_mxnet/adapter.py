@@ -8,15 +8,31 @@ runs it. MXNet's engine is asynchronous on CPU too: a step ends with `mx.nd.wait
 
 Variants (`run --variant`): the block hybridized with static_alloc and static_shape (the default), or run
 imperatively.
+
+Profiles (`amp-harness profile`, profile.py): a step marks the parts and MXNet's runtime with ranges
+(MXNetTrainer._range), which are no-ops outside a profile.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import (
+    LOSS_SCALE_SCOPE,
+    RUNTIME_SCOPE,
+    UPDATE_SCOPE,
+    Adapter,
+    Device,
+    LossScaleState,
+    Trainer,
+    layer_scope,
+)
 from harness.errors import HarnessError
+
+STEP = "amp-harness.step"  # the range of one step in a profile
+NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
 
 
 def _cpu_float16_error() -> str | None:
@@ -155,6 +171,7 @@ class MXNetTrainer(Trainer):
             self.scaler._scale_seq_len = loss_scale.growth_interval
             self.scaler._max_loss_scale = float("inf")  # MXNet's cap of 2^24 is not in the core's rules
         self.skipped = False
+        self._range = self.no_range  # profile.py's ranges while profiling
         self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
                         "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                         if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
@@ -182,29 +199,46 @@ class MXNetTrainer(Trainer):
         gradients: dict = {}
         return self._step(batch, gradients), gradients
 
+    @staticmethod
+    def no_range(name: str, drain: bool = False):
+        return NO_RANGE
+
     def _step(self, batch, capture: dict | None) -> float:
-        """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
-        mx, (x, y, masks) = self.mx, batch
-        scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
-        with mx.autograd.record():
-            out = self.block(x, y, *masks)
-            loss, stats = (out[0], out[1:]) if isinstance(out, (list, tuple)) else (out, ())
-            mx.autograd.backward(loss * scale if scale else loss)
-        if capture is not None:
-            capture.update(self.net.canonical_gradients([g / scale if scale else g for g in self.grads],
-                                                        self.trainable_names))
-        if self.scaler is not None:  # MXNet's check; it sets the next scale, and the step is skipped on overflow
-            self.skipped = self.scaler.has_overflow(self.params)
-            # has_overflow leaves the current scale for one more step: a back-off would come a step late. Apply
-            # it now, as the core's rules (LossScaler) say.
-            self.scaler._loss_scale = self.scaler._next_loss_scale
-        elif scale:
-            self.skipped = not bool(mx.nd.multi_all_finite(*self.grads, num_arrays=len(self.grads)).asscalar())
-        if not self.skipped:
-            self.optimizer.step(1.0 / scale if scale else 1.0)  # the loss is a batch mean already
-        self._update_running_statistics(stats)
-        mx.nd.waitall()  # the engine is asynchronous: wait for the update too
-        return float(loss.asscalar())
+        """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
+        profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
+        mx, (x, y, masks), part = self.mx, batch, self._range
+        with part(STEP):
+            scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
+            with mx.autograd.record():
+                with part(RUNTIME_SCOPE):  # launching the graph's forward
+                    out = self.block(x, y, *masks)
+                loss, stats = (out[0], out[1:]) if isinstance(out, (list, tuple)) else (out, ())
+                head = loss
+                if scale:
+                    with part(LOSS_SCALE_SCOPE):  # in the backward, autograd multiplies the gradient by it too
+                        head = loss * scale
+                with part(RUNTIME_SCOPE):  # launching the graph's backward, after autograd's seed (profile.py)
+                    mx.autograd.backward(head)
+            if capture is not None:
+                capture.update(self.net.canonical_gradients([g / scale if scale else g for g in self.grads],
+                                                            self.trainable_names))
+            if scale:
+                with part(LOSS_SCALE_SCOPE):
+                    if self.scaler is not None:  # MXNet's check; it sets the next scale; an overflow skips the step
+                        self.skipped = self.scaler.has_overflow(self.params)
+                        # has_overflow leaves the current scale for one more step: a back-off would come a step
+                        # late. Apply it now, as the core's rules (LossScaler) say.
+                        self.scaler._loss_scale = self.scaler._next_loss_scale
+                    else:
+                        self.skipped = not bool(mx.nd.multi_all_finite(*self.grads, num_arrays=len(self.grads))
+                                                .asscalar())
+            self._update_running_statistics(stats)
+            if not self.skipped:
+                with part(UPDATE_SCOPE):
+                    self.optimizer.step(1.0 / scale if scale else 1.0)  # the loss is a batch mean already
+            with part(RUNTIME_SCOPE):  # the engine is asynchronous: wait for the update too, hand back the loss
+                mx.nd.waitall()
+                return float(loss.asscalar())
 
     def layer_outputs(self, x, y):
         from amp_harness_mxnet.network import canonical_activation
@@ -230,19 +264,27 @@ class MXNetTrainer(Trainer):
         return {path: (canonical_activation(value), canonical_activation(zero.grad))
                 for path, (value, zero) in probes.items()}
 
+    def profile(self, run_steps):
+        from amp_harness_mxnet.profile import profile_steps
+
+        return profile_steps(self, run_steps)
+
     def after_step(self) -> None:
         if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
             free, total = self.mx.context.gpu_memory_info(0)
             self.peak_bytes = max(self.peak_bytes, total - free)
 
     def _update_running_statistics(self, stats) -> None:
-        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring)."""
+        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
+        profiling, each layer's operators run inside its range, before the update's are dispatched."""
         for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
             layer = self.net.infos[path].spec
             mean, inv_std = stats[2 * i], stats[2 * i + 1]
-            for name, batch in (("moving_mean", mean), ("moving_variance", 1 / (inv_std * inv_std) - layer.epsilon)):
-                running = self.net.handles[f"{path}.{name}"].data(self.ctx)
-                running[:] = layer.momentum * running + (1 - layer.momentum) * batch
+            with self._range(layer_scope(path), drain=True):
+                variance = 1 / (inv_std * inv_std) - layer.epsilon
+                for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
+                    running = self.net.handles[f"{path}.{name}"].data(self.ctx)
+                    running[:] = layer.momentum * running + (1 - layer.momentum) * batch
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.scaler is not None or self.loss_scale.mode == "fixed":

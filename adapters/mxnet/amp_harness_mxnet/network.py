@@ -3,9 +3,14 @@ TrainingLoss, the network with the spec's loss, which the trainer hybridizes int
 
 Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatten` transposes to NHWC first
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
+
+In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
+convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope): names in the graph, free at run time, which
+a profile reads back (profile.py). Operators run imperatively are not named.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import mxnet as mx
@@ -13,6 +18,7 @@ import numpy as np
 from mxnet import gluon
 
 from amp_harness_mxnet.optimizers import loss_fn
+from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.weights import from_channels_first, to_channels_first
@@ -20,6 +26,12 @@ from harness.model.weights import from_channels_first, to_channels_first
 
 def _key(name: str) -> str:
     return "p" + name.replace(".", "_")
+
+
+def _scope(F, scope: str):
+    """Name the graph nodes built inside after `scope` (a "/"-joined path); nothing when run imperatively."""
+    # mx.name.Prefix replaces the block's own prefix ("spec_"), so each scope carries its outer ones
+    return mx.name.Prefix(f"{scope}/") if F is mx.sym else contextlib.nullcontext()
 
 
 def _pad_width(padding) -> tuple[int, ...]:
@@ -84,15 +96,17 @@ class Network(gluon.HybridBlock):
         params = {key: param.data(ctx) for key, param in self.registered.items()}
         return self._layers(mx.nd, self.spec.layers, "", x, {}, [], params, probe)
 
-    def _layers(self, F, layers, prefix, x, masks, stats, params, probe=None):
+    def _layers(self, F, layers, prefix, x, masks, stats, params, probe=None, outer=""):
         for index, layer in enumerate(layers):
             path = f"{prefix}{index}"
-            x = self._layer(F, layer, path, x, masks, stats, params, probe)
+            scope = f"{outer}{layer_scope(path)}"
+            with _scope(F, scope):
+                x = self._layer(F, layer, path, x, masks, stats, params, probe, scope)
             if probe is not None:
                 x = probe(path, x)
         return x
 
-    def _layer(self, F, layer, path, x, masks, stats, p, probe):
+    def _layer(self, F, layer, path, x, masks, stats, p, probe, scope):
         t, info = layer.type, self.infos[path]
         w = lambda name: p[_key(f"{path}.{name}")]  # noqa: E731
         if t == "dense":
@@ -164,9 +178,9 @@ class Network(gluon.HybridBlock):
         if t == "dropout":  # the core's mask, pre-divided by 1 - rate; ones in inference
             return x * masks[path] if path in masks else x
         if t == "residual":
-            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p, probe)
-            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p, probe) \
-                if layer.projection else x
+            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p, probe, f"{scope}/")
+            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p, probe,
+                                    f"{scope}/") if layer.projection else x
             return main + shortcut
         raise AssertionError(f"no MXNet op for {t!r}")
 
@@ -184,7 +198,8 @@ class TrainingLoss(gluon.HybridBlock):
     def hybrid_forward(self, F, x, labels, *masks):
         outputs = self.net(x, *masks)
         stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
-        loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
+        with _scope(F, LOSS_SCOPE):
+            loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
         return (loss, *stats) if stats else loss
 
 

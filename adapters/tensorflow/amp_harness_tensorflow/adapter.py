@@ -5,11 +5,19 @@ Variants (`run --variant`): the step as a tf.function graph (the default), or co
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import (
+    LOSS_SCALE_SCOPE,
+    LOSS_SCOPE,
+    Adapter,
+    Device,
+    LossScaleState,
+    Trainer,
+)
 from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
@@ -151,24 +159,31 @@ class TensorFlowTrainer(Trainer):
         variables = model.trainable_variables
 
         def step(x, y, *masks, capture=False):
-            """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update."""
+            """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update.
+            Name scopes mark the parts of a profile (the layers' are their names, the update's the optimizer's):
+            names in the graph, free at run time, and their gradients are named after them."""
             with tf.GradientTape() as tape:
-                loss = loss_fn(spec.loss, model([x, *masks] if masks else x, training=True), y)
-                scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
+                outputs = model([x, *masks] if masks else x, training=True)
+                with tf.name_scope(LOSS_SCOPE):
+                    loss = loss_fn(spec.loss, outputs, y)
+                with tf.name_scope(LOSS_SCALE_SCOPE):
+                    scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
             grads = tape.gradient(scaled, variables)
             if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
-                unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
-                    if capture and self.scaler else grads  # read before apply() moves the scale
-                optimizer.apply(grads, variables)
+                with tf.name_scope(LOSS_SCALE_SCOPE) if self.scaler else contextlib.nullcontext():
+                    unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
+                        if capture and self.scaler else grads  # read before apply() moves the scale
+                    optimizer.apply(grads, variables)
                 return (loss, tf.constant(True), unscaled) if capture else (loss, tf.constant(True))
-            grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
 
             def apply():
                 optimizer.apply(grads, variables)
                 return tf.constant(True)
 
-            applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            with tf.name_scope(LOSS_SCALE_SCOPE):
+                grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+                applied = tf.cond(finite, apply, lambda: tf.constant(False))
             return (loss, applied, grads) if capture else (loss, applied)
 
         self._step = tf.function(step, jit_compile=self.xla)
@@ -210,6 +225,13 @@ class TensorFlowTrainer(Trainer):
         grads = tape.gradient(loss, list(outputs.values()))
         return {path: (_numpy(value), _numpy(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
+
+    def profile(self, run_steps):
+        if self.is_gpu:  # the host trace times a GPU kernel's launch, not the kernel; the device planes are not read
+            return None
+        from amp_harness_tensorflow.profile import profile_steps
+
+        return profile_steps(self._step, run_steps)
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.loss_scale.mode == "none":

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from harness.adapter import layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 
@@ -55,36 +56,39 @@ def _given(weights: dict[str, np.ndarray], name: str):
 
 def _layer(spec, path: str, weights: dict[str, np.ndarray]) -> keras.layers.Layer:
     t = spec.type
-    init = {f"{param}_initializer": _given(weights, f"{path}.{param}")
-            for param in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance")
-            if f"{path}.{param}" in weights}
+    # the layer's name is its name scope in the graph, which is how a profile finds a layer's ops (weights are
+    # mapped by variable, not by name)
+    kwargs = {"name": layer_scope(path)}
+    kwargs.update({f"{param}_initializer": _given(weights, f"{path}.{param}")
+                   for param in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance")
+                   if f"{path}.{param}" in weights})
     if t == "dense":
-        return keras.layers.Dense(spec.units, use_bias=spec.use_bias, **init)
+        return keras.layers.Dense(spec.units, use_bias=spec.use_bias, **kwargs)
     if t == "conv2d":
         return keras.layers.Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                                   use_bias=spec.use_bias, **init)
+                                   use_bias=spec.use_bias, **kwargs)
     if t == "maxpool2d":
-        return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding)
+        return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **kwargs)
     if t == "avgpool2d":  # TF's 'same' average pooling excludes padded pixels, as the spec says
-        return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding)
+        return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **kwargs)
     if t == "global_avgpool2d":
-        return keras.layers.GlobalAveragePooling2D()
+        return keras.layers.GlobalAveragePooling2D(**kwargs)
     if t == "flatten":
-        return keras.layers.Flatten()
+        return keras.layers.Flatten(**kwargs)
     if t in ("relu", "tanh", "sigmoid"):
-        return keras.layers.Activation(t)
+        return keras.layers.Activation(t, **kwargs)
     if t == "softmax":
-        return keras.layers.Softmax(axis=-1)
+        return keras.layers.Softmax(axis=-1, **kwargs)
     if t == "gelu":
-        return GELU(spec.approximate)
+        return GELU(spec.approximate, **kwargs)
     if t == "batchnorm":  # Keras' momentum form and biased batch variance are the spec's
-        return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon, **init)
+        return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon, **kwargs)
     if t == "layernorm":
-        return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon, **init)
+        return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon, **kwargs)
     if t == "dropout":
-        return MaskedDropout(spec.rate)
+        return MaskedDropout(spec.rate, **kwargs)
     if t == "residual":
-        return keras.layers.Add()
+        return keras.layers.Add(**kwargs)
     raise AssertionError(f"no Keras layer for {t!r}")
 
 

@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from harness.adapter import UPDATE_SCOPE
 from harness.model.spec import PROB_EPSILON
 
 
@@ -24,6 +25,12 @@ class SpecOptimizer(keras.optimizers.Optimizer):
 
     def slot(self, name, variable):
         return self.slots[name][self._get_variable_index(variable)]
+
+    def apply(self, grads, trainable_variables=None):
+        # a profile's update part, also where LossScaleOptimizer (the loss-scale part) calls this: a name scope is
+        # a name in the graph, free at run time
+        with tf.name_scope(UPDATE_SCOPE):
+            return super().apply(grads, trainable_variables)
 
 
 def _const(value: float, like):

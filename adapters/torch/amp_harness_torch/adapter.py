@@ -5,11 +5,24 @@ for oneDNN on CPU and for tensor cores), eager with NCHW activations, and torch.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import (
+    LOSS_SCALE_SCOPE,
+    LOSS_SCOPE,
+    RUNTIME_SCOPE,
+    UPDATE_SCOPE,
+    Adapter,
+    Device,
+    LossScaleState,
+    Trainer,
+)
 from harness.errors import HarnessError
 from harness.precision import LossScaler
+
+NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
 
 
 class TorchAdapter(Adapter):
@@ -122,7 +135,12 @@ class TorchTrainer(Trainer):
             self.rounding_seed = device_seed()
             self.optimizer = RoundedUpdate(net.parameters(), spec.optimizer, self.rounding, self.device,
                                            self.rounding_seed)
-        self.forward = torch.compile(net) if variant == "compile" else net
+        self.compiled = variant == "compile"
+        self.forward = torch.compile(net) if self.compiled else net
+        self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
+        # the module calls around the layers' ranges are the runtime's dispatch; a compiled graph would run its
+        # kernels (the layers' work, which it cannot attribute) in that range too
+        self.forward_scope = None if self.compiled else RUNTIME_SCOPE
         self.loss_scale = loss_scale
         self.grad_scaler = None
         self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
@@ -169,8 +187,6 @@ class TorchTrainer(Trainer):
             for name, value in bits.items()}
 
     def _autocast(self):
-        import contextlib
-
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
@@ -186,36 +202,74 @@ class TorchTrainer(Trainer):
     def _step(self, batch, capture: dict | None) -> float:
         """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
         x, y, masks = batch
-        self.optimizer.zero_grad(set_to_none=True)
+        with self._scope(UPDATE_SCOPE):  # clearing the gradients is the optimizer's bookkeeping
+            self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
-            loss = self.loss_fn(self.spec.loss, self.forward(x, masks), y)
+            with self._scope(self.forward_scope):
+                out = self.forward(x, masks)
+            with self._scope(LOSS_SCOPE):
+                loss = self.loss_fn(self.spec.loss, out, y)
         if self.grad_scaler is not None:
-            self.grad_scaler.scale(loss).backward()
-            if capture is not None:
+            with self._scope(LOSS_SCALE_SCOPE):
+                scaled = self.grad_scaler.scale(loss)
+            self._backward(scaled)
+            # unscaled (and checked for inf) here rather than inside GradScaler.step, which then only skips or
+            # calls optimizer.step: the loss scaler's work and the update stay apart in a profile
+            with self._scope(LOSS_SCALE_SCOPE):
                 self.grad_scaler.unscale_(self.optimizer)
+            if capture is not None:
                 capture.update(self.net.canonical_gradients())
-            self.grad_scaler.step(self.optimizer)
-            self.grad_scaler.update()
+            with self._scope(UPDATE_SCOPE):
+                self.grad_scaler.step(self.optimizer)
+            with self._scope(LOSS_SCALE_SCOPE):
+                self.grad_scaler.update()
         elif self.loss_scale.mode != "none":
             self._manual_scaled_step(loss, capture)
         else:
-            loss.backward()
+            self._backward(loss)
             if capture is not None:
                 capture.update(self.net.canonical_gradients())
-            self.optimizer.step()
-        return loss.item()  # waits for the device
+            with self._scope(UPDATE_SCOPE):
+                self.optimizer.step()
+        with self._scope(RUNTIME_SCOPE):  # handing the loss back
+            return loss.item()  # waits for the device
+
+    def _backward(self, loss) -> None:
+        with self._scope(RUNTIME_SCOPE):  # the autograd engine's own work; its nodes' ops keep their layers' scopes
+            loss.backward()
 
     def _manual_scaled_step(self, loss, capture: dict | None) -> None:
         """Fixed scaling, or dynamic scaling of pure-fp16 weights (GradScaler refuses fp16 gradients)."""
         torch, scale = self.torch, self.scaler.scale
-        (loss * scale).backward()
+        with self._scope(LOSS_SCALE_SCOPE):
+            scaled = loss * scale
+        self._backward(scaled)
         grads = [p.grad for p in self.net.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, 1.0 / scale)
+        with self._scope(LOSS_SCALE_SCOPE):
+            torch._foreach_mul_(grads, 1.0 / scale)
+            self.skipped = self.scaler.update(finite=bool(torch.stack([g.isfinite().all() for g in grads]).all()))
         if capture is not None:
             capture.update(self.net.canonical_gradients())
-        self.skipped = self.scaler.update(finite=bool(torch.stack([g.isfinite().all() for g in grads]).all()))
         if not self.skipped:
-            self.optimizer.step()
+            with self._scope(UPDATE_SCOPE):
+                self.optimizer.step()
+
+    def _scope(self, name: str | None):
+        """A part's record_function range while profiling; a shared no-op in any other step (or without a name)."""
+        return self.torch.profiler.record_function(name) if self.profiling and name else NO_SCOPE
+
+    def profile(self, run_steps):
+        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
+            return None
+        from amp_harness_torch.profile import profile_steps
+
+        self.profiling = True
+        try:
+            # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
+            with contextlib.nullcontext(set()) if self.compiled else self.net.scoped() as layer_scopes:
+                return profile_steps(run_steps, layer_scopes, self.compiled)
+        finally:
+            self.profiling = False
 
     def layer_outputs(self, x, y):
         torch = self.torch

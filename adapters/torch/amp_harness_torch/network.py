@@ -5,11 +5,14 @@ NHWC first so that it flattens in the spec's H, W, C order and the canonical den
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
 from harness.model.weights import from_channels_first, to_channels_first
@@ -196,6 +199,27 @@ class Network(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+    @contextlib.contextmanager
+    def scoped(self):
+        """Profile mode: every layer's forward runs in a record_function range named layer_scope(path), opened and
+        closed by hooks that exist only inside this context (a timed step runs no hook); yields the ranges' names."""
+        layers = [module for module in self.modules() if isinstance(module, Layer)]
+        ranges = []  # open ones, innermost last: a residual block's range holds its layers'
+
+        def open_range(layer, args):
+            ranges.append(torch.profiler.record_function(layer_scope(layer.info.path)).__enter__())
+
+        def close_range(layer, args, out):
+            ranges.pop().__exit__(None, None, None)
+
+        hooks = [hook for layer in layers for hook in (layer.register_forward_pre_hook(open_range),
+                                                       layer.register_forward_hook(close_range, always_call=True))]
+        try:
+            yield {layer_scope(layer.info.path) for layer in layers}
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): one forward with hooks."""

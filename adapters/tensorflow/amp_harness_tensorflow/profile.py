@@ -1,0 +1,313 @@
+"""Trainer.profile for TensorFlow: the steps under TensorFlow's own profiler (tf.profiler.experimental), read back
+from the XSpace it writes.
+
+Graph steps: the executor traces every op it runs as "node_name:OpType" on the host plane, and a node's name holds
+the name scopes it was built in: each Keras layer's (its name, network.py), the parts' (adapter.py, optimizers.py)
+and, for a gradient, "gradient_tape/<the forward op's scopes>/", which GradientTape gives every op of a backward
+function. Each op is joined by name to the graph of the tf.function that ran, for its dtypes (fixed when the
+function was traced; the trace records none). Three kinds of time get their scopes otherwise:
+- Grappler's remapper (oneDNN on CPU) fuses a matmul or convolution with the bias add and activation after it into
+  one kernel named after the last node it fused, often the next layer's activation: the kernel gets the scopes and
+  dtypes of the matmul or convolution it starts from, the node doing its work.
+- GradientTape sums the gradients of a tensor used more than once (AddN) in the scope tape.gradient was called in:
+  the sum gets the scopes its summed gradients share (a batchnorm's input feeds three of its ops: the sum is that
+  layer's backward; a residual block's input feeds both branches: no layer's).
+- The executor's own work between the ops of one ExecutorState::Process event (readying a node's inputs, passing
+  on its outputs; the executor runs ops one after another on one thread, inter-op threads being 1) goes to the op
+  before it, in entries of its own named after that event, as a torch layer's Python glue goes to its layer.
+- The tf.function's own trace event on the calling thread, less the run of its graph in it, is the runtime's
+  dispatch (Python handling the arguments and outputs, the eager runtime launching the function): RUNTIME_SCOPE.
+  On a small model it is a large share of the step (mnist_mlp: about 0.6 of 2.5 ms).
+
+XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
+and the profile carries the program's HLO, whose instructions keep the TensorFlow op they came from (op_name, with
+its scopes) and their operands' and results' dtypes. An instruction XLA added (a layout transpose, the indices of a
+max-pool gradient, a float16 convolution redone in float32) names no op: it gets the scopes its fused body names,
+or none (it is unattributed, as guessing from its neighbours put weight gradients in the loss scaler's part). A
+thunk that only converts dtypes (and moves data) is a cast. XLA runs independent thunks at once (the caller's
+thread and the intra-op pool), so their times can add up to more than the step.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from bisect import bisect_left
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import tensorflow as tf
+
+from harness.adapter import RUNTIME_SCOPE, OpTime, ProfiledOps
+from harness.errors import HarnessError
+
+OP_EVENT = re.compile(r"^([A-Za-z0-9.][\w./>-]*):(\w+)$")  # TraceMeOp's "node_name:OpType"
+PROCESS = "ExecutorState::Process"  # the executor running a batch of ready nodes, one after another
+GRAPH_RUN = "KernelAndDeviceFunc::Run"  # the caller's thread running the function's graph (waiting on the executor)
+LOWERED = re.compile(r"^(.+?)/(then|else)/_\d+/(.+)$")  # a cond branch's node inlined by the If lowering pass
+# a node a Grappler optimizer rewrote: "<scope>/ArithmeticOptimizer/AddOpsRewrite_Leaf_1_<the node's name>"
+REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
+GRADIENT = "gradient_tape"  # GradientTape's scope for backward ops
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
+XLA_FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+XLA_MOVES = {"convert", "bitcast", "copy", "reshape", "transpose", "tuple", "get-tuple-element"}  # a cast's work
+# the xla variant's profile (measured, resnet8 at batch 16: layers and parts held 84% of the fp32 step with one
+# intra-op thread, 52% with two; 52% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32)
+XLA_NOTE = ("XLA's own trace of the same compiled step, thunk by thunk: instructions XLA created name no TensorFlow "
+            "op and stay unattributed, and with more than one intra-op thread part of the work finishes outside any "
+            "traced thunk, so the layers hold only part of the step.")
+FUSED_HOPS = 4  # a fused pattern's start lies this many first-input hops back at most (MatMul, BiasAdd, Add, Relu)
+
+
+def profile_steps(step, run_steps) -> ProfiledOps:
+    """Run the core's steps under the profiler and return every op (or XLA thunk) that ran on the host."""
+    logdir = tempfile.mkdtemp(prefix="amp-harness-tf-profile-")
+    try:
+        # host events only (this is the CPU path); Python calls are not traced
+        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                           device_tracer_level=0)
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            run_steps()
+        finally:
+            tf.profiler.experimental.stop()
+        space = _read_space(Path(logdir))
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    host = next((plane for plane in space.planes if plane.name == "/host:CPU"), None)
+    if host is None:
+        raise HarnessError("TensorFlow's profiler wrote no host plane")
+    ran = _functions_run(host)
+    # the step's traced functions (a tf.function lists them only privately), by the name the trace ran them under
+    graphs = [cf.graph for cf in step._list_all_concrete_functions() if cf.name.decode() in ran]
+    if not graphs:
+        raise HarnessError(f"TensorFlow's profile shows none of the step's functions running (it ran: "
+                           f"{', '.join(sorted(ran)) or 'no function'})")
+    hlo = _hlo_instructions(space)
+    ops = []
+    for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
+        if key[0] == "hlo":
+            ops.append(replace(hlo[key[1:]], seconds=self_ps * 1e-12, calls=calls))
+            continue
+        _, name, op_type = key
+        if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
+            continue
+        node = _node(graphs, name)
+        where = (_fused_root(node, op_type) or node) if node is not None else None
+        scope = _scope(where) if where is not None else name.rpartition("/")[0]
+        backward = GRADIENT in scope.split("/")
+        dtypes = {"inputs": _floats(t.dtype.name for t in where.inputs),
+                  "outputs": _floats(t.dtype.name for t in where.outputs)} if where is not None else {}
+        ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
+                          cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
+        if executor_ps:  # the executor handling this node's tensors
+            ops.append(OpTime(op=PROCESS, scope=scope, seconds=executor_ps * 1e-12, backward=backward, calls=calls,
+                              **dtypes))
+    if not hlo:
+        dispatch_ps, calls = _dispatch(host, step.__name__)
+        if calls:
+            ops.append(OpTime(op=f"{step.__name__} dispatch", scope=RUNTIME_SCOPE, seconds=dispatch_ps * 1e-12,
+                              calls=calls))
+    return ProfiledOps(f"tf.profiler.experimental (TensorFlow {tf.__version__}, host trace)", ops,
+                       XLA_NOTE if hlo else "")
+
+
+def _dispatch(plane, function: str) -> tuple[int, int]:
+    """(picoseconds, calls) the calling thread spent in the tf.function's own trace event (named after the
+    function) outside the run of its graph: Python handling arguments and outputs and the eager runtime launching
+    the function, before any op starts and after the last ends."""
+    total = calls = 0
+    for line in plane.lines:
+        spans: dict[str, list[tuple[int, int]]] = {function: [], GRAPH_RUN: []}
+        for event in line.events:
+            name = plane.event_metadata[event.metadata_id].name
+            if name in spans:
+                spans[name].append((event.offset_ps, event.offset_ps + event.duration_ps))
+        for start, end in spans[function]:
+            total += end - start - sum(e - s for s, e in spans[GRAPH_RUN] if start <= s and e <= end)
+            calls += 1
+    return total, calls
+
+
+def _read_space(logdir: Path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    files = sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
+    if len(files) != 1:
+        raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(files[0].read_bytes())
+    return space
+
+
+def _stats(plane, event) -> dict:
+    return {plane.stat_metadata[s.metadata_id].name: s.str_value or (plane.stat_metadata[s.ref_value].name
+                                                                      if s.ref_value else s.int64_value)
+            for s in event.stats}
+
+
+def _functions_run(plane) -> set[str]:
+    """The functions the trace shows running: an eager call of one is traced with its name in an "eager_op"
+    stat."""
+    ids = {i for i, meta in plane.stat_metadata.items() if meta.name == "eager_op"}
+    return {_stats(plane, event)["eager_op"] for line in plane.lines for event in line.events
+            if any(s.metadata_id in ids for s in event.stats)}
+
+
+def _event_times(plane, hlo: dict) -> dict[tuple, list[int]]:
+    """{("op", node name, op type) or ("hlo", module, instruction): [self picoseconds, calls, executor picoseconds
+    after it]} over every thread. An op's self time excludes the ops nested in it on its thread (a function-call
+    op runs its body inline); XLA thunks call none, and the pool's threads share one line, where their thunks
+    overlap without nesting."""
+    totals: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for line in plane.lines:
+        ops, processes = [], []
+        for event in line.events:
+            name = plane.event_metadata[event.metadata_id].name
+            span = (event.offset_ps, event.offset_ps + event.duration_ps)
+            if name == PROCESS:
+                processes.append(span)
+            elif match := OP_EVENT.match(name):
+                ops.append((*span, ("op", *match.groups())))
+            elif hlo and event.stats:
+                stats = _stats(plane, event)
+                key = (stats.get("hlo_module"), stats.get("hlo_op"))
+                if key in hlo:
+                    totals[("hlo", *key)][0] += event.duration_ps
+                    totals[("hlo", *key)][1] += 1
+        ops.sort(key=lambda e: (e[0], -e[1]))
+        outer, enclosing = [], []  # ops nested in no other op; the ops enclosing the current one
+        for start, end, key in ops:
+            while enclosing and enclosing[-1][0] < end:
+                enclosing.pop()
+            if enclosing:
+                totals[enclosing[-1][1]][0] -= end - start
+            else:
+                outer.append((start, end, key))
+            totals[key][0] += end - start
+            totals[key][1] += 1
+            enclosing.append((end, key))
+        starts = [e[0] for e in outer]
+        for p_start, p_end in processes:
+            inside = [e for e in outer[bisect_left(starts, p_start):bisect_left(starts, p_end)] if e[1] <= p_end]
+            if not inside:
+                continue
+            totals[inside[0][2]][2] += inside[0][0] - p_start  # readying the first node
+            for (_, end, key), following in zip(inside, [*(e[0] for e in inside[1:]), p_end]):
+                totals[key][2] += following - end
+    return totals
+
+
+def _node(graphs, name: str):
+    """The graph node the executor ran as `name`, looking into cond branches that the runtime inlined, or for a
+    node a Grappler optimizer rewrote, the node it rewrote (the same dtypes); None when there is none."""
+    for graph in graphs:
+        try:
+            return graph.get_operation_by_name(name)
+        except (KeyError, ValueError):
+            pass
+    lowered = LOWERED.match(name)
+    if lowered:
+        cond, branch, inner = lowered.groups()
+        op = _node(graphs, cond)
+        # cond_v2 keeps each branch's graph on the If op (its gradient needs them)
+        graph = getattr(op, "_true_graph" if branch == "then" else "_false_graph", None) if op is not None else None
+        return _node([graph], inner) if graph is not None else None
+    rewritten = REWRITTEN.match(name)
+    if rewritten:
+        scope, stage = rewritten.groups()
+        tails = stage.split("_")
+        return next((node for node in (_node(graphs, f"{scope}/{'_'.join(tails[i:])}") for i in range(1, len(tails)))
+                     if node is not None), None)
+    return None
+
+
+def _scope(node) -> str:
+    """The scopes a graph node ran in: those of its name, or for GradientTape's sum of a tensor's gradients,
+    those the summed gradients share."""
+    scope = node.name.rpartition("/")[0]
+    if node.type != "AddN" or GRADIENT in scope.split("/"):
+        return scope
+    summed = [_scope(t.op).split("/") for t in node.inputs]
+    return "/".join(_shared(summed)) if all(GRADIENT in s for s in summed) else scope
+
+
+def _base_type(op_type: str) -> str:
+    """The graph's op type behind an oneDNN kernel's: "_MklNativeFusedConv2D" -> "FusedConv2D"."""
+    return re.sub(r"^_?(Mkl)?(Native)?", "", op_type)
+
+
+def _fused_root(node, op_type: str):
+    """For a kernel that fused several nodes (e.g. _MklNativeFusedMatMul named after a Relu), the node its
+    pattern starts from (the MatMul); None when `node` is the op that ran."""
+    base = _base_type(op_type)
+    if base == node.type or "Fused" not in base:
+        return None
+    start = base.replace("Fused", "").lstrip("_")  # FusedMatMul -> MatMul, FusedConv2D -> Conv2D
+    for _ in range(FUSED_HOPS):
+        if not node.inputs:
+            return None
+        node = node.inputs[0].op
+        if node.type == start:
+            return node
+    return None
+
+
+def _hlo_instructions(space) -> dict[tuple[str, str], OpTime]:
+    """{(module, instruction name): its op, timed at zero} for the XLA programs in the profile (none for a graph
+    step)."""
+    from tensorflow.compiler.xla.service import hlo_pb2
+
+    found = {}
+    for plane in space.planes:
+        if plane.name != "/host:metadata":
+            continue
+        for meta in plane.event_metadata.values():
+            for stat in meta.stats:
+                if plane.stat_metadata[stat.metadata_id].name == "Hlo Proto":
+                    module = hlo_pb2.HloProto.FromString(stat.bytes_value).hlo_module
+                    found.update({(module.name, name): op for name, op in _hlo_ops(module).items()})
+    return found
+
+
+def _hlo_ops(module) -> dict[str, OpTime]:
+    """Each instruction of an HLO module as an op: named by XLA (the instruction's name without its number),
+    scoped by the TensorFlow op it came from, or by those its fused body came from."""
+    from tensorflow.compiler.xla import xla_data_pb2
+
+    computations = {c.id: c for c in module.computations}
+    by_id = {i.id: i for c in module.computations for i in c.instructions}
+
+    def body(i):
+        return [j for c in i.called_computation_ids for j in computations[c].instructions]
+
+    def dtypes(shape) -> tuple[str, ...]:
+        names = (xla_data_pb2.PrimitiveType.Name(s.element_type) for s in (shape.tuple_shapes or [shape]))
+        return tuple(XLA_FLOATS[n] for n in names if n in XLA_FLOATS)
+
+    ops = {}
+    for i in by_id.values():
+        named = [i] if i.metadata.op_name else [j for j in body(i) if j.metadata.op_name]
+        scope = "/".join(_shared([j.metadata.op_name.split("/")[:-1] for j in named]))
+        opcodes = {j.opcode for j in [i, *body(i)]} - {"fusion", "call", "parameter"}
+        ops[i.name] = OpTime(op=re.sub(r"\.\d+$", "", i.name), scope=scope, seconds=0.0,
+                             backward=GRADIENT in scope.split("/"),
+                             cast=i.metadata.op_type == "Cast" or ("convert" in opcodes and opcodes <= XLA_MOVES),
+                             inputs=tuple(d for o in i.operand_ids for d in dtypes(by_id[o].shape)),
+                             outputs=dtypes(i.shape))
+    return ops
+
+
+def _shared(scopes: list[list[str]]) -> list[str]:
+    """The scopes all of `scopes` share, outermost first."""
+    shared = []
+    for parts in zip(*scopes):
+        if len(set(parts)) > 1:
+            break
+        shared.append(parts[0])
+    return shared
+
+
+def _floats(dtypes) -> tuple[str, ...]:
+    return tuple(d for d in dtypes if d in FLOATS)
