@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from harness.report import charts
+from harness.report.explain import ms
 from harness.run.profile import COVERAGE_TOLERANCE
 
 GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
@@ -26,16 +27,12 @@ ORDER = [*dict.fromkeys(GROUPS.values()), "other layers", *PART_NAMES.values(), 
 GROWN = 3  # layers named per (framework, 16-bit precision)
 
 
-def _key(r: dict) -> tuple[str, str, str]:
-    return r["model"], r["framework"], r["precision"]
-
-
 def latest(profiles: list[dict]) -> dict[tuple[str, str, str], dict]:
     """The last ok profile of each (model, framework, precision): a profile is one run, rerun to replace it."""
     out = {}
     for r in profiles:
         if r.get("status") == "ok" and _well_formed(r.get("profile")):
-            out[_key(r)] = r
+            out[r["model"], r["framework"], r["precision"]] = r
     return out
 
 
@@ -161,10 +158,6 @@ def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
             "html": _html(entries, charts_on) if entries else "", "markdown": _markdown(entries) if entries else ""}
 
 
-def _ms(value: float) -> str:
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-
-
 def _html(entries: list[dict], charts_on: bool) -> str:
     e = html.escape
     out = ['<h2 id="profile">Where the time goes</h2>',
@@ -180,7 +173,7 @@ def _html(entries: list[dict], charts_on: bool) -> str:
                        f"<figcaption>{e(entry['model'])}: ms per profiled step (mean of {entry['steps']} steps, batch "
                        f"{entry['batch']}) by layer group, casts, loss, optimizer update, loss scaling, runtime "
                        f"dispatch and other.</figcaption></figure>")
-        overlaps = [f"{b['label']} ({_ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0]
+        overlaps = [f"{b['label']} ({ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0]
         if overlaps:
             out.append(f"<p class=\"notice\">Ops overlapped in time (an inter-op thread pool), so their sum exceeds the "
                        f"step by: {e(', '.join(overlaps))}.</p>")
@@ -194,11 +187,11 @@ def _html(entries: list[dict], charts_on: bool) -> str:
                 rows = g["rows"] or [None]
                 for i, row in enumerate(rows):
                     head = (f"<td>{e(g['framework'])}</td><td>{e(g['precision'])}</td><td class=\"num\">"
-                            f"{_ms(g['step_ms'])} ({_ms(g['fp32_step_ms'])})</td><td class=\"num\">{g['casts']:.0%}</td>"
+                            f"{ms(g['step_ms'])} ({ms(g['fp32_step_ms'])})</td><td class=\"num\">{g['casts']:.0%}</td>"
                             if i == 0 else "<td></td>" * 4)
                     body = ("<td colspan=\"6\">no layer took longer than in fp32</td>" if row is None else
-                            f"<td>{e(row['label'])}</td><td>{row['phase']}</td><td class=\"num\">{_ms(row['ms'])} "
-                            f"({_ms(row['fp32_ms'])})</td><td class=\"num\">{_x(row['factor'])}</td>"
+                            f"<td>{e(row['label'])}</td><td>{row['phase']}</td><td class=\"num\">{ms(row['ms'])} "
+                            f"({ms(row['fp32_ms'])})</td><td class=\"num\">{_x(row['factor'])}</td>"
                             f"<td class=\"num\">{row['share']:.0%}</td><td>{e(row['compute'] or '-')}</td>")
                     out.append(f"<tr>{head}{body}</tr>")
             out.append("</tbody></table></div>")
