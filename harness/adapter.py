@@ -11,8 +11,11 @@ Rules:
   adapters without loading any framework, and runs each (framework, precision) in its own process.
 - ``build`` loads the core's canonical weights (``harness.model.weights``) and reproduces the spec's math exactly
   (see ``harness.model.spec``): never use the framework's own initialisers or a loss/optimizer whose math differs.
-- A precision the framework or device cannot run is reported by ``unsupported`` with a one-line reason;
-  the core records it as an ``unsupported`` result instead of running it.
+- A precision the framework or device cannot run is reported by ``unsupported`` with a one-line reason where the
+  adapter knows it without running anything; every other precision is proved on the device by the core's probe
+  (``harness.run.capability``: one step of a small network through dense, conv, pooling and norm kernels, cached
+  per machine), whose framework errors make it unsupported too (``explain_probe_failure`` may say what they
+  mean). The core records an ``unsupported`` result instead of running it.
 - ``Trainer.train_step`` returns the loss as a float *after the device has finished the step* (synchronise:
   the core reads the clock right after it returns).
 - The core owns every rule that is not framework-specific, and adapters use it rather than restate it:
@@ -197,6 +200,11 @@ class Adapter(ABC):
             return (f"{precision.name} writes weights by harness.rounding ({precision.rounding.describe()}), which "
                     f"this adapter does not implement")
         return device_limits(precision, device)
+
+    def explain_probe_failure(self, precision: Precision, device: Device, error: str) -> str | None:
+        """Optional: what the framework's error (one line) from the capability probe's step means on this device
+        ("oneDNN has no bfloat16 primitives for this CPU"), or None. The core adds the CPU's flags and the error."""
+        return None
 
     @abstractmethod
     def set_threads(self, threads: int) -> None:

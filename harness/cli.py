@@ -126,15 +126,17 @@ def cmd_check(args) -> int:
 
 def cmd_adapters(args) -> int:
     from harness.adapter import discover
+    from harness.run.cache import cache_file
 
     found = discover()
     if not found:
         print("no adapters installed (pip install -e adapters/torch, or use a tox env: tox -e torch)")
         return 0
     for name in sorted(found):
-        # one framework per process: probe each adapter in its own subprocess
-        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "probe", name],
-                             capture_output=True, text=True, timeout=300)
+        # one framework per process: describe each adapter in its own subprocess (and each precision's capability
+        # probe in one of its own, harness.run.capability)
+        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "describe", name],
+                             capture_output=True, text=True, timeout=1800)
         try:
             info = json.loads(out.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -145,6 +147,8 @@ def cmd_adapters(args) -> int:
             continue
         dev = info["device"]
         print(f"{name} {info['version']}  ({found[name].value})  device {dev['name']}: {dev['description']}")
+        print(f"  precisions as measured on this machine: each one's training step probed here "
+              f"({cache_file('capabilities')})")
         for precision, reason in info["precisions"].items():
             print(f"  {precision:<9} {'runs' if reason is None else 'unsupported: ' + reason}")
         for number, (variant, what) in enumerate(info["variants"].items()):

@@ -31,3 +31,15 @@ def adapter(framework):
     adapter = load_adapter(framework)
     adapter.set_threads(2)
     return adapter
+
+
+@pytest.fixture(scope="session")
+def unsupported(adapter):
+    """unsupported("amp_bf16"): why the precision cannot run on this CPU (the adapter's own limits, then the
+    capability probe, harness.run.capability), or None. A check that needs a precision skips where this says so,
+    and a record may be `unsupported` only with exactly this reason."""
+    from harness.precision import parse_precision
+    from harness.run import capability
+
+    device = adapter.device("cpu")
+    return lambda precision: capability.unsupported(adapter, parse_precision(precision), device)

@@ -64,13 +64,13 @@ def test_importing_the_entry_point_imports_no_framework(framework):
                                     f"the framework inside methods (harness/adapter.py's first rule)")
 
 
-def test_unsupported_reasons_are_one_line_and_fp32_runs_everywhere(adapter):
-    device = adapter.device("cpu")
-    for name, precision in PRECISIONS.items():
-        reason = adapter.unsupported(precision, device)
+def test_unsupported_reasons_are_one_line_and_fp32_runs_everywhere(unsupported):
+    """The adapter's own reasons and the capability probe's, for every precision."""
+    for name in PRECISIONS:
+        reason = unsupported(name)
         assert reason is None or (isinstance(reason, str) and reason.strip() and "\n" not in reason), (
             f"unsupported({name}) must be None or a one-line reason, got {reason!r}")
-    assert adapter.unsupported(PRECISIONS["fp32"], device) is None, "fp32 must run on every device"
+    assert unsupported("fp32") is None, f"fp32 must run on every device: {unsupported('fp32')}"
 
 
 # ---- the network and its math ---------------------------------------------------------------------------
@@ -88,9 +88,9 @@ def test_loads_canonical_weights_and_counts_the_same_parameters(adapter, name):
 
 @pytest.mark.parametrize("precision", ["fp32", "fp64"])
 @pytest.mark.parametrize("name", SPECS)
-def test_outputs_match_the_numpy_reference(adapter, name, precision):
-    if adapter.unsupported(parse_precision(precision), adapter.device("cpu")):
-        pytest.skip(f"{precision} unsupported")
+def test_outputs_match_the_numpy_reference(adapter, unsupported, name, precision):
+    if unsupported(precision):
+        pytest.skip(f"{precision} unsupported here: {unsupported(precision)}")
     bound = TOLERANCES[precision][0]  # the parity check's bound for initial outputs
     spec = SPECS[name]
     trainer, graph, weights = build(adapter, spec, precision)
@@ -103,11 +103,11 @@ def test_outputs_match_the_numpy_reference(adapter, name, precision):
 
 
 @pytest.mark.parametrize("name", SPECS)
-def test_first_training_step_computes_the_reference_loss_in_float64(adapter, name):
+def test_first_training_step_computes_the_reference_loss_in_float64(adapter, unsupported, name):
     """Training-mode forward (batch statistics, the core's dropout masks) and the loss, at the float64 bound
     for initial outputs: nothing has been trained yet to amplify rounding."""
-    if adapter.unsupported(parse_precision("fp64"), adapter.device("cpu")):
-        pytest.skip("fp64 unsupported")
+    if unsupported("fp64"):
+        pytest.skip(f"fp64 unsupported here: {unsupported('fp64')}")
     spec = SPECS[name]
     trainer, graph, weights = build(adapter, spec, "fp64")
     data = Data(spec)
@@ -131,10 +131,10 @@ def test_fp32_training_lowers_the_loss(adapter, name):
 
 
 # ---- loss scaling: what the adapter reports and what it did ------------------------------------------------
-def _loss_scaling_run(adapter, settings, steps):
+def _loss_scaling_run(adapter, unsupported, settings, steps):
     spec = SPECS["pitfall_dropout_adam"]  # Adam: every applied step moves every weight that has a gradient
-    if adapter.unsupported(parse_precision("amp_fp16"), adapter.device("cpu")):
-        pytest.skip("amp_fp16 unsupported")
+    if unsupported("amp_fp16"):
+        pytest.skip(f"amp_fp16 unsupported here: {unsupported('amp_fp16')}")
     trainer, _, weights = build(adapter, spec, "amp_fp16", settings)
     data, rules, reported = Data(spec), LossScaler(settings), []
     for step in range(steps):
@@ -149,15 +149,15 @@ def _loss_scaling_run(adapter, settings, steps):
     return reported, rules
 
 
-def test_a_fixed_scale_that_overflows_skips_every_step(adapter):
-    reported, _ = _loss_scaling_run(adapter, LossScale(mode="fixed", initial=1e30), 3)
+def test_a_fixed_scale_that_overflows_skips_every_step(adapter, unsupported):
+    reported, _ = _loss_scaling_run(adapter, unsupported, LossScale(mode="fixed", initial=1e30), 3)
     assert reported == [(1e30, True)] * 3, (f"a fixed scale of 1e30 overflows float16 gradients: every step must "
                                             f"be skipped and the scale kept; the adapter reported {reported}")
 
 
-def test_dynamic_scaling_backs_off_and_grows_by_the_core_rules(adapter):
+def test_dynamic_scaling_backs_off_and_grows_by_the_core_rules(adapter, unsupported):
     settings = LossScale(mode="dynamic", initial=2.0**32, growth_interval=2)  # powers of two: exact in any dtype
-    reported, rules = _loss_scaling_run(adapter, settings, 24)
+    reported, rules = _loss_scaling_run(adapter, unsupported, settings, 24)
     expected = []
     for _, skipped in reported:  # replay the adapter's overflows through the core's rules
         rules.update(finite=not skipped)
@@ -206,7 +206,7 @@ def test_train_step_waits_for_the_device(adapter):
 
 
 # ---- records --------------------------------------------------------------------------------------------
-def test_run_writes_complete_records_for_each_precision(tmp_path, framework):
+def test_run_writes_complete_records_for_each_precision(tmp_path, framework, adapter, unsupported):
     records = cli(tmp_path, "run", "--framework", framework, "--model", spec_file(tmp_path, "mnist_mlp"),
                   "--precision", "fp32,amp_bf16,amp_fp16", "--steps", "30", "--repeats", "1")
     by_precision = {r["precision"]: r for r in records}
@@ -214,9 +214,14 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework):
     assert by_precision["fp32"]["status"] == "ok", by_precision["fp32"]["reason"]
     for precision, r in by_precision.items():
         if r["status"] == "unsupported":
+            assert r["reason"] == unsupported(precision), (
+                f"{precision} is unsupported in the record ({r['reason']}), but the capability probe says "
+                f"{unsupported(precision) or 'it runs'}")
             continue
         assert r["status"] == "ok", (precision, r["reason"])
-        missing = [k for k in results.FIELDS if r[k] is None and k not in ("reason", "study", "fingerprint", "diagnosis")]
+        optional = ("reason", "study", "fingerprint", "diagnosis") + (
+            ("efficiency",) if adapter.matmul(2, "float32", adapter.device("cpu")) is None else ())  # no peak known
+        missing = [k for k in results.FIELDS if r[k] is None and k not in optional]
         assert not missing, f"{precision}: record fields left empty: {missing}"
         assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30
         assert r["framework"] == framework and r["framework_version"]

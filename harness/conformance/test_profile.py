@@ -22,7 +22,8 @@ PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
 COMPUTE_LAYERS = ("conv2d", "dense")  # the layers mixed precision exists for
 
 
-def _profiles(tmp_path, framework, model, precisions, *sizes) -> list[dict]:
+def _profiles(tmp_path, framework, unsupported, model, precisions, *sizes) -> list[dict]:
+    """The profile records of the precisions that ran; one unsupported must be so by the capability probe."""
     out = subprocess.run([sys.executable, "-m", "harness", "profile", "--framework", framework, "--model",
                           spec_file(tmp_path, model), "--precision", ",".join(precisions), "--steps", "2", *sizes,
                           "--out", str(tmp_path), "--no-progress", "--threads", "2"],
@@ -31,12 +32,17 @@ def _profiles(tmp_path, framework, model, precisions, *sizes) -> list[dict]:
     records = results.read_records([tmp_path], results.PROFILES_FILE)
     if all(r["status"] == "unsupported" and "cannot profile" in (r.get("reason") or "") for r in records):
         pytest.skip(f"{framework} cannot profile (Trainer.profile is optional)")
+    for r in records:
+        if r["status"] == "unsupported":
+            assert r["reason"] == unsupported(r["precision"]), (
+                f"{r['precision']} is unsupported in the profile record ({r['reason']}), but the capability probe "
+                f"says {unsupported(r['precision']) or 'it runs'}")
     return [r for r in records if r["status"] != "unsupported"]
 
 
-def test_profiles_map_every_layer_and_read_compute_dtypes(framework, tmp_path):
+def test_profiles_map_every_layer_and_read_compute_dtypes(framework, unsupported, tmp_path):
     """resnet8 (nested residual blocks, projections, batchnorm) in fp32 and both mixed precisions."""
-    records = _profiles(tmp_path, framework, "resnet8", PRECISIONS)
+    records = _profiles(tmp_path, framework, unsupported, "resnet8", PRECISIONS)
     assert records, "every precision was unsupported"
     for r in records:
         assert r["status"] == "ok", f"{r['precision']}: {r.get('reason')}"
@@ -63,9 +69,9 @@ def test_profiles_map_every_layer_and_read_compute_dtypes(framework, tmp_path):
             assert p["parts"]["casts"] > 0, f"{r['precision']}: mixed precision casts, yet no op was a cast"
 
 
-def test_profile_accounts_for_the_step(framework, tmp_path):
+def test_profile_accounts_for_the_step(framework, unsupported, tmp_path):
     """small_convnet at a CPU-sized input: layers and parts add up to the profiled step (the rest is "other")."""
-    (r,) = _profiles(tmp_path, framework, "small_convnet", ("fp32",), "--batch-size", "4", "--input-size", "64x96")
+    (r,) = _profiles(tmp_path, framework, unsupported, "small_convnet", ("fp32",), "--batch-size", "4", "--input-size", "64x96")
     coverage = r["profile"]["coverage"]
     assert abs(coverage - 1) <= COVERAGE_TOLERANCE, (
         f"ops account for {coverage:.0%} of the profiled step ({r['profile']['parts']}): time outside every op "

@@ -20,12 +20,10 @@ STOCHASTIC = [name for name in ROUNDING if PRECISIONS[name].rounding.stochastic]
 DRAWS = 100_000
 
 
-def _supported(adapter, name):
-    precision = PRECISIONS[name]
-    device = adapter.device("cpu")
-    if adapter.unsupported(precision, device):
-        pytest.skip(f"{name} unsupported")
-    return precision, device
+def _supported(adapter, unsupported, name):
+    if unsupported(name):
+        pytest.skip(f"{name} unsupported here: {unsupported(name)}")
+    return PRECISIONS[name], adapter.device("cpu")
 
 
 def _written(adapter, precision, x, bits, device):
@@ -37,10 +35,10 @@ def _written(adapter, precision, x, bits, device):
 
 
 @pytest.mark.parametrize("name", ROUNDING)
-def test_rounding_follows_the_core_rule_bit_for_bit(adapter, name):
+def test_rounding_follows_the_core_rule_bit_for_bit(adapter, unsupported, name):
     """With the core's bits (a fingerprint run's), the adapter writes exactly what harness.rounding does: values
     over the whole range, subnormals, next to powers of two, zeros of both signs and non-finite values."""
-    precision, device = _supported(adapter, name)
+    precision, device = _supported(adapter, unsupported, name)
     rng = np.random.default_rng(7)
     base = sample_values(precision.rounding)
     scales = np.ldexp(1.0, rng.integers(-30, 12, 2000)) if precision.rounding.format != "fixed16" else 1.0
@@ -58,11 +56,11 @@ def test_rounding_follows_the_core_rule_bit_for_bit(adapter, name):
 
 
 @pytest.mark.parametrize("name", STOCHASTIC)
-def test_stochastic_rounding_with_the_devices_noise_is_unbiased(adapter, name):
+def test_stochastic_rounding_with_the_devices_noise_is_unbiased(adapter, unsupported, name):
     """Over 10^5 draws of the adapter's own on-device bits (a timed run's), each value's mean rounding is the
     value within 3 standard errors, every draw one of its two neighbours: values spread over the format's
     range, subnormals and values next to powers of two (harness.rounding.sample_values)."""
-    precision, device = _supported(adapter, name)
+    precision, device = _supported(adapter, unsupported, name)
     values = sample_values(precision.rounding)
     x = np.ascontiguousarray(np.broadcast_to(values, (DRAWS, values.size)))
     got = _written(adapter, precision, x, None, device)
@@ -80,7 +78,7 @@ def test_stochastic_rounding_with_the_devices_noise_is_unbiased(adapter, name):
     assert (got != round_stochastic(x[:1], np.zeros((1, values.size), np.int32), precision.rounding)).any()
 
 
-def test_fingerprint_steps_round_with_the_cores_bits(adapter):
+def test_fingerprint_steps_round_with_the_cores_bits(adapter, unsupported):
     """Given the core's bits (Trainer.set_rounding_noise, as fingerprint runs do), a bf16_sr step of plain SGD
     writes exactly round_stochastic(w - lr * g, bits) in float32: the same in every framework, so the parity
     check can compare stochastically rounded runs."""
@@ -89,7 +87,7 @@ def test_fingerprint_steps_round_with_the_cores_bits(adapter):
     from harness.model.data import Data
     from harness.rounding import RoundingNoise
 
-    precision, _ = _supported(adapter, "bf16_sr")
+    precision, _ = _supported(adapter, unsupported, "bf16_sr")
     spec = SPECS["swamped_mlp"]  # plain SGD: the update is -lr * g
     trainer, graph, _ = build(adapter, spec, "bf16_sr")
     noise, data = RoundingNoise(graph.trainable_shapes(), spec.seed), Data(spec)

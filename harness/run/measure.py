@@ -46,7 +46,8 @@ def peak_rss_kb() -> int | None:
     return _status_kb("VmHWM")
 
 
-def cpu_info() -> tuple[str, list[str]]:
+def cpu_info(every_flag: bool = False) -> tuple[str, list[str]]:
+    """The CPU model and its flags: those that decide 16-bit arithmetic (CPU_FLAGS_OF_INTEREST), or all."""
     model, flags = platform.processor() or platform.machine(), []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -58,7 +59,7 @@ def cpu_info() -> tuple[str, list[str]]:
                 flags = value.split()
     except OSError:
         pass
-    return model, sorted(f for f in flags if f in CPU_FLAGS_OF_INTEREST)
+    return model, sorted(f for f in flags if every_flag or f in CPU_FLAGS_OF_INTEREST)
 
 
 def environment(threads: int) -> dict:

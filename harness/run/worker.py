@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 import traceback
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.adapter import LossScaleState, load_adapter
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import infer, state_memory_mb
@@ -30,7 +29,7 @@ from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
 from harness.rounding import RoundingNoise
-from harness.run import measure, peak
+from harness.run import capability, measure, peak
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
 from harness.run.profile import profile
@@ -90,7 +89,7 @@ def run(req: RunRequest, progress=None) -> dict:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
         record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
-        reason = adapter.unsupported(precision, device)
+        reason = capability.unsupported(adapter, precision, device, in_process=True)
         if reason:
             record.update(status="unsupported", reason=reason)
             return record
@@ -117,18 +116,11 @@ def run(req: RunRequest, progress=None) -> dict:
     except Exception as exc:  # a framework error: keep the run's record, with the cause
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        record.update(status="failed", reason=f"{_one_line(exc)}{where}")
+        record.update(status="failed", reason=f"{one_line(exc)}{where}")
         traceback.print_exc()
     finally:
         record["wall_s"] = round(time.time() - started, 3)
     return record
-
-
-def _one_line(exc: Exception) -> str:
-    """The telling line of an exception: frameworks (MXNet) put a C++ traceback before their message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    named = [line for line in lines if re.match(r"^\w*(Error|Exception)\b", line)]
-    return named[-1] if named else f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 RSS_KIND = ("process peak RSS (VmHWM) above its level before the model was built: weights, gradients, optimizer "
@@ -259,23 +251,25 @@ def _listed(a: np.ndarray) -> list:
     return [[v if math.isfinite(v) else None for v in row] for row in a.astype(float).reshape(len(a), -1).tolist()]
 
 
-def probe(framework: str, device: str = "auto") -> dict:
-    """What `amp-harness adapters` shows for one adapter: version, device, which precisions can run."""
+def describe(framework: str, device: str = "auto") -> dict:
+    """What `amp-harness adapters` shows for one adapter: version, device, which precisions can run here (each
+    proved by the capability probe, in a process of its own, unless the cache knows)."""
     from harness.precision import PRECISIONS
 
     adapter = load_adapter(framework)
     dev = adapter.device(device)
     return {"framework": framework, "version": adapter.framework_version(), "device": asdict(dev),
-            "precisions": {name: adapter.unsupported(p, dev) for name, p in PRECISIONS.items()},
+            "precisions": {name: capability.unsupported(adapter, p, dev) for name, p in PRECISIONS.items()},
             "variants": adapter.variants}
 
 
 def main(argv: list[str]) -> int:
-    if argv[0] == "probe":
+    if argv[0] in ("describe", "capability"):  # one line of JSON: the answer, or the error that stopped it
         try:
-            print(json.dumps(probe(argv[1])))
+            answer = describe(*argv[1:]) if argv[0] == "describe" else capability.probe_here(*argv[1:])
         except HarnessError as exc:
-            print(json.dumps({"framework": argv[1], "error": str(exc)}))
+            answer = {"framework": argv[1], "error": str(exc)}
+        print(json.dumps(answer))
         return 0
     request_path, record_path = argv
     requests = json.loads(Path(request_path).read_text())  # a list: runs that share this process (runner.py)

@@ -1,7 +1,9 @@
 """A test double registered as the adapter 'fake' (see tests/core/test_runner.py): numpy only, with a
 fault per precision or model chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang,mnist_mlp=segv" (abort,
 segv, oom, hang, slow, raise, nan, stuckscale: report the initial loss scale after an overflow, against the core's
-rules); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile."""
+rules; bug: the adapter's own Python fails (a TypeError) on every step; nokernel: every step fails as a framework without a kernel for the precision does, so the capability
+probe's step fails too, where hang and raise come from the second step on, past the probe's one step);
+AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile."""
 from __future__ import annotations
 
 import os
@@ -59,10 +61,14 @@ class FakeTrainer(Trainer):
             time.sleep(SLOW_STEP_S)
         if self.profiling:
             time.sleep(PROFILED_STEP_S)
-        if self.fault == "hang":
+        if self.fault == "hang" and self.steps >= 2:
             time.sleep(3600)
-        if self.fault == "raise":
+        if self.fault == "raise" and self.steps >= 2:
             raise RuntimeError("simulated framework error\nsecond line")
+        if self.fault == "bug":
+            raise TypeError("simulated bug in the adapter's own code")
+        if self.fault == "nokernel":
+            raise RuntimeError("simulated C++ traceback\nFakeError: no kernel for this dtype on this device")
         if self.scaler:
             self.skipped = self.scaler.update(finite=self.steps not in self.overflows)
         if self.fault == "nan" and self.steps == 4:

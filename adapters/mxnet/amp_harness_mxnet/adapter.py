@@ -35,19 +35,6 @@ STEP = "amp-harness.step"  # the range of one step in a profile
 NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
 
 
-def _cpu_float16_error() -> str | None:
-    """MXNet's own words when a float16 layer runs on the CPU (1.9.1 has no such kernels), or None."""
-    import mxnet as mx
-
-    try:
-        x = mx.nd.ones((2, 2), dtype="float16")
-        mx.nd.FullyConnected(x, x, num_hidden=2, no_bias=True).wait_to_read()
-    except mx.base.MXNetError as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        return next((line for line in reversed(lines) if line.startswith("MXNetError")), lines[-1])
-    return None
-
-
 class MXNetAdapter(Adapter):
     name = "mxnet"
     variants = {"hybridized": "one cached graph (hybridize(static_alloc=True, static_shape=True))",
@@ -83,14 +70,18 @@ class MXNetAdapter(Adapter):
         reason = super().unsupported(precision, device)
         if reason or device.kind != "cpu":
             return reason
-        if "float16" in (precision.compute_dtype, precision.param_dtype):
-            error = _cpu_float16_error()
-            if error:
-                return f"MXNet has no float16 kernels on this CPU: {error}"
         if precision.name == "bf16":
             # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid
             # pointer) or failed with "Unknown type enum 12"; bfloat16 works inside AMP only
             return "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network cast to it crashes"
+        return None
+
+    def explain_probe_failure(self, precision, device, error) -> str | None:
+        dtype = precision.compute_dtype
+        if "could not create a primitive descriptor" in error:  # oneDNN found no implementation for these dtypes
+            return f"oneDNN has no {dtype} primitives on this CPU"
+        if "not implemented" in error and device.kind == "cpu":  # "FP16 gemm on cpu not implemented!"
+            return f"MXNet 1.9 has no {dtype} kernel for this step on the CPU"
         return None
 
     def set_threads(self, threads: int) -> None:
