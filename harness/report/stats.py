@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_REPEATS = 3
+PRECISE = 0.05  # an interval within +/-5% of 1 says "no clear difference" with enough precision to stop
 UNSTABLE_CV = 0.10  # pyperf's rule of thumb: a spread over 10% of the mean makes a benchmark unstable
 
 
@@ -36,6 +37,18 @@ class Ratio:
     def clear(self) -> bool:
         """The interval (or, without one, the whole range) lies on one side of 1."""
         return self.low > 1 or self.high < 1
+
+    @property
+    def decision(self) -> str:
+        """What the comparison may say (a speed-up: a/b with a the baseline's times): "too few" (fewer than
+        MIN_REPEATS repeats in a cell: no interval, no verdict), "faster" or "slower" (the 95% interval excludes
+        1), "same" (it includes 1 and lies within +/-PRECISE), or "undecided" (too noisy here to decide). The
+        report's verdicts and `run --repeats auto`'s stopping rule both read it."""
+        if not self.is_interval:
+            return "too few"
+        if self.low > 1 or self.high < 1:
+            return "faster" if self.low > 1 else "slower"
+        return "same" if self.low >= 1 - PRECISE and self.high <= 1 + PRECISE else "undecided"
 
 
 def geometric_mean(values) -> float:
