@@ -240,7 +240,10 @@ def _exit_code(records: list[dict]) -> int:
 
 
 def _variants(adapter, asked: list[str] | None) -> list[str]:
-    """The variants to run, by name (the adapter's default when none is asked for)."""
+    """The variants to run, by name (the adapter's default when none is asked for; "all": every one, the default
+    first)."""
+    if asked == ["all"]:
+        return list(adapter.variants)
     unknown = [v for v in asked or [] if v not in adapter.variants]
     if unknown:
         raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
@@ -476,8 +479,8 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
     run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
     run.add_argument("--growth-interval", type=_positive, default=2000, help="clean steps before the scale grows")
-    run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated (see "
-                     "`amp-harness adapters`; default: the adapter's first)")
+    run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated, or all "
+                     "(see `amp-harness adapters`; default: the adapter's first)")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
     run.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)")

@@ -2,7 +2,9 @@
 batch before and after K training steps, every step's loss, and which steps the loss scaler skipped) of one
 spec across frameworks.
 
-A row passes when all three errors are within the precision's tolerance. Training amplifies rounding: in
+Every variant a framework fingerprinted (`fingerprint --variant all`: eager or compiled steps, memory layouts) is
+held to the same reference as the framework's default: a variant is the same network run another way, or it
+fails. A row passes when all three errors are within the precision's tolerance. Training amplifies rounding: in
 a convnet with batchnorm, PyTorch against *itself* with 1 instead of 2 threads drifts by 3e-3 over 20 SGD
 steps, so a trajectory can exceed its tolerance without any difference in the math. Such a row still passes,
 marked "within noise", if the reference framework's float64 fingerprint is there and the other framework is
@@ -84,9 +86,25 @@ class Comparison:
                 self.verdict]
 
 
-def _reference_first(frameworks) -> list[str]:
-    """The frameworks in REFERENCE_ORDER, others after them by name: the first is the reference."""
-    return sorted(frameworks, key=lambda f: (REFERENCE_ORDER.index(f) if f in REFERENCE_ORDER else 99, f))
+def _reference_first(names) -> list[str]:
+    """Frameworks (and their variants, "torch [compile]") in REFERENCE_ORDER, others after them by name, each
+    framework's default variant first: the first is the reference."""
+    def key(name):
+        framework = name.partition(" [")[0]
+        return REFERENCE_ORDER.index(framework) if framework in REFERENCE_ORDER else 99, framework, name != framework, name
+    return sorted(names, key=key)
+
+
+def runner_names(records: list[dict]) -> dict[int, str]:
+    """Per record (by id), what the parity check calls what ran it: the framework, or "framework [variant]" for
+    a variant other than the framework's default. The default is the variant of the framework's first record
+    (`fingerprint` runs the default unless told otherwise, and `--variant all` runs it first), so a
+    framework fingerprinted in one variant only is named by the framework alone."""
+    first: dict[str, object] = {}
+    for r in records:
+        first.setdefault(r.get("framework"), r.get("variant"))
+    return {id(r): r.get("framework") if r.get("variant") == first[r.get("framework")]
+            else f"{r.get('framework')} [{r.get('variant')}]" for r in records}
 
 
 def _aligned(rows: list[list[str]]) -> list[str]:
@@ -113,10 +131,11 @@ def _loss_error(a: list, b: list) -> float:
 
 
 def latest(records: list[dict]) -> dict[tuple, dict]:
-    """The last fingerprint per (model, spec_hash, precision, framework): later runs replace earlier ones."""
-    out = {}
+    """The last fingerprint per (model, spec_hash, precision, framework or variant: runner_names): later runs
+    replace earlier ones."""
+    names, out = runner_names(records), {}
     for r in records:
-        out[(r.get("model"), r.get("spec_hash"), r.get("precision"), r.get("framework"))] = r
+        out[(r.get("model"), r.get("spec_hash"), r.get("precision"), names[id(r)])] = r
     return out
 
 
@@ -139,7 +158,8 @@ def gradient_error(a: dict, b: dict) -> float | None:
     return max(float(np.max(np.abs(np.subtract(ga[k], gb[k])))) / max(gb[k][0], floor, 1e-300) for k in gb)
 
 
-def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None, grad_error: float | None) -> str:
+def _verdict(precision: str, ref_name: str, ref: dict, other: dict, errors, ref64: dict | None,
+             grad_error: float | None) -> str:
     tol = TOLERANCES.get(precision) or TOLERANCES.get(precision.partition(":")[0], TOLERANCES["fp16"])
     if errors[0] > tol[0]:
         return "FAIL"
@@ -151,7 +171,7 @@ def _verdict(precision: str, ref: dict, other: dict, errors, ref64: dict | None,
         return "FAIL"
     floor, mine = _errors(ref, ref64), _errors(other, ref64)
     if all(mine[i] <= NOISE_FACTOR * floor[i] + tol[i] / 10 for i in (1, 2)):
-        return f"pass (within noise: {ref['framework']} is {floor[1]:.0e} from its fp64 losses)"
+        return f"pass (within noise: {ref_name} is {floor[1]:.0e} from its fp64 losses)"
     return "FAIL"
 
 
@@ -178,8 +198,8 @@ def compare(records: list[dict]) -> list[Comparison]:
             other = by_fw[name]
             pair = (ref, other)
             if any(r.get("status") != "ok" for r in pair):
-                why = "; ".join(f"{r['framework']} {r['status']}" + (f" ({r.get('reason')})" if r.get("reason") else "")
-                                for r in pair if r.get("status") != "ok")
+                why = "; ".join(f"{n} {r['status']}" + (f" ({r.get('reason')})" if r.get("reason") else "")
+                                for n, r in zip((ref_name, name), pair) if r.get("status") != "ok")
                 legit = all(r.get("status") in ("ok", "unsupported") for r in pair)
                 comparisons.append(Comparison(model, spec_hash, precision, ref_name, name, 0, None, None, None,
                                               ("n/a: " if legit else "FAIL: ") + why))
@@ -191,7 +211,7 @@ def compare(records: list[dict]) -> list[Comparison]:
                 verdict = f"FAIL: the loss scalers skipped different steps ({ref_name} {skips[0]}, {name} {skips[1]})"
             else:
                 ref64 = groups.get((model, spec_hash, "fp64"), {}).get(ref_name)
-                verdict = _verdict(precision, ref, other, errors, ref64, grad_error)
+                verdict = _verdict(precision, ref_name, ref, other, errors, ref64, grad_error)
             comparisons.append(Comparison(model, spec_hash, precision, ref_name, name, len(ref["loss"]), *errors,
                                           verdict, grad_error))
     return comparisons

@@ -50,6 +50,20 @@ def test_only_unsupported_is_a_legitimate_not_compared():
     assert v[("fp64", "tensorflow")] == "FAIL: tensorflow diverged (why)"
 
 
+def test_every_variant_is_held_to_the_reference():
+    """A variant (a compiled step, another memory layout) is the same network run another way: compared with the
+    reference framework's default variant (the variant of its first record), it passes or fails like a framework."""
+    def variant(framework, name, **kw):
+        return {**fp(framework, **kw), "variant": name}
+
+    records = [variant("torch", "channels_last"), variant("tensorflow", "graph"),
+               variant("torch", "eager", initial=(1.0, 2.0000001)), variant("torch", "compile", initial=(1.0, 2.1)),
+               variant("tensorflow", "xla", losses=(1.0, 0.95, 0.8))]
+    assert verdicts(records) == {("fp32", "tensorflow"): "pass", ("fp32", "torch [eager]"): "pass",
+                                 ("fp32", "torch [compile]"): "FAIL", ("fp32", "tensorflow [xla]"): "FAIL"}
+    assert {c.reference for c in compare(records)} == {"torch"}
+
+
 def test_float64_rows_are_strict():
     # 1e-8 in the losses is float32 rounding of a constant: it passes fp32, and fails fp64
     near = (1.0, 0.9 * (1 + 1e-8), 0.8)

@@ -10,17 +10,28 @@ from harness.model.spec import LAYER_TYPES, load_spec
 from tests.conftest import ROOT
 
 
-def tox_models(command: str) -> list[str]:
-    """The models that tox's framework envs pass to `amp-harness COMMAND`, as written there."""
+def tox_commands(command: str) -> list[list[str]]:
+    """The arguments of each `amp-harness COMMAND` line of tox's framework envs, as written there."""
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
     section = tox["framework"]
-    models = []
-    for line in section["commands"].splitlines():
-        args = shlex.split(line.replace("{[framework]models}", section["models"]))
-        if args[:2] == ["amp-harness", command]:
-            models += args[args.index("--model") + 1].split(",")
-    return models
+    lines = [line.replace("{[framework]models}", section["models"]).replace(
+        "{[framework]variant_models}", section["variant_models"]) for line in section["commands"].splitlines()]
+    return [args for args in map(shlex.split, lines) if args[:2] == ["amp-harness", command]]
+
+
+def tox_models(command: str) -> list[str]:
+    """The models that tox's framework envs pass to `amp-harness COMMAND`, as written there."""
+    return [m for args in tox_commands(command) for m in args[args.index("--model") + 1].split(",")]
+
+
+def test_every_variant_is_fingerprinted_in_fp64_and_fp32_on_every_kind_of_layer():
+    (variants,) = [args for args in tox_commands("fingerprint") if "--variant" in args]
+    assert variants[variants.index("--variant") + 1] == "all"
+    assert set(variants[variants.index("--precision") + 1].split(",")) >= {"fp64", "fp32"}
+    models = variants[variants.index("--model") + 1].split(",")
+    found = set().union(*(features(load_spec(str(ROOT / m) if m.endswith(".yaml") else m)) for m in models))
+    assert {"dense", "conv2d", "batchnorm", "residual", "dropout"} <= found, found
 
 
 def fingerprinted_specs() -> list:
