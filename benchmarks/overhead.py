@@ -6,11 +6,12 @@ per invocation, with that framework's env python:
 Two models (mnist_mlp at batch 64; small_convnet at 112x168, batch 32) in fp32 and amp_bf16, on the CPU with
 2 threads. Each precision runs in its own process (Keras' global dtype policy and MXNet's amp.init are
 process-wide), which builds the harness's trainer exactly as `amp-harness run` does (harness.run.worker: the
-adapter's default variant, the core's weights, no loss scaling) and a plain loop for the same network, then
+core's weights, no loss scaling), in the variant whose memory layout and execution match the plain loop's
+(HARNESS_VARIANT: torch `eager`, NCHW like the plain loop), and a plain loop for the same network, then
 alternates rounds of the two (A B, B A, ...) so that background load hits both sides alike.
 
 - harness: `trainer.to_device` outside the clock, `trainer.train_step` timed per step (it returns once the
-  device has finished); a round's figure is the median over its steps.
+  device has finished); a round's figure is the median over its steps, or their mean against model.fit.
 - plain, torch: an eager nn.Sequential (NCHW, contiguous), torch.optim, F.cross_entropy / F.binary_cross_entropy,
   torch.autocast for amp_bf16, `loss.item()` each step; timed per step.
 - plain, tensorflow: `model.fit` on a keras.Sequential of the same layers under the same dtype policy, Keras'
@@ -18,13 +19,14 @@ alternates rounds of the two (A B, B A, ...) so that background load hits both s
   batches, timed from the first step's start to the epoch's end (after fit's sync) and divided by the steps.
   fit does not sync each step, so this is a mean; its per-call and per-epoch setup (data adapter, callback
   list, dataset iterator), which a real fit pays once, is left out: over 20 steps it would add a third or
-  more. A second line shows the whole call's time per step and the harness's mean, to set beside fit's mean.
+  more. So both sides' figures are means here; a second line shows fit's whole call's time per step.
 - plain, mxnet: a gluon.nn.HybridSequential hybridized with static_alloc/static_shape, gluon.Trainer with
   MXNet's own optimizer of the spec's type, gluon.loss, contrib.amp for amp_bf16, `mx.nd.waitall()` after
   every step; timed per step.
 
 Plain loops use their framework's initialisers (the values do not change the work done). Each row prints the
-per-round figures of both sides and the ratio harness / plain of their medians over rounds.
+per-round figures of both sides and the ratio harness / plain of their medians over rounds; the last line names
+each ratio over MAX_RATIO (1.05), or says there is none.
 """
 from __future__ import annotations
 
@@ -116,7 +118,7 @@ def plain_torch(spec, graph, precision):
             step(x, y)
             if i >= warmup:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"ms": statistics.median(times)}
+        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
 
     return run
 
@@ -178,7 +180,7 @@ def plain_tensorflow(spec, graph, precision):
         model.fit(x[warmup * size:], y[warmup * size:], batch_size=size, epochs=1, shuffle=False, verbose=0,
                   callbacks=[clock])
         wall = (time.perf_counter_ns() - t0) / 1e6 / n
-        return {"ms": (clock.end - clock.start) / 1e6 / n, "fit_wall_ms": wall}
+        return {"mean_ms": (clock.end - clock.start) / 1e6 / n, "fit_wall_ms": wall}  # fit times no single step
 
     return run
 
@@ -239,12 +241,16 @@ def plain_mxnet(spec, graph, precision):
             step(x, y)
             if i >= warmup:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"ms": statistics.median(times)}
+        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
 
     return run
 
 
 PLAIN = {"torch": plain_torch, "tensorflow": plain_tensorflow, "mxnet": plain_mxnet}
+# the harness's variant that runs what the plain loop runs: the same memory layout (torch's default variant,
+# channels_last, is another layout than the plain NCHW loop's) and the same execution (a graph, a cached graph)
+HARNESS_VARIANT = {"torch": "eager", "tensorflow": "graph", "mxnet": "hybridized"}
+MAX_RATIO = 1.05  # the harness may cost at most 5% over the plain loop
 
 
 # ---- the harness side, as harness.run.worker builds and times it --------------------------------------------
@@ -253,7 +259,7 @@ def harness_loop(adapter, spec, graph, precision, masks):
     from harness.precision import LossScale
 
     trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, LossScale(),
-                            adapter.device("cpu"), next(iter(adapter.variants)))
+                            adapter.device("cpu"), HARNESS_VARIANT[adapter.name])
 
     def run(batches, warmup):
         times = []
@@ -263,7 +269,7 @@ def harness_loop(adapter, spec, graph, precision, masks):
             trainer.train_step(batch)
             if i >= warmup:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
 
     return run
 
@@ -314,11 +320,14 @@ def main() -> None:
     if args.worker:
         worker(args.framework, args.precision, args.rounds, args.steps, args.warmup)
         return
+    from harness.run.measure import cpu_info
+
     plain = {"torch": "eager nn.Sequential", "tensorflow": "model.fit", "mxnet": "plain Gluon"}[args.framework]
-    print(f"{args.framework}: harness step vs {plain}, ms per step; {args.rounds} rounds of {args.steps} steps "
-          f"after {args.warmup} warm-up, {THREADS} threads, CPU")
+    print(f"{args.framework}: harness step (variant {HARNESS_VARIANT[args.framework]}) vs {plain}, ms per step; "
+          f"{args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, {THREADS} threads, "
+          f"CPU {cpu_info()[0]}")
     print(f"{'model':<14} {'precision':<9} {'harness (per round)':<26} {'plain (per round)':<26} harness/plain")
-    failed = False
+    failed, over = False, []
     for precision in args.precision.split(","):
         cmd = [sys.executable, __file__, "--framework", args.framework, "--precision", precision, "--worker",
                "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -327,15 +336,21 @@ def main() -> None:
             if not line.startswith(RESULT):
                 continue
             r = json.loads(line[len(RESULT):])
-            harness, plain = ([round_["ms"] for round_ in r[side]] for side in ("harness", "plain"))
+            # a round's figure: the median step where both sides time single steps, else both sides' mean
+            stat = "median_ms" if "median_ms" in r["plain"][0] else "mean_ms"
+            harness, plain = ([round_[stat] for round_ in r[side]] for side in ("harness", "plain"))
             ratio = statistics.median(harness) / statistics.median(plain)
-            print(f"{r['model']:<14} {r['precision']:<9} {_row(harness):<26} {_row(plain):<26} {ratio:.3f}", flush=True)
+            print(f"{r['model']:<14} {r['precision']:<9} {_row(harness):<26} {_row(plain):<26} {ratio:.3f}"
+                  f"{'' if stat == 'median_ms' else ' (means)'}", flush=True)
             if "fit_wall_ms" in r["plain"][0]:
-                print(f"{'':<24} harness mean: {_row([x['mean_ms'] for x in r['harness']])}; fit wall time / steps, "
-                      f"setup included: {_row([x['fit_wall_ms'] for x in r['plain']])}", flush=True)
+                print(f"{'':<24} fit wall time / steps, setup included: "
+                      f"{_row([x['fit_wall_ms'] for x in r['plain']])}", flush=True)
+            if ratio > MAX_RATIO:
+                over.append(f"{r['model']} {r['precision']} {ratio:.3f}")
         if proc.wait():
             print(f"{args.framework} {precision}: the worker exited with {proc.returncode}", file=sys.stderr)
             failed = True
+    print(f"over {MAX_RATIO}: {', '.join(over)}" if over else f"every harness/plain ratio is at most {MAX_RATIO}")
     sys.exit(1 if failed else 0)
 
 
