@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CHANCE_MARGIN = 0.05  # eval accuracy within 5 points of chance: the run learned nothing (too short, or stalled)
-ACCURACY_MARGIN = 0.02  # the old fixed margin, read only by change_phrase (see it)
+ACCURACY_MARGIN = 0.02  # the old fixed margin: change_phrase and the first screen (answer.py) until it reads Check
 TOO_SHORT = "too short to judge"
 ONE_SEED = "one seed: no spread to judge against"
 CONFIDENCE = 0.95

@@ -113,7 +113,7 @@ NEAREST_VERBS = {"stalls": "stalls", "lower": "falls behind", "unchanged": "keep
                  "undecided": "is not clearly level", "one seed": "reaches"}
 REMEDY_VERBS = {"unchanged": "recovers", "higher": "recovers", "lower": "reaches only", "stalls": "reaches only",
                 "undecided": "reaches", "one seed": "reaches"}
-CAVEATS = {"undecided": "; not clearly level with fp32", "one seed": "; one seed: no spread to judge against"}
+CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no spread to judge against"}
 
 
 def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float]) -> str:
@@ -141,7 +141,8 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
             clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({_pct(near['accuracy'])} vs {check.fp32.label}"
                            + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
-                              if swamp is not None else "") + CAVEATS.get(check.verdict, "") + ")")
+                              if swamp is not None else "")
+                           + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
                            key=lambda item: (remedies.index(_base(item[0])), item[0])):
             remedy = REMEDIES[_base(p)]
@@ -157,8 +158,8 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                 memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
                     (f" with {ratio:.2g}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
-            caveat = CAVEATS.get(a["check"].verdict, "")
-            clauses.append(f"{remedy} ({p}) {verb} {_pct(a['accuracy'])}{memory}" + (f" ({caveat[2:]})" if caveat else ""))
+            caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
+            clauses.append(f"{remedy} ({p}) {verb} {_pct(a['accuracy'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
 
@@ -190,7 +191,8 @@ def _row_cells(entry: dict, arm: dict) -> list[str]:
             "-" if arm["peak_mb"] is None else f"{arm['peak_mb']:.1f}"]
 
 
-HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss", "weights (+compensation) MB",
+HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss",
+          "weights (+compensation) MB",
           "peak MB (measured)"]
 
 

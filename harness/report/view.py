@@ -237,6 +237,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "chance_margin": 100 * accuracy.CHANCE_MARGIN,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
         "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_rule": accuracy.RULE,
+        "accuracy_margin": 100 * accuracy.ACCURACY_MARGIN,  # the first screen's, until answer.py reads Check
         "any_too_short": any(not c.judged for c in cells.values()),
         "scaling": scaling, "sections": sections, "why": explain(records, cells, summary, profiled["citations"]),
         "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
@@ -325,7 +326,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> di
         window = next(((d.get("diagnosis") or {}).get("loss_scale_window") for d in diagnoses
                        if d.get("model") == model and d.get("framework") == framework), None)
         fp32 = next((c for k, c in cells.items() if k[:3] == (model, framework, setting_) and k[3] == "fp32"), None)
-        framework_ = framework + describe(setting_, varying(k[3] for k in by_study if k[:3] == (study, model, framework)))
+        framework_ = framework + describe(setting_, varying(k[3] for k in by_study
+                                                            if k[:3] == (study, model, framework)))
         study_charts.append({"study": study, "model": model, "framework": framework_, "precision": precision,
                              "rows": (points := _study_points(rs, fp32)),
                              "chart": charts.loss_scale_study(points, window, f"{model} ({framework_} {precision}): "
