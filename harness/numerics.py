@@ -145,8 +145,35 @@ def outcomes(diagnosis: dict) -> dict[str, str]:
     return {precision: outcome for precision, (outcome, _) in judge(diagnosis).items()}
 
 
+def overflowing(layers: dict[str, dict], fmt: Format) -> list[tuple[str, float]]:
+    """(layer, largest |value|) of the layers holding values beyond `fmt`'s largest finite one, largest first:
+    cast to `fmt` they become inf."""
+    found = [(layer, h["max_abs"]) for layer, h in layers.items() if h.get("max_abs", 0.0) > fmt.max]
+    return sorted(found, key=lambda item: -item[1])
+
+
+OVERFLOW_WORDS = {"activations": "outputs", "weights": "weights", "gradients": "weight gradients"}
+
+
+def _range_problems(groups: dict, fmt: Format, kinds: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(outcome, clause) per captured group of `kinds` whose values overflow `fmt`, naming its worst layer."""
+    out = []
+    for kind in kinds:
+        found = overflowing(groups.get(kind, {}), fmt)
+        if found:
+            (layer, value), more = found[0], len(found) - 1
+            what = f"layer {layer}'s {OVERFLOW_WORDS[kind]}"
+            out.append((f"unsafe: {what} overflow {fmt.name}",
+                        f"{what} reach {value:.3g}, above {fmt.name}'s largest value {fmt.max:.6g}"
+                        + (f" (and {more} more layer{'s' if more > 1 else ''})" if more else "")))
+    return out
+
+
 def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
-    """{precision: (outcome in a few words, a sentence citing the figures)}."""
+    """{precision: (outcome in a few words, a sentence citing the figures)}, every one computed from the
+    captured figures: values beyond the compute dtype's range (activations, and in pure 16-bit the weights
+    and gradients too) make a precision unsafe, naming the layer; then gradients flushed to zero, the float16
+    loss-scale window, and updates swamped where the weights are 16-bit."""
     groups = diagnosis["groups"]
     weight_grads = groups.get("gradients", {})
     gradients = merge(list(weight_grads.values()) + list(groups.get("activation_gradients", {}).values()))
@@ -200,6 +227,31 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
                 f"{precision}: {_pct(lost)} of weight updates lost to rounding and {_pct(flush)} of gradients flushed "
                 f"in {fmt.name}: safe here")
     bf16_shares = shares(gradients, bf16)
-    out["amp_bf16"] = "safe", (f"amp_bf16: safe: bfloat16 has float32's range; {_pct(bf16_shares['flushed'])} of "
-                               f"non-zero gradients flush and {_pct(bf16_shares['overflow'])} overflow")
+    if bf16_shares["flushed"] > MAX_FLUSHED:
+        out["amp_bf16"] = "gradients flush", (
+            f"amp_bf16: {_pct(bf16_shares['flushed'])} of non-zero gradients flush to zero in bfloat16 (below "
+            f"2^{bf16.min_subnormal_exp}); scale the loss or keep those layers in float32")
+    else:
+        out["amp_bf16"] = "safe", (f"amp_bf16: safe: {_pct(bf16_shares['flushed'])} of non-zero gradients flush and "
+                                   f"{_pct(bf16_shares['overflow'])} overflow in bfloat16")
+    activations = groups.get("activations") or {}
+    for precision in ("amp_fp16", "amp_bf16"):  # what the verdicts above could not see
+        outcome, sentence = out[precision]
+        if activations:
+            out[precision] = outcome, sentence + "; every layer's outputs fit its range"
+        else:
+            out[precision] = (outcome + " (layer outputs not checked)" if outcome.startswith("safe") else outcome,
+                              sentence + "; layer outputs were not captured, so not checked")
+    # values beyond the compute dtype's range become inf (mixed precision: the activations; pure 16-bit: the
+    # weights and their gradients too), whatever the figures above say
+    for precision, fmt, kinds in (("amp_fp16", fp16, ("activations",)), ("amp_bf16", bf16, ("activations",)),
+                                  ("fp16", fp16, ("activations", "weights", "gradients")),
+                                  ("bf16", bf16, ("activations", "weights", "gradients"))):
+        problems = _range_problems(groups, fmt, kinds)
+        if problems:
+            remedy = "keep those layers in float32" + (" or use amp_bf16" if fmt is fp16 else "")
+            rest = out[precision][1].split(": ", 1)[1].replace("; every layer's outputs fit its range", "")
+            out[precision] = problems[0][0], (
+                f"{precision}: unsafe: {'; '.join(clause for _, clause in problems)}, so they become inf in "
+                f"{fmt.name}; {remedy} (apart from that: {rest})")
     return out

@@ -18,10 +18,15 @@ from harness.report.svg import (
     wrap,
 )
 
-PALETTE = {"fp32": "#4c72b0", "tf32": "#64b5cd", "amp_fp16": "#dd8452", "amp_bf16": "#55a868",
-           "fp16": "#c44e52", "bf16": "#8172b3", "fp64": "#937860"}
-MARKERS = {"fp32": "o", "tf32": "D", "amp_fp16": "s", "amp_bf16": "^", "fp16": "v", "bf16": "P", "fp64": "X"}
-PRECISION_ORDER = ("fp64", "fp32", "tf32", "amp_bf16", "amp_fp16", "bf16", "fp16")
+from harness.precision import PRECISIONS
+
+# One colour and one marker per precision of the registry, in its order (harness.precision.PRECISIONS), the same
+# in every chart: a precision added there needs one more of each here (tests/core/test_charts.py says so).
+COLOURS = ("#4c72b0", "#64b5cd", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974",
+           "#1b7f79", "#a6761d", "#555555")
+SHAPES = ("o", "D", "s", "^", "v", "P", "X", "<", ">", "d", "p", "h")
+STYLES = {name: (c, shape) for name, c, shape in zip(PRECISIONS, COLOURS, SHAPES)}
+UNKNOWN_STYLE = ("#999999", "o")  # a name the registry does not hold (an edited record)
 CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
          "#17becf")  # lines without a precision of their own (the loss scales), in label order
 
@@ -29,9 +34,22 @@ WIDTH = 640  # px, a single-panel chart
 TITLE_SIZE = 13
 
 
+def style(precision: str) -> tuple[str, str]:
+    """(colour, marker) of a precision in every chart; "fixed16_sr:12" and "fp16 (loss scale ...)" are drawn as
+    fixed16_sr and fp16."""
+    return STYLES.get(_base(precision), UNKNOWN_STYLE)
+
+
+def _base(precision: str) -> str:
+    return precision.partition(":")[0].partition(" ")[0]
+
+
 def colour(precision: str) -> str:
-    """The one colour of a precision in every chart (and the page's legend)."""
-    return PALETTE.get(precision, "#999999")
+    return style(precision)[0]
+
+
+def marker(precision: str) -> str:
+    return style(precision)[1]
 
 
 def log_ticks(low: float, high: float) -> list[float]:
@@ -114,7 +132,9 @@ def _left_margin(labels: list[str], axis_label: bool = True, size: float = 10) -
 
 
 def _order(precision: str) -> tuple:
-    return (PRECISION_ORDER.index(precision) if precision in PRECISION_ORDER else 99, precision)
+    """The registry's order (harness.precision.PRECISIONS), names it does not hold last."""
+    base = _base(precision)
+    return (list(PRECISIONS).index(base) if base in PRECISIONS else len(PRECISIONS), precision)
 
 
 def step_times(rows: list[dict], title: str) -> str:
@@ -123,7 +143,7 @@ def step_times(rows: list[dict], title: str) -> str:
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))
     precisions = sorted({r["precision"] for r in rows}, key=_order)
     n = max(len(frameworks), 1)
-    entries = [(p, {"marker": MARKERS.get(p, "o"), "colour": colour(p), "whisker": True, "size": 8}) for p in precisions]
+    entries = [(p, {"marker": marker(p), "colour": colour(p), "whisker": True, "size": 8}) for p in precisions]
     ticks, low, high = _log_range([r.get(k) for r in rows for k in ("p10_ms", "median_ms", "p90_ms")])
     x = Scale(low / 1.08, high * 1.08, 10)
     names = [wrap(str(f), WIDTH * 0.38, 11) for f in frameworks]  # long labels (with their settings) in lines
@@ -143,7 +163,7 @@ def step_times(rows: list[dict], title: str) -> str:
         lows = [min(r["p10_ms"], m) if x.ok(r.get("p10_ms")) else m for r, m in zip(mine, medians)]
         highs = [max(r["p90_ms"], m) if x.ok(r.get("p90_ms")) else m for r, m in zip(mine, medians)]
         ax.whiskers_x(ys, lows, highs, colour(precision), width=1, cap=3)
-        ax.markers(medians, ys, MARKERS.get(precision, "o"), colour(precision), size=8)
+        ax.markers(medians, ys, marker(precision), colour(precision), size=8)
     ax.yaxis(range(len(frameworks)), names[::-1], size=11)
     ax.xaxis(ticks, [_tick_label(t) for t in ticks], "ms per training step (median, whiskers p10-p90; log scale)")
     return fig.render()
@@ -157,7 +177,7 @@ def loss_curves(curves: dict[str, dict[str, list]], title: str) -> str:
     """One panel per framework; a line per precision (mean over repeats) of the training loss by step."""
     frameworks = sorted(curves)
     panels = max(len(frameworks), 1)
-    precisions = sorted({p for c in curves.values() for p in c})
+    precisions = sorted({p for c in curves.values() for p in c}, key=_order)
     entries = [(p, {"line": colour(p), "width": 1.5}) for p in precisions]
     values = [v for c in curves.values() for losses in c.values() for v in losses
               if v is not None and finite(v) and v > 0]

@@ -7,7 +7,9 @@ framework, as the profiler saw it run.
     section["html"], section["markdown"], section["citations"][(model, framework, precision, batch, device)]
 
 A profiled step carries the profiler's overhead and comes from one run of a few steps: the section compares
-profiles with profiles only, and the timed comparison stays the measurement of speed.
+profiles with profiles only, and the timed comparison stays the measurement of speed. A 16-bit profile is
+compared with the fp32 profile of the same setting only (harness.report.setting: device, node, threads, variant,
+version, batch size): profiles under different settings are labelled by what differs, never paired.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import html
 
 from harness.report import charts
 from harness.report.explain import ms
+from harness.report.setting import cell_key, describe, varying
 from harness.run.profile import COVERAGE_TOLERANCE
 
 GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
@@ -27,13 +30,26 @@ ORDER = [*dict.fromkeys(GROUPS.values()), "other layers", *PART_NAMES.values(), 
 GROWN = 3  # layers named per (framework, 16-bit precision)
 
 
-def latest(profiles: list[dict]) -> dict[tuple[str, str, str], dict]:
-    """The last ok profile of each (model, framework, precision): a profile is one run, rerun to replace it."""
+def latest(profiles: list[dict]) -> dict[tuple, dict]:
+    """The last ok profile of each cell key (model, framework, setting, precision, loss-scale setting): a profile
+    is one run, rerun to replace it."""
     out = {}
     for r in profiles:
         if r.get("status") == "ok" and _well_formed(r.get("profile")):
-            out[r["model"], r["framework"], r["precision"]] = r
+            out[cell_key(r)] = r
     return out
+
+
+def names(found: dict[tuple, dict]) -> dict[tuple, str]:
+    """Per profile key, its framework named with what differs between that framework's settings here (and the
+    loss-scale setting where it varies), as the timed cells are named."""
+    by_framework: dict[str, set] = {}
+    scales: dict[tuple, set] = {}
+    for model, framework, setting_, precision, scale in found:
+        by_framework.setdefault(framework, set()).add(setting_)
+        scales.setdefault((model, framework, setting_, precision), set()).add(scale)
+    return {k: k[1] + describe(k[2], varying(by_framework[k[1]]))
+            + (f" (loss scale {k[4]})" if len(scales[k[:4]]) > 1 else "") for k in found}
 
 
 def _well_formed(p) -> bool:
@@ -97,22 +113,22 @@ def citation(model: str, framework: str, precision: str, p16: dict, p32: dict) -
             f"casts take {casts:.0%}")
 
 
-def cast_maps(model: str, found: dict) -> list[dict]:
-    """Per precision profiled for `model`: layers x frameworks, the dtype each layer computed in, with the rows
-    where frameworks differ marked."""
+def cast_maps(model: str, found: dict, named: dict[tuple, str]) -> list[dict]:
+    """Per precision profiled for `model`: layers x frameworks (each setting a column of its own), the dtype each
+    layer computed in, with the rows where frameworks differ marked."""
     out = []
-    precisions = sorted({p for (m, _, p) in found if m == model}, key=charts._order)
+    precisions = sorted({k[3] for k in found if k[0] == model}, key=charts._order)
     for precision in precisions:
-        columns = sorted(f for (m, f, p) in found if m == model and p == precision)
-        layers = {f: {layer["path"]: layer for layer in found[(model, f, precision)]["profile"]["layers"]}
-                  for f in columns}
-        paths = list(dict.fromkeys(path for f in columns for path in layers[f]))
+        keys = sorted((k for k in found if k[0] == model and k[3] == precision), key=lambda k: named[k])
+        columns = [named[k] for k in keys]
+        layers = [{layer["path"]: layer for layer in found[k]["profile"]["layers"]} for k in keys]
+        paths = list(dict.fromkeys(path for column in layers for path in column))
         rows = []
         for path in paths:
-            cells = [layers[f].get(path, {}).get("compute") for f in columns]
+            cells = [column.get(path, {}).get("compute") for column in layers]
             if not any(cells):
                 continue  # a layer no framework ran an op for (a flatten that is a view)
-            label = next(layers[f][path]["label"] for f in columns if path in layers[f])
+            label = next(column[path]["label"] for column in layers if path in column)
             rows.append({"label": label, "cells": [c or "-" for c in cells],
                          "differs": len({c for c in cells if c}) > 1})
         uniform = {c for row in rows for c in row["cells"] if c != "-"}
@@ -123,37 +139,40 @@ def cast_maps(model: str, found: dict) -> list[dict]:
 
 def profile_view(profiles: list[dict]) -> list[dict]:
     found = latest(profiles)
+    named = names(found)
     entries = []
-    for model in sorted({m for (m, _, _) in found}):
+    for model in sorted({k[0] for k in found}):
         mine = {k: r for k, r in found.items() if k[0] == model}
         bars, growth = [], []
-        for (_, framework, precision), r in sorted(mine.items(), key=lambda kv: (kv[0][1], charts._order(kv[0][2]))):
-            p = r["profile"]
-            bars.append({"label": f"{framework} {precision}", "segments": breakdown(p),
+        for k, r in sorted(mine.items(), key=lambda kv: (named[kv[0]], charts._order(kv[0][3]))):
+            p, framework, precision = r["profile"], k[1], k[3]
+            bars.append({"label": f"{named[k]} {precision}", "segments": breakdown(p),
                          "overlap": -p["parts"]["other"] if p["parts"]["other"] < 0 else 0.0})
-            base = mine.get((model, framework, "fp32"))
+            # the fp32 profile of the same setting: another batch size, device or variant measures another thing
+            base = next((b for bk, b in mine.items() if bk[1:3] == k[1:3] and bk[3] == "fp32"), None)
             if precision != "fp32" and base is not None:
-                growth.append({"framework": framework, "precision": precision, "step_ms": p["step_mean_ms"],
+                growth.append({"framework": named[k], "precision": precision, "step_ms": p["step_mean_ms"],
                                "batch": r.get("batch_size"), "device": r.get("device"),
                                "fp32_step_ms": base["profile"]["step_mean_ms"],
                                "casts": p["parts"]["casts"] / p["step_mean_ms"],
                                "rows": grown(p, base["profile"]),
-                               "citation": citation(model, framework, precision, p, base["profile"])})
-        first = next(iter(mine.values()))
-        entries.append({"model": model, "bars": bars, "growth": growth, "cast_maps": cast_maps(model, found),
-                        "steps": first["profile"].get("steps"), "batch": first.get("batch_size"),
+                               "citation": citation(model, framework, precision, p, base["profile"]),
+                               "cites": (model, framework, precision, r.get("batch_size"), r.get("device"))})
+        batches = sorted({r.get("batch_size") for r in mine.values()}, key=str)
+        entries.append({"model": model, "bars": bars, "growth": growth, "cast_maps": cast_maps(model, found, named),
+                        "steps": next(iter(mine.values()))["profile"].get("steps"),
+                        "batch": ", ".join(map(str, batches)),
                         "tools": sorted({f"{k[1]}: {r['profile'].get('tool')}" for k, r in mine.items()}),
                         "notes": sorted({f"{k[1]}: {r['profile']['note']}" for k, r in mine.items()
                                          if r["profile"].get("note")}),
-                        "coverage": {f"{k[1]} {k[2]}": r["profile"].get("coverage") for k, r in mine.items()}})
+                        "coverage": {f"{named[k]} {k[3]}": r["profile"].get("coverage") for k, r in mine.items()}})
     return entries
 
 
 def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
     """{"entries", "citations", "html", "markdown"}: "" html and markdown without an ok profile."""
     entries = profile_view(profiles or [])
-    citations = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["citation"]
-                 for e in entries for g in e["growth"]}
+    citations = {g["cites"]: g["citation"] for e in entries for g in e["growth"]}
     return {"entries": entries, "citations": citations,
             "html": _html(entries, charts_on) if entries else "", "markdown": _markdown(entries) if entries else ""}
 

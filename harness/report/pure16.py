@@ -1,7 +1,9 @@
 """The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
 rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32,
-per model and framework: eval accuracy, the loss curves, the share of updates swamped by rounding (from
-`amp-harness diagnose`), weight memory, and one computed sentence per model and framework.
+per model, framework and setting (harness.report.setting: device, node, threads, variant, version, batch; and
+each arm's loss-scale setting): eval accuracy judged against fp32's seed-to-seed spread (harness.report.accuracy),
+the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`, per model: the numerics
+of fp32 training), weight memory, and one computed sentence per entry.
 
     section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
     section["html"], section["markdown"], section["sentences"]
@@ -11,7 +13,8 @@ from __future__ import annotations
 import html
 import math
 
-from harness.report.accuracy import ACCURACY_MARGIN, num_classes, too_short
+from harness.report.accuracy import Check, compare, num_classes, too_short
+from harness.report.setting import compatible, describe, loss_scale_setting, setting, varying
 
 #: the arms in the order the table shows them; fp32 is the reference
 ARMS = ("fp32", "amp_bf16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr")
@@ -24,7 +27,7 @@ SWAMPED_FORMAT = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def _base(precision: str) -> str:
-    return precision.partition(":")[0]  # fixed16_sr:12 is a fixed16_sr arm
+    return precision.partition(":")[0].partition(" ")[0]  # fixed16_sr:12 is a fixed16_sr arm; so is "fp16 (loss..."
 
 
 def _mean(values):
@@ -32,13 +35,13 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-def _arm(records: list[dict]) -> dict:
+def _arm(records: list[dict], name: str) -> dict:
     ok = [r for r in records if r.get("status") == "ok"]
     curves = [r["loss"] for r in ok if r.get("loss")]
     length = min((len(c) for c in curves), default=0)
     curve = [_mean([c[i] for c in curves]) for i in range(length)]
     state = (ok or records)[0].get("state_memory_mb") or {}
-    return {"precision": records[0]["precision"], "runs": len(records), "ok": len(ok),
+    return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
             "failed": [f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"],
             "accuracy": _mean([r.get("eval_accuracy") for r in ok]),
             "final_loss": _mean([r.get("final_train_loss") for r in ok]),
@@ -62,24 +65,43 @@ def swamped_shares(diagnoses: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> list[dict]:
-    """Per (model, framework) with a pure-16-bit arm and fp32: the arms, the swamped shares and the sentence."""
+    """Per (model, framework, setting) with a pure-16-bit arm and fp32: the arms, the swamped shares and the
+    sentence. A record whose worker never reported its setting (a crash) joins every setting it agrees with."""
     swamped = swamped_shares(diagnoses or [])
     groups: dict[tuple, dict[str, list]] = {}
+    partial = []
     for r in records:
         if r.get("mode", "run") != "run" or _base(r.get("precision", "")) not in ARMS or not r.get("model"):
             continue
-        groups.setdefault((r["model"], r.get("framework")), {}).setdefault(r["precision"], []).append(r)
-    out = []
-    for (model, framework), arms in sorted(groups.items(), key=lambda item: (item[0][0], str(item[0][1]))):
-        if "fp32" not in arms or not PURE & {_base(p) for p in arms}:
+        if r.get("status") != "ok" and r.get("device") is None:
+            partial.append(r)
             continue
-        rows = {p: _arm(rs) for p, rs in arms.items()}
+        arms = groups.setdefault((r["model"], r.get("framework"), setting(r)), {})
+        arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    for r in partial:
+        for (model, framework, setting_), arms in groups.items():
+            if (model, framework) == (r["model"], r.get("framework")) and compatible(setting(r), setting_):
+                arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    out = []
+    for (model, framework, setting_), arms in sorted(groups.items(), key=lambda item: tuple(map(str, item[0]))):
+        scales: dict[str, set] = {}
+        for precision, scale in arms:
+            scales.setdefault(precision, set()).add(scale)
+        rows = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs for (p, scale), rs in arms.items()}
+        if "fp32" not in rows or not PURE & {_base(p) for p in rows}:
+            continue
+        rows = {name: _arm(rs, name) for name, rs in rows.items()}
         classes = num_classes([r for rs in arms.values() for r in rs])
         judged = not too_short(rows["fp32"]["accuracy"], classes)
+        for name, arm in rows.items():
+            if name != "fp32":
+                arm["check"] = compare(arm["records"], rows["fp32"]["records"], classes)
         ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
-        out.append({"model": model, "framework": framework, "arms": ordered, "judged": judged,
+        fields = varying(s for (m, f, s) in groups if f == framework)
+        label = f"{framework}{describe(setting_, fields)}"
+        out.append({"model": model, "framework": label, "arms": ordered, "judged": judged,
                     "swamped": swamped.get(model, {}),
-                    "sentence": sentence(model, framework, rows, judged, swamped.get(model, {}))})
+                    "sentence": sentence(model, label, rows, judged, swamped.get(model, {}))})
     return out
 
 
@@ -87,9 +109,17 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+NEAREST_VERBS = {"stalls": "stalls", "lower": "falls behind", "unchanged": "keeps up", "higher": "does better",
+                 "undecided": "is not clearly level", "one seed": "reaches"}
+REMEDY_VERBS = {"unchanged": "recovers", "higher": "recovers", "lower": "reaches only", "stalls": "reaches only",
+                "undecided": "reaches", "one seed": "reaches"}
+CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no spread to judge against"}
+
+
 def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float]) -> str:
-    """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding stalls
-    (71.2% vs 93.3% fp32); stochastic rounding recovers 93.0% with half the weight memory"."""
+    """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding falls
+    behind (71.2% vs fp32 over 3 seeds: 93.1-93.5%); stochastic rounding recovers 93.0% with half the weight
+    memory". The verbs come from each arm's accuracy Check against fp32."""
     fp32 = rows["fp32"]
     head = f"{model} ({framework}): "
     if fp32["accuracy"] is None:
@@ -102,34 +132,34 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
         if not arms:
             continue
         clauses = []
-        near = next((a for p, a in arms.items() if _base(p) == nearest), None)
-        if near is not None:
-            label = f"{nearest} with nearest rounding" if family != "fixed16" else "16-bit fixed point with nearest rounding"
+        for p, near in sorted((p, a) for p, a in arms.items() if _base(p) == nearest):
+            label = f"{p} with nearest rounding" if family != "fixed16" else "16-bit fixed point with nearest rounding"
+            check: Check = near["check"]
             if near["accuracy"] is None:
                 clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
-            else:
-                behind = fp32["accuracy"] - near["accuracy"]
-                verb = "stalls" if behind > ACCURACY_MARGIN else "keeps up"
-                swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-                clauses.append(f"{label} {verb} ({_pct(near['accuracy'])} vs {_pct(fp32['accuracy'])} fp32"
-                               + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
-                                  if swamp is not None else "") + ")")
+                continue
+            swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
+            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({_pct(near['accuracy'])} vs {check.fp32.label}"
+                           + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
+                              if swamp is not None else "")
+                           + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
                            key=lambda item: (remedies.index(_base(item[0])), item[0])):
+            remedy = REMEDIES[_base(p)]
             if a["accuracy"] is None:
-                clauses.append(f"{REMEDIES[_base(p)]} ({p}) did not finish")
+                clauses.append(f"{remedy} ({p}) did not finish")
                 continue
-            behind = fp32["accuracy"] - a["accuracy"]
-            plural = REMEDIES[_base(p)].endswith("updates")
-            verb = ("recover" if plural else "recovers") if behind <= ACCURACY_MARGIN else \
-                ("reach only" if plural else "reaches only")
+            verb = REMEDY_VERBS[a["check"].verdict]
+            if remedy.endswith("updates"):  # plural subject
+                verb = verb.replace("recovers", "recover").replace("reaches", "reach")
             memory = ""
             if a.get("weights_mb") and fp32.get("weights_mb"):
                 ratio = a["weights_mb"] / fp32["weights_mb"]
                 memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
                     (f" with {ratio:.2g}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
-            clauses.append(f"{REMEDIES[_base(p)]} ({p}) {verb} {_pct(a['accuracy'])}{memory}")
+            caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
+            clauses.append(f"{remedy} ({p}) {verb} {_pct(a['accuracy'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
 
@@ -153,16 +183,16 @@ def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, cha
 
 
 def _row_cells(entry: dict, arm: dict) -> list[str]:
-    fp32 = next(a for a in entry["arms"] if a["precision"] == "fp32")
-    delta = None if arm["accuracy"] is None or fp32["accuracy"] is None else arm["accuracy"] - fp32["accuracy"]
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", _pct(arm["accuracy"]),
-            "-" if delta is None or arm["precision"] == "fp32" else f"{100 * delta:+.1f} pt",
+    check = arm["check"]
+    change = "-" if check is None or check.delta is None else f"{100 * check.delta:+.1f} pt ({check.verdict})"
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", _pct(arm["accuracy"]), change,
             "-" if arm["final_loss"] is None else f"{arm['final_loss']:.4g}",
             "-" if arm["weights_mb"] is None else f"{arm['weights_mb']:.3g}",
             "-" if arm["peak_mb"] is None else f"{arm['peak_mb']:.1f}"]
 
 
-HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32", "final train loss", "weights (+compensation) MB",
+HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss",
+          "weights (+compensation) MB",
           "peak MB (measured)"]
 
 
@@ -172,7 +202,8 @@ def _html(entries: list[dict], charts: bool) -> str:
            "<p>Pure bf16/fp16 arms keep weights (and optimizer state) in 16 bits. With nearest rounding, updates "
            "below half a weight's gap are lost (swamped); stochastic rounding (<code>*_sr</code>) and "
            "Kahan-compensated updates (<code>bf16_kahan</code>, a bfloat16 compensation buffer per weight) keep "
-           "them (docs/stochastic-rounding.md). Accuracy is the mean over repeats.</p>"]
+           "them (docs/stochastic-rounding.md). Accuracy is the mean over repeats; its change against fp32 is "
+           "paired by seed and judged against fp32's seed-to-seed spread (see Accuracy above).</p>"]
     for entry in entries:
         out.append(f"<h3>{e(entry['model'])} &middot; {e(str(entry['framework']))}</h3>")
         out.append(f"<p class=\"answer\">{e(entry['sentence'])}</p>")

@@ -313,21 +313,30 @@ def _dash(dash: str | None, width: float) -> str:
 
 
 def marker_path(shape: str, x: float, y: float, size: float, colour: str) -> tuple[str, str]:
-    """Path data and attributes of one filled marker (matplotlib's letters: o s D ^ v P X, anything else a
-    circle) centred at x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a
+    """Path data and attributes of one filled marker (matplotlib's letters: o s D d ^ v < > P X p h, anything else
+    a circle) centred at x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a
     square cap (a few bytes); the others are outlines."""
     r = size / 2
-    if shape in ("o", "s") or shape not in ("D", "^", "v", "P", "X"):
+    if shape in ("o", "s") or shape not in ("D", "d", "^", "v", "<", ">", "P", "X", "p", "h"):
         cap, width = ("square", size * 0.9) if shape == "s" else ("round", size)
         return (f"M{num(x)} {num(y)}h0",
                 f' fill="none" stroke="{colour}" stroke-width="{num(width)}" stroke-linecap="{cap}"')
     fill = f' fill="{colour}"'
-    if shape == "D":
-        s = r * 0.95
-        return f"M{num(x)} {num(y - s)}l{num(s)} {num(s)} {num(-s)} {num(s)} {num(-s)} {num(-s)}z", fill
+    if shape in ("D", "d"):  # a diamond; "d" a thin one
+        s, w = r * 0.95, r * (0.95 if shape == "D" else 0.6)
+        return f"M{num(x)} {num(y - s)}l{num(w)} {num(s)} {num(-w)} {num(s)} {num(-w)} {num(-s)}z", fill
     if shape in ("^", "v"):
         s, h = r * 1.05, r * 1.05 * (1 if shape == "^" else -1)
         return f"M{num(x)} {num(y - h)}l{num(s * 0.87)} {num(h * 1.5)}h{num(-s * 1.74)}z", fill
+    if shape in ("<", ">"):
+        s, h = r * 1.05, r * 1.05 * (1 if shape == "<" else -1)
+        return f"M{num(x - h)} {num(y)}l{num(h * 1.5)} {num(s * 0.87)}v{num(-s * 1.74)}z", fill
+    if shape in ("p", "h"):  # a regular pentagon (a corner up) or hexagon (a flat top)
+        n = 5 if shape == "p" else 6
+        turn = -math.pi / 2 if n == 5 else 0.0
+        corners = [(x + r * math.cos(turn + 2 * math.pi * k / n), y + r * math.sin(turn + 2 * math.pi * k / n))
+                   for k in range(n)]
+        return "M" + "L".join(f"{num(u)} {num(v)}" for u, v in corners) + "z", fill
     a, b = r, r / 3  # a plus of arm half-length a and half-width b (an X: the same, turned 45 degrees)
     outline = [(b, a), (b, b), (a, b), (a, -b), (b, -b), (b, -a), (-b, -a), (-b, -b), (-a, -b), (-a, b), (-b, b),
                (-b, a)]

@@ -1,8 +1,8 @@
 """The report's view model: records -> plain dicts, every figure computed here from raw measurements.
 
-A cell is every ok repeat of one (model, framework, precision) under one setting: device, threads, the
-adapter's variant, the framework's version and the loss-scale settings. Records that differ in any of these
-are never pooled; they become rows of their own, labelled by what differs.
+A cell is every ok repeat of one (model, framework, precision) under one setting (harness.report.setting:
+device, node, threads, the adapter's variant, the framework's version, batch size) and loss-scale setting.
+Records that differ in any of these are never pooled; they become rows of their own, labelled by what differs.
 """
 from __future__ import annotations
 
@@ -14,34 +14,12 @@ import numpy as np
 
 from harness.parity import compare as parity_compare
 from harness.report import accuracy, answer, charts, stats
-from harness.report.accuracy import ACCURACY_MARGIN
 from harness.report.explain import explain
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
-
-
-def device_key(r: dict) -> str | None:
-    """The device a run measured, named as precisely as the record allows ("cpu (Intel Xeon ...)"): runs on
-    different devices are never pooled, and the first screen shows one matrix per device."""
-    name = r.get("device")
-    description = ((r.get("env") or {}).get("device") or {}).get("description")
-    return f"{name} ({description})" if name and description and description != name else name
-
-
-def setting(r: dict) -> tuple:
-    """What, besides model, framework and precision, changes what a run measures."""
-    return device_key(r), (r.get("env") or {}).get("threads"), r.get("variant"), r.get("framework_version")
-
-
-def loss_scale_setting(r: dict) -> str:
-    s = (r.get("loss_scale") or {}).get("settings") or {}
-    if s.get("mode") in (None, "none"):
-        return "none"
-    if s["mode"] == "fixed":
-        return f"fixed {s.get('initial'):g}"
-    return f"dynamic from {s.get('initial'):g}, growth every {s.get('growth_interval')}"
+from harness.report.setting import cell_key, describe, device_key, loss_scale_setting, setting, varying
 
 
 class Cell:
@@ -57,7 +35,7 @@ class Cell:
         self.column = self.framework
         self.name = f"{self.framework}{setting_note}"  # how the first screen names this cell's framework
         self.setting = setting(r0)
-        self.device = self.setting[0] or "-"
+        self.device = self.setting.device or "-"
         self.judged = True  # False: fp32 scored at chance level, accuracy figures mean nothing (see accuracy.py)
         self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
         # one figure per repeat (fresh processes are independent; steps of one process are not)
@@ -113,22 +91,19 @@ def _label_models(records: list[dict]) -> list[dict]:
 
 def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str, str]]:
     """Per group: the label "framework [what differs between its settings in this report] (loss scale if it
-    varies)", the settings note without the device (" [variant xla]") and the loss-scale note."""
-    names = ("device", "threads", "variant", "version")
+    varies)", the settings note without the device (" [node b, batch 16]") and the loss-scale note."""
     by_framework: dict[str, set] = {}
     scales: dict[tuple, set] = {}
     for model, framework, setting_, precision, scale in groups:
         by_framework.setdefault(framework, set()).add(setting_)
         scales.setdefault((model, framework, setting_, precision), set()).add(scale)
     labels = {}
-    for key in groups:
-        model, framework, setting_, precision, scale = key
-        varying = [i for i in range(len(names)) if len({s[i] for s in by_framework[framework]}) > 1]
-        label = framework + (f" [{', '.join(f'{names[i]} {setting_[i]}' for i in varying)}]" if varying else "")
-        rest = [i for i in varying if names[i] != "device"]
-        column = f" [{', '.join(f'{names[i]} {setting_[i]}' for i in rest)}]" if rest else ""
+    for group in groups:
+        model, framework, setting_, precision, scale = group
+        fields = varying(by_framework[framework])
         note = f" (loss scale {scale})" if len(scales[(model, framework, setting_, precision)]) > 1 else ""
-        labels[key] = (label + note, column, note)
+        labels[group] = (framework + describe(setting_, fields) + note,
+                         describe(setting_, [f for f in fields if f != "device"]), note)
     return labels
 
 
@@ -144,7 +119,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     not_run = [r for r in records if r.get("status") != "ok"]
     groups: dict[tuple, list[dict]] = {}
     for r in ok:
-        groups.setdefault((r["model"], r["framework"], setting(r), r["precision"], loss_scale_setting(r)), []).append(r)
+        groups.setdefault(cell_key(r), []).append(r)
     labels = _labels(groups)
     cells = {key: Cell(rs, *labels[key]) for key, rs in groups.items()}
     models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
@@ -196,20 +171,23 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                            if base and base is not c and c.peak_mb is not None and base.peak_mb else "-"})
             delta = c.eval_accuracy - base.eval_accuracy if base and c.eval_accuracy is not None \
                 and base.eval_accuracy is not None and base is not c else None
-            judged_delta = c.judged and delta is not None
+            # paired by seed against fp32's seed-to-seed spread (accuracy.compare); fp32's own row shows that spread
+            check = accuracy.compare(c.records, base.records, classes.get(c.model)) \
+                if base is not None and base is not c else None
+            spread = accuracy.spread(c.records) if c.precision == "fp32" and c.judged else None
             accuracy_rows.append({
                 **row, "accuracy": _fmt(c.eval_accuracy and 100 * c.eval_accuracy, 1, " %") if c.judged
                 else accuracy.TOO_SHORT, "loss": _fmt(c.eval_loss, 4), "judged": c.judged,
-                "delta": (_fmt(100 * delta, 1, " pt") if judged_delta else
-                          (accuracy.TOO_SHORT if delta is not None else "-")),
-                "flag": judged_delta and abs(delta) > ACCURACY_MARGIN})
+                "delta": check.change if check else (spread.label if spread else "-"),
+                "flag": bool(check) and not check.acceptable, "check": check})
             if base is not None and base is not c:
                 r = stats.ratio(base.repeat_ms, c.repeat_ms)  # > 1: faster than fp32
                 summary.append({**row, "key": key, "ratio": r.estimate, "lo": r.low, "hi": r.high,
                                 "interval": r.is_interval, "ci": r.label, "text": _speed_phrase(r),
                                 "unstable": c.unstable or base.unstable,
                                 "memory": memory[-1]["saved"], "accuracy": accuracy_rows[-1]["delta"],
-                                "delta_raw": delta, "judged": c.judged, "flag": accuracy_rows[-1]["flag"]})
+                                "delta_raw": delta, "judged": c.judged, "flag": accuracy_rows[-1]["flag"],
+                                "accuracy_check": check})
         differing = {label: cs for label, cs in curves.items() if _curves_differ(cs)}
         if differing:
             section["loss_chart"] = charts.loss_curves(differing, f"{model}: training loss (mean over repeats)")
@@ -258,7 +236,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV,
         "chance_margin": 100 * accuracy.CHANCE_MARGIN,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
-        "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_margin": 100 * ACCURACY_MARGIN,
+        "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_rule": accuracy.RULE,
+        "accuracy_margin": 100 * accuracy.ACCURACY_MARGIN,  # the first screen's, until answer.py reads Check
         "any_too_short": any(not c.judged for c in cells.values()),
         "scaling": scaling, "sections": sections, "why": explain(records, cells, summary, profiled["citations"]),
         "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
@@ -311,8 +290,9 @@ def _flat_scale(records: list[dict]) -> str | None:
 
 def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> dict:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts; per
-    loss-scale study its chart; a "16-bit safe?" line per model."""
-    from harness.numerics import merge
+    loss-scale study its chart; a "16-bit safe?" line per model. Verdicts are judged here from the captured
+    figures (harness.numerics.judge), not read from the record: a diagnosis made before a rule existed gets it."""
+    from harness.numerics import judge, merge
 
     numerics, safe = [], {}
     for d in diagnoses:
@@ -332,21 +312,25 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], cells: dict) -> di
         entry["chart"] = charts.gradient_histogram(series, shift, f"{d['model']} ({d['framework']}): gradients in fp32, "
                                                                  f"{len(diagnosis['captured_steps'])} captured steps "
                                                                  f"(0 to {diagnosis['captured_steps'][-1]})")
-        entry["verdicts"] = list(diagnosis["verdicts"].values())
+        verdicts = judge(diagnosis)
+        entry["verdicts"] = [sentence for _, sentence in verdicts.values()]
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
-                        + "; ".join(f"{p} {o}" for p, o in (diagnosis.get("outcomes") or {}).items()))
+                        + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
         numerics.append(entry)
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}
-    for r in studies:
-        by_study.setdefault((r["study"], r.get("model"), r["framework"], r["precision"]), []).append(r)
-    for (study, model, framework, precision), rs in sorted(by_study.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    for r in studies:  # the loss scale is what a study varies; every other part of the setting stays apart
+        by_study.setdefault((r["study"], r.get("model"), r["framework"], setting(r), r["precision"]), []).append(r)
+    for (study, model, framework, setting_, precision), rs in sorted(by_study.items(),
+                                                                      key=lambda kv: tuple(map(str, kv[0]))):
         window = next(((d.get("diagnosis") or {}).get("loss_scale_window") for d in diagnoses
                        if d.get("model") == model and d.get("framework") == framework), None)
-        fp32 = next((c for k, c in cells.items() if k[0] == model and k[1] == framework and k[3] == "fp32"), None)
-        study_charts.append({"study": study, "model": model, "framework": framework, "precision": precision,
+        fp32 = next((c for k, c in cells.items() if k[:3] == (model, framework, setting_) and k[3] == "fp32"), None)
+        framework_ = framework + describe(setting_, varying(k[3] for k in by_study
+                                                            if k[:3] == (study, model, framework)))
+        study_charts.append({"study": study, "model": model, "framework": framework_, "precision": precision,
                              "rows": (points := _study_points(rs, fp32)),
-                             "chart": charts.loss_scale_study(points, window, f"{model} ({framework} {precision}): "
+                             "chart": charts.loss_scale_study(points, window, f"{model} ({framework_} {precision}): "
                                                                              f"loss-scale study")})
     return {"numerics": numerics, "studies": study_charts, "sixteen_bit_safe": list(safe.values())}
 
@@ -390,10 +374,22 @@ def _headline(summary: list[dict]) -> list[str]:
 
 
 def _memory_note(cells: dict) -> str:
-    kinds = sorted({c.memory_kind for c in cells.values() if c.memory_kind})
-    if len(kinds) == 1:
-        return f"Every figure is of one kind, comparable across frameworks and precisions: {kinds[0]}."
-    return "Figures of different kinds (see each row) do not compare with each other."
+    """Peak figures compare only where they are of one kind (`memory_kind`): said per device, and where the
+    kinds differ, which framework measured which."""
+    by_device: dict[str, dict[str, set]] = {}
+    for c in cells.values():
+        by_device.setdefault(c.device, {}).setdefault(c.memory_kind or "not measured", set()).add(c.framework)
+    notes = []
+    for device, kinds in sorted(by_device.items()):
+        where = f" on {device}" if len(by_device) > 1 else ""
+        if len(kinds) == 1:
+            (kind,) = kinds
+            notes.append(f"Every peak figure{where} is of one kind, comparable across frameworks and precisions: "
+                         f"{kind}.")
+        else:
+            notes.append(f"Peak figures{where} are of {len(kinds)} kinds, and only figures of one kind compare: "
+                         + "; ".join(f"{', '.join(sorted(fs))}: {kind}" for kind, fs in sorted(kinds.items())) + ".")
+    return " ".join(notes)
 
 
 # ---- environment --------------------------------------------------------------------------------------

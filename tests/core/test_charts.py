@@ -274,3 +274,32 @@ def test_extreme_and_odd_values_never_crash_a_chart():
         parse(charts.loss_scale_study([{"x": v, "label": "a", "accuracy": w, "skipped": v, "fp32_accuracy": w},
                                        {"x": 1, "label": "b", "accuracy": v, "skipped": w, "fp32_accuracy": v}],
                                       (v, w), "t"))
+
+
+# ---- one style per precision ------------------------------------------------------------------------------
+def test_every_precision_of_the_registry_has_its_own_colour_and_marker_in_its_order():
+    from harness.precision import PRECISIONS
+
+    styles = [charts.style(p) for p in PRECISIONS]
+    assert len({c for c, _ in styles}) == len({m for _, m in styles}) == len(PRECISIONS), \
+        "a precision added to harness.precision needs a colour and a marker of its own in charts.COLOURS/SHAPES"
+    assert charts.UNKNOWN_STYLE not in styles
+    assert charts.style("fixed16_sr:12") == charts.style("fixed16_sr") == charts.style("fixed16_sr (loss scale x)")
+    assert sorted(reversed(PRECISIONS), key=charts._order) == list(PRECISIONS)
+    drawn = {svg.marker_path(m, 10, 10, 8, "#000") for _, m in styles}
+    assert len(drawn) == len(PRECISIONS)  # every marker is drawn as a shape of its own
+
+
+def test_the_pure_16_bit_arms_are_drawn_each_in_its_own_colour():
+    arms = ("fp32", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr:12")
+    chart = charts.loss_curves({"torch": {p: [2.0 - 0.1 * i * s for s in range(5)] for i, p in enumerate(arms)}},
+                               "pure 16-bit")
+    root = parse(chart)
+    strokes = {p.get("stroke") for p in root.iter(f"{NS}path") if p.get("transform")}
+    assert {charts.colour(p) for p in arms} <= strokes and len({charts.colour(p) for p in arms}) == len(arms)
+    legend = [t for t in texts(root) if t in arms]
+    assert legend == ["fp32", "fp16", "bf16", "bf16_sr", "fp16_sr", "bf16_kahan", "fixed16_sr:12", "fixed16_rn"]
+    markers = parse(charts.step_times([{"framework": "torch", "precision": p, "median_ms": 1.0 + i, "p10_ms": 1.0,
+                                        "p90_ms": 9.0} for i, p in enumerate(arms)], "t"))
+    fills = {p.get("fill") for p in markers.iter(f"{NS}path")} | {p.get("stroke") for p in markers.iter(f"{NS}path")}
+    assert {charts.colour(p) for p in arms} <= fills

@@ -110,3 +110,20 @@ def test_edited_profiles_are_left_out_not_a_traceback():
               {**PROFILES[2], "profile": None}, {**PROFILES[3], "status": "failed"}]
     assert profile_section(broken) == {"entries": [], "citations": {}, "html": "", "markdown": ""}
     assert len(profile_section(broken + PROFILES[2:])["entries"][0]["bars"]) == 2
+
+
+def test_a_16_bit_profile_is_compared_with_the_fp32_profile_of_its_own_setting_only():
+    """amp_fp16 at batch 16 against fp32 at batch 256 would measure the batch, not the precision."""
+    other_batch = [profile_record("fake", "fp32", (2, 3), "float32", batch=256),
+                   profile_record("fake", "amp_fp16", (2, 72), "float16", batch=16)]
+    (entry,) = profile_section(other_batch)["entries"]
+    assert entry["growth"] == [] and profile_section(other_batch)["citations"] == {}
+    assert [b["label"] for b in entry["bars"]] == ["fake [batch 16] amp_fp16", "fake [batch 256] fp32"]
+    # two nodes: each 16-bit profile against its own node's fp32, labelled by node
+    on = [{**r, "env": {"hostname": node}} for node, fp32_ms in (("a", 3), ("b", 72)) for r in
+          (profile_record("fake", "fp32", (2, fp32_ms), "float32"),
+           profile_record("fake", "amp_fp16", (2, 72), "float16"))]
+    growth = {g["framework"]: g for g in profile_section(on)["entries"][0]["growth"]}
+    assert set(growth) == {"fake [node a]", "fake [node b]"}
+    assert growth["fake [node a]"]["rows"][0]["factor"] == pytest.approx(24.0)
+    assert growth["fake [node b]"]["rows"] == []  # the same time as its own fp32

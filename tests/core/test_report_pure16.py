@@ -4,48 +4,81 @@ from __future__ import annotations
 from harness.report.pure16 import pure16_section, pure16_view, swamped_shares
 
 
-def _record(precision, accuracy, repeat=0, framework="torch", model="swamped_mlp", status="ok", weights=0.02):
+def _record(precision, accuracy, repeat=0, framework="torch", model="swamped_mlp", status="ok", weights=0.02,
+            node="a", seeded=True, batch=32):
     return {"model": model, "framework": framework, "precision": precision, "repeat": repeat, "status": status,
             "reason": None if status == "ok" else "loss became nan at step 3", "num_classes": 10,
             "eval_accuracy": accuracy if status == "ok" else None, "final_train_loss": 1.0 - accuracy,
-            "loss": [2.0, 1.5, 1.0 - accuracy], "peak_memory_mb": 10.0,
+            "loss": [2.0, 1.5, 1.0 - accuracy], "peak_memory_mb": 10.0, "device": "cpu", "batch_size": batch,
+            "env": {"hostname": node, "threads": 2}, **({"seed": 7 + repeat} if seeded else {}),
             "state_memory_mb": {"weights": weights / 2 if precision.startswith(("bf16", "fp16")) else weights,
                                 **({"compensation": weights / 2} if precision == "bf16_kahan" else {})}}
 
 
-def _records():
+FP32 = (0.931, 0.933, 0.935)  # by seed: fp32's seed-to-seed spread is 0.4 pt
+
+
+def _records(**kw):
     out = []
     for repeat in range(3):
-        out += [_record("fp32", 0.933, repeat), _record("bf16", 0.712, repeat),
-                _record("bf16_sr", 0.93 + 0.001 * repeat, repeat), _record("bf16_kahan", 0.90, repeat),
-                _record("fixed16_rn", 0.2, repeat), _record("fixed16_sr", 0.93, repeat),
-                _record("amp_fp16", 0.93, repeat)]
+        out += [_record("fp32", FP32[repeat], repeat, **kw), _record("bf16", 0.712 + 0.001 * repeat, repeat, **kw),
+                _record("bf16_sr", FP32[repeat] - 0.002 + 0.001 * repeat, repeat, **kw),
+                _record("bf16_kahan", 0.90, repeat, **kw),
+                _record("fixed16_rn", 0.12, repeat, **kw), _record("fixed16_sr", FP32[repeat] + 0.02, repeat, **kw),
+                _record("amp_fp16", 0.93, repeat, **kw)]
     out.append(_record("fp32", 0.9, model="mnist_mlp"))  # no pure arm: no entry
     return out
 
 
-def test_sentence_compares_each_arm_with_fp32_and_names_the_memory():
+def test_sentence_judges_each_arm_against_fp32s_seed_spread_and_names_the_memory():
     (entry,) = pure16_view(_records())
     assert entry["model"] == "swamped_mlp" and entry["framework"] == "torch"
     assert [a["precision"] for a in entry["arms"]] == ["fp32", "bf16", "bf16_sr", "bf16_kahan", "fixed16_rn",
                                                        "fixed16_sr"]
     sentence = entry["sentence"]
-    assert "bf16 with nearest rounding stalls (71.2% vs 93.3% fp32)" in sentence
-    assert "stochastic rounding (bf16_sr) recovers 93.1% with half the weight memory" in sentence  # the mean
+    assert "bf16 with nearest rounding falls behind (71.3% vs fp32 over 3 seeds: 93.1-93.5%)" in sentence
+    # paired by seed: -0.2 pt at the first seed, then -0.1, 0: within fp32's 0.4 pt spread
+    assert "stochastic rounding (bf16_sr) recovers 93.2% with half the weight memory" in sentence
     assert "Kahan-compensated updates (bf16_kahan) reach only 90.0% with fp32's weight memory" in sentence
-    assert "16-bit fixed point with nearest rounding stalls (20.0% vs 93.3% fp32)" in sentence
-    assert "stochastic rounding (fixed16_sr) recovers 93.0%" in sentence
+    assert "16-bit fixed point with nearest rounding stalls (12.0% vs fp32 over 3 seeds" in sentence  # chance: 10%
+    assert "stochastic rounding (fixed16_sr) recovers 95.3%" in sentence  # 2 pt higher than fp32 at every seed
+    arms = {a["precision"]: a for a in entry["arms"]}
+    assert arms["fixed16_sr"]["check"].verdict == "higher" and arms["bf16_sr"]["check"].verdict == "unchanged"
+
+
+def test_without_seeds_there_is_no_spread_and_no_verdict_but_a_stall_at_chance():
+    (entry,) = pure16_view(_records(seeded=False))  # older records: every repeat reused the spec's seed
+    sentence = entry["sentence"]
+    assert "bf16 with nearest rounding reaches (71.3% vs fp32 one seed: 93.3%; one seed: no spread to judge " \
+        "against)" in sentence
+    assert "stochastic rounding (bf16_sr) reaches 93.2% with half the weight memory (one seed: no spread" in sentence
+    assert "16-bit fixed point with nearest rounding stalls (12.0%" in sentence
+
+
+def test_settings_are_never_pooled():
+    two_nodes = _records(node="a") + [{**r, "run_id": "b"} for r in _records(node="b")]
+    entries = pure16_view(two_nodes)
+    assert [e["framework"] for e in entries] == ["torch [node a]", "torch [node b]"]
+    other_batch = pure16_view(_records() + [_record("bf16", 0.5, batch=64), _record("fp32", 0.9, batch=64)])
+    assert [e["framework"] for e in other_batch] == ["torch [batch 32]", "torch [batch 64]"]
+    assert [a["precision"] for a in other_batch[1]["arms"]] == ["fp32", "bf16"]
 
 
 def test_swamped_share_from_diagnoses_and_failed_arms():
     diagnoses = [{"model": "swamped_mlp", "status": "ok", "diagnosis": {"updates": {
         "1": {"updates": 300, "bfloat16": 240, "float16": 30}, "3": {"updates": 100, "bfloat16": 60, "float16": 10}}}}]
     assert swamped_shares(diagnoses) == {"swamped_mlp": {"bfloat16": 0.75, "float16": 0.1}}
-    records = _records() + [_record("bf16_sr", 0.0, 3, status="diverged")]
+    # a crash's record knows no device, and its node only from the executor: it joins the setting it agrees with
+    crashed = {**_record("bf16_sr", 0.0, 4, status="failed"), "device": None,
+               "env": {"node": "b 10.0.0.2 (ray node 5f3e)"}}
+    records = _records(node="a") + _records(node="b") + [_record("bf16_sr", 0.0, 3, status="diverged", node="b"),
+                                                           crashed]
     section = pure16_section(records, diagnoses, charts=False)
-    (sentence,) = section["sentences"]
-    assert "75.0% of fp32's updates are swamped in bfloat16" in sentence
-    assert "3/4" in section["markdown"] and "diverged: loss became nan" in section["html"]
+    on_a, on_b = section["sentences"]
+    assert "75.0% of fp32's updates are swamped in bfloat16" in on_a and on_b.startswith("swamped_mlp (torch [node b])")
+    runs = {e["framework"]: {a["precision"]: (a["ok"], a["runs"]) for a in e["arms"]} for e in section["entries"]}
+    assert runs["torch [node a]"]["bf16_sr"] == (3, 3) and runs["torch [node b]"]["bf16_sr"] == (3, 5)
+    assert "3/5" in section["markdown"] and "diverged: loss became nan" in section["html"]
     assert section["html"].startswith('<section id="pure16">')
 
 
