@@ -166,6 +166,7 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
     from harness.precision import parse_loss_scale, parse_precision
     from harness.run.executors import executor_from_args
     from harness.run.runner import matrix, pending, run_matrix, summary_line
+    from harness.run.worker import run_seed
 
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
@@ -206,6 +207,7 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         spec = load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"),
                                                overrides.get("input_size"))
         data.check(spec, model)
+        run_seed(spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
         if not args.force:
             memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
                               args.device, model)
@@ -436,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--scales", type=_csv, required=True,
                        help="loss scales to sweep, e.g. none,1,2^4,2^8,2^12,2^16,2^20,2^24,2^28,2^32,dynamic")
     study.add_argument("--warmup", type=_count, default=5)
-    study.add_argument("--repeats", type=_positive, default=1)
+    study.add_argument("--repeats", type=_positive, default=MIN_REPEATS)
     study.set_defaults(func=cmd_study, out="results")
     for p in (run, diagnose, profile):
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "

@@ -20,7 +20,8 @@ RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
 PROFILES_FILE = "profiles.jsonl"  # records of `amp-harness profile`
-SCHEMA_VERSION = 3  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes
+SCHEMA_VERSION = 4  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes;
+# 4: seed (a timed run's repeat r trains from the spec's seed + r)
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 NO_RESULT = ("failed", "timeout")  # a run that gave no result: --resume runs it again
 
@@ -28,7 +29,7 @@ NO_RESULT = ("failed", "timeout")  # a run that gave no result: --resume runs it
 FIELDS = (
     "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "num_classes", "precision",
     "variant", "device",
-    "status", "reason", "batch_size", "steps", "warmup_steps", "repeat", "step_time_ms", "step_times_ms",
+    "status", "reason", "batch_size", "steps", "warmup_steps", "repeat", "seed", "step_time_ms", "step_times_ms",
     "samples_per_s", "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "state_memory_mb", "loss",
     "final_train_loss", "eval_loss", "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops",
     "device_peak_gflops", "efficiency", "param_count", "options", "env", "started_at", "wall_s", "study",
@@ -158,6 +159,7 @@ SHAPES = {
     "variant": lambda v: isinstance(v, str), "device": lambda v: isinstance(v, str),
     "reason": lambda v: isinstance(v, str), "study": lambda v: isinstance(v, str),
     "schema": lambda v: isinstance(v, int), "repeat": lambda v: isinstance(v, int),
+    "seed": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
     "batch_size": lambda v: isinstance(v, int) and v > 0, "steps": lambda v: isinstance(v, int),
     "num_classes": lambda v: isinstance(v, int),
     "step_times_ms": lambda v: isinstance(v, list) and all(_number(t) and t > 0 for t in v),

@@ -15,15 +15,37 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from harness.errors import HarnessError
+
 HERE = Path(__file__).resolve().parent
 
 
+class _CtrlC:
+    """Tells a Ctrl-C from a collection error: pytest exits INTERRUPTED for both."""
+
+    pressed = False
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self.pressed = True
+
+
 def run(framework: str, pytest_args: list[str]) -> int:
-    """Run the kit against one adapter; pytest's exit status."""
+    """Run the kit against one adapter; amp-harness's exit code (README, "Exit codes"): 0 every check passed, 1 a
+    check failed or the kit could not run (a collection error, pytest's internal error), 130 Ctrl-C. Arguments
+    that select no check, or that pytest cannot parse, are bad input: a HarnessError (exit 2)."""
     import pytest
 
-    return pytest.main(["-p", "harness.conformance.plugin", "--amp-framework", framework, "--rootdir", str(HERE),
-                        "-p", "no:cacheprovider", *pytest_args, str(HERE)])
+    ctrl_c = _CtrlC()
+    status = pytest.main(["-p", "harness.conformance.plugin", "--amp-framework", framework, "--rootdir", str(HERE),
+                          "-p", "no:cacheprovider", *pytest_args, str(HERE)], plugins=[ctrl_c])
+    if status == pytest.ExitCode.NO_TESTS_COLLECTED:
+        raise HarnessError(f"no conformance check matches the pytest arguments {' '.join(pytest_args)!r}; the "
+                           f"checks are the test names of {HERE}")
+    if status == pytest.ExitCode.USAGE_ERROR:
+        raise HarnessError(f"pytest refused the arguments {' '.join(pytest_args)!r} (its error is above)")
+    if status == pytest.ExitCode.INTERRUPTED and ctrl_c.pressed:
+        return 130
+    return 0 if status == pytest.ExitCode.OK else 1
 
 
 if __name__ == "__main__":

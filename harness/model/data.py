@@ -1,7 +1,8 @@
 """Datasets and batch order, produced once in the core so that every framework sees the same batches.
 
 Samples come out as float32 in the spec's input shape (NHWC images, or vectors), labels as int64 class ids.
-The split and the per-epoch shuffles depend on the spec's seed only.
+The samples and the split depend on the spec's seed only; the per-epoch shuffles on the run's seed (the spec's
+unless a repeat shifts it: harness.run.worker.run_seed).
 """
 from __future__ import annotations
 
@@ -230,8 +231,9 @@ def _check_images(root: Path, files: list[Path]) -> None:
 class Data:
     """Train/eval split and batch order for one spec."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, order_seed: int | None = None):
         self.spec = spec
+        self.order_seed = spec.seed if order_seed is None else order_seed  # the shuffles'; samples keep spec.seed
         self.source = SOURCES[spec.dataset.name](spec)
         n = len(self.source.labels)
         order = np.random.default_rng([spec.seed, 3]).permutation(n)
@@ -253,7 +255,7 @@ class Data:
 
     def train_indices(self, step: int) -> np.ndarray:
         epoch, k = divmod(step, self.batches_per_epoch)
-        perm = np.random.default_rng([self.spec.seed, 4, epoch]).permutation(self.train_idx)
+        perm = np.random.default_rng([self.order_seed, 4, epoch]).permutation(self.train_idx)
         return perm[k * self.spec.batch_size:(k + 1) * self.spec.batch_size]
 
     def train_batch(self, step: int, out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -41,7 +41,7 @@ class MatrixModel(_Strict):
 class Matrix(_Strict):
     models: list[MatrixModel] = Field(min_length=1)
     precisions: list[str] = Field(min_length=1)
-    repeats: PositiveInt = 1
+    repeats: PositiveInt = 3  # as `run --repeats`: the fewest that give a 95% interval (report.stats.MIN_REPEATS)
     warmup: NonNegativeInt = 5
     steps: Optional[PositiveInt] = None  # for models that give none
 

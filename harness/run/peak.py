@@ -2,8 +2,9 @@
 
 Measured through the run's own framework (Adapter.matmul) on square matrices grown until one product takes
 at least MIN_PRODUCT_S, as the median of REPEATS products, and cached per machine (harness.run.cache, "peaks"),
-keyed by framework and version, device, CPU and threads: the CPU model changes between machines, and a figure
-from another one means nothing here.
+keyed by framework and version, device, CPU, threads and TF32: the CPU model changes between machines, and a
+figure from another one means nothing here; a float32 matmul with TF32 on is a different figure (measured after
+the run's build, so in the math mode the run set), and a strict-fp32 run must not be read against it.
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ MAX_N = 8192
 REPEATS = 5
 
 
-def device_peaks(adapter, device, threads: int) -> dict[str, float | None]:
-    """GFLOP/s of an n x n matmul per dtype (None where the framework has no kernel for it here)."""
+def device_peaks(adapter, device, threads: int, tf32: bool) -> dict[str, float | None]:
+    """GFLOP/s of an n x n matmul per dtype (None where the framework has no kernel for it here), in the math
+    mode the process is in: `tf32` says which (the run's precision.tf32)."""
     key = json.dumps([adapter.name, adapter.framework_version(), device.name, device.description, cpu_info()[0],
-                      threads])
+                      threads, "tf32" if tf32 else "strict fp32"])
     return cached("peaks", key, lambda: {dtype: matmul_gflops(adapter, device, dtype) for dtype in DTYPES})
 
 

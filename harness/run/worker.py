@@ -35,6 +35,7 @@ from harness.run.metrics import loss_and_correct
 from harness.run.profile import profile
 
 PROGRESS_INTERVAL_S = 0.25
+SEED_LIMIT = 2**32  # numpy's generators take seeds below it (as ModelSpec.seed)
 
 
 @dataclass
@@ -64,6 +65,17 @@ class RunRequest:
                                                     tuple(self.input_size) if self.input_size else None)
 
 
+def run_seed(spec, repeat: int) -> int:
+    """The seed of a timed run's repeat: the spec's seed plus the repeat, for its initial weights, batch order
+    and dropout masks, so repeats are independent draws and repeat r is the same draw in every precision and
+    framework (a pair). The dataset and its split keep the spec's seed; so does the spec hash."""
+    seed = spec.seed + repeat
+    if seed >= SEED_LIMIT:
+        raise HarnessError(f"{spec.name}: seed {spec.seed} + repeat {repeat} = {seed}, past {SEED_LIMIT - 1}, the "
+                           f"largest seed numpy's generators take; lower the spec's seed or the repeats")
+    return seed
+
+
 def run(req: RunRequest, progress=None) -> dict:
     started = time.time()
     record = empty_record(run_id=req.run_id, framework=req.framework, precision=req.precision, repeat=req.repeat,
@@ -74,7 +86,9 @@ def run(req: RunRequest, progress=None) -> dict:
         graph = infer(spec)
         precision = parse_precision(req.precision)
         loss_scale = parse_loss_scale(req.loss_scale, precision, req.growth_interval)
-        record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes,
+        # untimed runs (fingerprints, diagnoses, profiles) keep the spec's seed: parity and goldens compare it
+        seed = run_seed(spec, req.repeat if req.mode == "run" else 0)
+        record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes, seed=seed,
                       batch_size=spec.batch_size, steps=spec.steps,
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
@@ -93,8 +107,8 @@ def run(req: RunRequest, progress=None) -> dict:
         if reason:
             record.update(status="unsupported", reason=reason)
             return record
-        data, masks = Data(spec), DropoutMasks(graph, spec.seed)
-        weights = initial_weights(graph, spec.seed)
+        data, masks = Data(spec, order_seed=seed), DropoutMasks(graph, seed)
+        weights = initial_weights(graph, seed)
         buffers = data.train_batch(0), masks.for_step(0, spec.batch_size)  # refilled in place by every step
         baseline_kb = measure.reset_peak_rss()  # before the build: the figure holds weights and optimizer state
         trainer = adapter.build(spec, graph, weights, precision, loss_scale, device, variant)
@@ -129,7 +143,7 @@ RSS_KIND = ("process peak RSS (VmHWM) above its level before the model was built
 
 def _efficiency(adapter, device, precision, threads, record) -> None:
     """The run's achieved FLOP/s as a share of this device's matmul peak in the run's compute dtype."""
-    peaks = peak.device_peaks(adapter, device, threads)
+    peaks = peak.device_peaks(adapter, device, threads, precision.tf32)
     record["device_peak_gflops"] = peaks
     compute = precision.compute_dtype
     if peaks.get(compute) and record.get("achieved_gflops"):

@@ -161,3 +161,12 @@ def test_diagnose_says_not_available_for_an_adapter_that_cannot_capture(tmp_path
     assert "fake pitfall_rmsprop_epsilon: ok: fake cannot capture tensors (not available)" in out.stdout
     (record,) = results.read_records([tmp_path], results.DIAGNOSES_FILE)
     assert record["precision"] == "fp32" and record["diagnosis"]["available"] is False and len(record["loss"]) == 4
+
+
+def test_repeats_default_to_three_in_matrix_files_and_studies():
+    from harness.cli import build_parser
+    from harness.run.matrix import Matrix
+
+    assert Matrix(models=[{"model": "mnist_mlp"}], precisions=["fp32"]).repeats == 3
+    study = build_parser().parse_args(["study", "loss-scale", "--framework", "fake", "--scales", "none"])
+    assert study.repeats == 3

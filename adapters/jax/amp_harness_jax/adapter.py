@@ -16,6 +16,8 @@ JAX-specific choices:
 - XLA's CPU reductions of 16-bit arrays accumulate in 16 bits: bias gradients are summed in float32
   (network.add_bias), as PyTorch and cuDNN do, or float16 runs would overflow where the others do not.
 - XLA sizes its CPU thread pool from the process's CPU affinity when jax first starts: set_threads narrows it.
+  There is no inter-op setting: XLA:CPU's runtime may run a step's independent ops at once, on that one pool
+  (options.inter_op_threads says so).
 - Profiles (Trainer.profile, profile.py) read jax.profiler's XLA:CPU events per HLO instruction; the layer and
   part scopes are jax.named_scope, which only names the HLO ops' metadata (the compiled step is otherwise the
   same), so they are always on.
@@ -32,6 +34,10 @@ import numpy as np
 from harness.adapter import Adapter, Device, LossScaleState, Trainer
 from harness.errors import HarnessError
 from harness.precision import LossScaler
+
+
+NO_INTER_OP = ("none to set: XLA:CPU may run a step's independent ops at once, on its one thread pool (the "
+               "process's CPUs, narrowed by set_threads)")
 
 
 class JaxAdapter(Adapter):
@@ -210,7 +216,8 @@ class JaxTrainer(Trainer):
                         "matmul_precision": matmul_precision,
                         "loss_scaler": "harness (manual, in the jitted step)" if scaling else None,
                         "weight_update": rounding.describe() if rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None)}
+                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        "inter_op_threads": NO_INTER_OP}
 
     def set_rounding_noise(self, bits):
         self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import numpy as np
 
@@ -85,8 +86,12 @@ class MXNetAdapter(Adapter):
         return None
 
     def set_threads(self, threads: int) -> None:
-        # MXNet reads OMP_NUM_THREADS when it is imported; the runner sets it for each worker process
+        # MXNet reads both when it is imported: OMP_NUM_THREADS, the threads inside an operator (the runner sets
+        # it for each worker process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators
+        # that run at once (1 across ops)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if "mxnet" not in sys.modules:
+            os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return MXNetTrainer(spec, graph, weights, precision, loss_scale, device, variant)
@@ -109,6 +114,12 @@ class MXNetAdapter(Adapter):
             product().wait_to_read()
 
         return run
+
+
+def cpu_workers() -> int:
+    """The engine's CPU workers: what MXNET_CPU_WORKER_NTHREADS said when MXNet was imported (set_threads sets it
+    before; MXNet 1.9 has no call that reads it back), 1 when unset (MXNet's default)."""
+    return int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1"))
 
 
 class MXNetTrainer(Trainer):
@@ -166,7 +177,8 @@ class MXNetTrainer(Trainer):
         self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
                         "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                         if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
-                        "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32}
+                        "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32,
+                        "inter_op_threads": cpu_workers()}
 
     def _array(self, a: np.ndarray, dtype: str | None = None):
         if a.ndim == 4:  # NHWC -> NCHW copy, outside the timed step

@@ -67,7 +67,7 @@ class TensorFlowAdapter(Adapter):
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)  # as in every adapter: N inside an op, 1 across
+        tf.config.threading.set_inter_op_parallelism_threads(1)  # N threads inside an op, 1 across ops
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
@@ -194,7 +194,8 @@ class TensorFlowTrainer(Trainer):
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function",
                         "weight_update": self.rounding.describe() if self.rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None)}
+                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
     def set_rounding_noise(self, bits):
         for name, value in bits.items():  # Keras' layouts are the canonical ones

@@ -57,6 +57,10 @@ class TorchAdapter(Adapter):
         import torch
 
         torch.set_num_threads(threads)
+        try:  # N threads inside an op, 1 across ops
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # set once per process (an earlier run here did), or parallel work had started
+            pass  # the trainer records the size the pool has (options.inter_op_threads)
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TorchTrainer(spec, graph, weights, precision, loss_scale, device, variant)
@@ -155,7 +159,8 @@ class TorchTrainer(Trainer):
                         "loss_scaler": "GradScaler" if self.grad_scaler else
                         (None if loss_scale.mode == "none" else "harness (manual)"),
                         "weight_update": self.rounding.describe() if self.rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None)}
+                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        "inter_op_threads": torch.get_num_interop_threads()}
 
     # -- data -----------------------------------------------------------------------------------------
     def _input(self, x: np.ndarray):
