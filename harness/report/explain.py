@@ -167,7 +167,7 @@ def _peak_evidence(peaks: dict, name: str, frameworks) -> tuple[float | None, st
     if not pairs:
         return None, "", ""
     ratios = [a / b for _, a, b in pairs]
-    low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+    low, high = f"{min(ratios):.2g}", f"{max(ratios):.2g}"
     times = f"{low}x" if low == high else f"{low}-{high}x"
     if len(pairs) == 1:
         (f, a, b), = pairs
@@ -239,8 +239,8 @@ def _too_small(device: str, small: list[dict], cells: dict, peaks: dict) -> dict
         fp32_peak = (peaks.get(c.framework) or {}).get("float32")
         share = f", {c.gflops / fp32_peak:.1%} of its measured float32 matmul peak" if fp32_peak else ""
         cases.append(f"{c.model} ({c.label} {c.precision}): {c.flops_per_step / 1e6:.0f} MFLOP per step at batch "
-                     f"{c.batch_size}, {c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s{share}), x{s['ratio']:.2f} "
-                     f"against fp32 ({s['ci']})")
+                     f"{c.batch_size}, {c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s{share}), "
+                     f"x{s['ratio']:.2f} against fp32 ({s['ci']})")
     models = sorted({s["model"] for s in small})
     return {"title": f"Likely too small for precision to matter on {device}: {', '.join(models)}",
             "text": f"Under {SMALL_FLOPS / 1e9:g} GFLOP per step, and 16-bit measured within {PRECISE:.0%} of fp32: "

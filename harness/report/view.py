@@ -389,8 +389,8 @@ def _speed_phrase(r: stats.Ratio) -> str:
 
 
 def _headline(summary: list[dict]) -> list[str]:
-    return [f"{s['model']}, {s['framework']}: {s['precision']} against fp32: {s['text']} (x{s['ratio']:.2f}, {s['ci']})"
-            f"{' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
+    return [f"{s['model']}, {s['framework']}: {s['precision']} against fp32: {s['text']} (x{s['ratio']:.2f}, "
+            f"{s['ci']}){' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
             f"{s['accuracy']}." for s in summary]
 
 
