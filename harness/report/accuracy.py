@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 CHANCE_MARGIN = 0.05  # eval accuracy within 5 points of chance: the run learned nothing (too short, or stalled)
-ACCURACY_MARGIN = 0.02  # the old fixed margin: change_phrase and the first screen (answer.py) until it reads Check
 TOO_SHORT = "too short to judge"
 ONE_SEED = "one seed: no spread to judge against"
 CONFIDENCE = 0.95
@@ -149,15 +148,3 @@ def compare(records: list[dict], fp32_records: list[dict], classes: int | None) 
     else:
         verdict = "undecided"
     return Check(verdict, delta, low, high, len(paired), base, accuracy_)
-
-
-def change_phrase(delta: float | None, judged: bool) -> str:
-    """An accuracy change against fp32 by the old fixed margin, for callers that have only the mean change;
-    a Check's `phrase` judges it against fp32's seed-to-seed spread instead and is the one to show."""
-    if not judged:
-        return f"accuracy {TOO_SHORT} (fp32 at chance level)"
-    if delta is None:
-        return "no accuracy to compare"
-    if abs(delta) <= ACCURACY_MARGIN:
-        return f"accuracy unchanged ({100 * delta:+.1f} pt, within {100 * ACCURACY_MARGIN:g} pt)"
-    return f"accuracy {100 * delta:+.1f} pt vs fp32"

@@ -4,51 +4,93 @@ against that framework's fp32, and one recommendation line per model.
 Every figure comes from the comparisons `view` computed (`stats.ratio` of repeat medians, accuracy changes
 judged by `accuracy`); this module only chooses among them and words the choice. Devices are never pooled: a
 GPU's speed-up says nothing about a CPU's.
+
+What a cell may say is its comparison's `stats.Ratio.decision`, and nothing else: a precision is named the best
+(bold, coloured) only where it is decided faster, with its interval adjusted for the k precisions it was chosen
+from (Bonferroni); where none is, the cell says "keep fp32" and gives the closest one as detail; fewer than
+MIN_REPEATS repeats give no verdict, and an interval too wide to decide says so and what to do about it.
 """
 from __future__ import annotations
 
-from harness.report import accuracy
-from harness.report.explain import ms
+from harness.report import accuracy, stats
+from harness.report.explain import fp32_cell, ms
 
-VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower", "none": "no comparison"}
+VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
+            "undecided": "too noisy here to decide", "too few": "not enough repeats for a verdict",
+            "none": "no comparison"}
+RERUN_FEW = f"rerun with --repeats {stats.MIN_REPEATS} or more, or --repeats auto"
+RERUN_NOISY = "rerun with more repeats (--repeats auto with a larger --budget) or on a quieter machine"
 
 
 def verdict(s: dict) -> str:
-    """faster / same / slower: where the interval (or, with few repeats, the range) lies against 1."""
-    return "faster" if s["lo"] > 1 else ("slower" if s["hi"] < 1 else "same")
+    """The comparison's Ratio.decision: too few, faster, slower, same (within +/-5%) or undecided."""
+    return s["decision"]
 
 
 def acceptable(s: dict) -> bool:
-    """Accuracy does not rule this precision out: unjudged (too short), or not worse than fp32 by the margin."""
-    return not (s["judged"] and s["delta_raw"] is not None and s["delta_raw"] < -accuracy.ACCURACY_MARGIN)
+    """Accuracy does not rule this precision out: only a measured loss against fp32's seed-to-seed spread
+    (lower, or stalled at chance level) does (accuracy.Check)."""
+    return s["accuracy_check"].acceptable
 
 
-def _rank(s: dict) -> tuple:
-    return acceptable(s), verdict(s) == "faster", s["ratio"]
+def chosen_among(candidates: list[dict], cells: dict) -> list[dict]:
+    """One matrix cell's comparisons with their intervals computed for being chosen among len(candidates)
+    (Bonferroni, stats.ratio's `comparisons`): the best of k must not look surer than one comparison would."""
+    if len(candidates) < 2:
+        return candidates
+    out = []
+    for s in candidates:
+        r = stats.ratio(fp32_cell(cells, s["key"]).repeat_ms, cells[s["key"]].repeat_ms,
+                        comparisons=len(candidates))
+        out.append({**s, "lo": r.low, "hi": r.high, "ci": r.label, "decision": r.decision})
+    return out
+
+
+def choose(candidates: list[dict]) -> tuple[str, dict]:
+    """(what the cell says, the comparison it shows): "faster" (the fastest precision decided faster and not
+    ruled out by accuracy), "too few" or "undecided" (no verdict yet), else "keep" (fp32, with the closest)."""
+    faster = [s for s in candidates if verdict(s) == "faster" and acceptable(s)]
+    if faster:
+        return "faster", max(faster, key=lambda s: s["ratio"])
+    for pending in ("too few", "undecided"):
+        open_ = [s for s in candidates if verdict(s) == pending]
+        if open_:
+            return pending, max(open_, key=lambda s: s["ratio"])
+    return "keep", max(candidates, key=lambda s: s["ratio"])
 
 
 def _speed(s: dict) -> str:
-    if verdict(s) == "same":  # no direction claimed where the interval includes 1
+    if verdict(s) not in ("faster", "slower"):  # no direction claimed without a decision
         return f"x{s['ratio']:.2f} vs fp32"
     if s["ratio"] >= 1:
         return f"{s['ratio']:.2f}x faster"
     return f"{1 / s['ratio']:.2f}x slower"
 
 
-def _entry(s: dict, cell) -> dict:
+def spread(s: dict, cells: dict) -> str:
+    """The cells' coefficients of variation over repeats, the spread an undecided interval comes from."""
+    cv = [(p, c.cv) for p, c in (("fp32", fp32_cell(cells, s["key"])), (s["precision"], cells[s["key"]]))]
+    return "repeats spread " + " and ".join(f"{100 * v:.0f}% ({p})" for p, v in cv if v is not None)
+
+
+def _entry(kind: str, s: dict, cell, cells: dict) -> dict:
     v = verdict(s)
+    if kind == "keep":
+        text = f"{VERDICTS[v]} but less accurate" if v == "faster" else VERDICTS[v]
+    else:
+        text = VERDICTS[kind]
     return {"precision": s["precision"] + cell.scale_note, "setting": cell.setting_note.strip(" []"),
-            "verdict": v, "verdict_text": VERDICTS[v],
-            "speed": _speed(s), "interval": s["ci"], "accuracy": accuracy.change_phrase(s["delta_raw"], s["judged"]),
-            "accuracy_flag": not acceptable(s), "ms": f"{ms(cell.median_ms)} ms/step", "unstable": s["unstable"]}
+            "verdict": kind, "decision": v, "verdict_text": text, "speed": _speed(s), "interval": s["ci"],
+            "advice": f"{spread(s, cells)}: {RERUN_NOISY}" if kind == "undecided" else None,
+            "accuracy": s["accuracy_check"].phrase, "accuracy_flag": not acceptable(s),
+            "ms": f"{ms(cell.median_ms)} ms/step", "unstable": s["unstable"]}
 
 
 def _plain_entry(cells: list, why: str) -> dict:
     fastest = min(cells, key=lambda c: c.median_ms)
     return {"precision": fastest.precision + fastest.scale_note, "setting": fastest.setting_note.strip(" []"),
-            "verdict": "none", "verdict_text": why,
-            "speed": None, "interval": None, "accuracy": None, "accuracy_flag": False,
-            "ms": f"{ms(fastest.median_ms)} ms/step", "unstable": False}
+            "verdict": "none", "decision": None, "verdict_text": why, "speed": None, "interval": None, "advice": None,
+            "accuracy": None, "accuracy_flag": False, "ms": f"{ms(fastest.median_ms)} ms/step", "unstable": False}
 
 
 def build(cells: dict, summary: list[dict], not_run: list[dict]) -> list[dict]:
@@ -61,14 +103,15 @@ def build(cells: dict, summary: list[dict], not_run: list[dict]) -> list[dict]:
         comparisons = [s for s in summary if s["key"] in dcells]
         rows, recommendations = [], []
         for model in models:
-            row = []
+            row, chosen = [], []
             for column in columns:
                 mine = [c for c in dcells.values() if c.model == model and c.column == column]
-                candidates = [s for s in comparisons if dcells[s["key"]].model == model
-                              and dcells[s["key"]].column == column]
+                candidates = chosen_among([s for s in comparisons if dcells[s["key"]].model == model
+                                           and dcells[s["key"]].column == column], dcells)
+                chosen += candidates
                 if candidates:
-                    best = max(candidates, key=_rank)
-                    row.append(_entry(best, dcells[best["key"]]))
+                    kind, shown = choose(candidates)
+                    row.append(_entry(kind, shown, dcells[shown["key"]], dcells))
                 elif mine:
                     fp32 = all(c.precision == "fp32" for c in mine)
                     row.append(_plain_entry(mine, "fp32 only" if fp32 else "no fp32 run to compare"))
@@ -80,31 +123,53 @@ def build(cells: dict, summary: list[dict], not_run: list[dict]) -> list[dict]:
                 if row[-1] is not None and failed:
                     row[-1]["not_run"] = ", ".join(failed)
             rows.append({"model": model, "cells": row})
-            recommendations.append(recommend(model, [s for s in comparisons if dcells[s["key"]].model == model],
-                                             [c for c in dcells.values() if c.model == model], dcells))
+            recommendations.append(recommend(model, chosen, [c for c in dcells.values() if c.model == model],
+                                             dcells))
         blocks.append({"device": device, "columns": columns, "rows": rows, "recommendations": recommendations})
     return blocks
 
 
 def recommend(model: str, comparisons: list[dict], mcells: list, cells: dict) -> str:
-    """One line: the precision and framework to use for this model on this device, and the fastest cell."""
+    """One line: the precision and framework to use for this model on this device, and the fastest cell; or why
+    there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons."""
     fastest = min(mcells, key=lambda c: c.median_ms)
-    tail = f"fastest overall: {fastest.name} {fastest.precision}{fastest.scale_note} {ms(fastest.median_ms)} ms/step"
+    of = f", best of {len(mcells)} cells" if len(mcells) > 1 else ""
+    tail = (f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} "
+            f"{ms(fastest.median_ms)} ms/step")
     if not comparisons:
         return f"{model}: no framework ran both fp32 and another precision, so no speed-up to compare; {tail}."
+
+    def name(s: dict) -> str:
+        c = cells[s["key"]]
+        return f"{c.name} {s['precision']}{c.scale_note}"
+
     good = [s for s in comparisons if verdict(s) == "faster" and acceptable(s)]
     ruled_out = [s for s in comparisons if verdict(s) == "faster" and not acceptable(s)]
-    caveat = "".join(f" ({cells[s['key']].name} {s['precision']} was {s['ratio']:.2f}x faster but "
-                     f"{accuracy.change_phrase(s['delta_raw'], True)})" for s in ruled_out[:2])
+    caveat = "".join(f" ({name(s)} was {s['ratio']:.2f}x faster but {s['accuracy_check'].phrase})"
+                     for s in ruled_out[:2])
     if good:
         s = max(good, key=lambda s: s["ratio"])
         c = cells[s["key"]]
         unstable = " [unstable timings]" if s["unstable"] else ""
-        return (f"{model}: {c.name} {s['precision']}{c.scale_note}, {s['ratio']:.2f}x faster than {c.name} fp32 "
-                f"({s['ci']}){unstable}, {accuracy.change_phrase(s['delta_raw'], s['judged'])}{caveat}; {tail}.")
-    closest = max(comparisons, key=lambda s: s["ratio"])
-    c = cells[closest["key"]]
-    where = "which includes 1" if verdict(closest) == "same" else "clearly slower"
-    return (f"{model}: no precision is clearly faster than fp32 in any framework here (closest: {c.name} "
-            f"{closest['precision']}{c.scale_note} x{closest['ratio']:.2f}, {closest['ci']}, {where}){caveat}; "
+        among = f", the largest of {len(good)} decided speed-ups" if len(good) > 1 else ""
+        return (f"{model}: {name(s)}, {s['ratio']:.2f}x faster than {c.name} fp32 ({s['ci']}){unstable}{among}, "
+                f"{s['accuracy_check'].phrase}{caveat}; {tail}.")
+    few = [s for s in comparisons if verdict(s) == "too few"]
+    if few:
+        cases = ", ".join(f"{name(s)} x{s['ratio']:.2f} ({s['ci']})" for s in few[:3])
+        # no "fastest overall" either: with this few repeats it would be the same unfounded verdict in other words
+        return (f"{model}: not enough repeats for a verdict (fewer than {stats.MIN_REPEATS} in {cases}"
+                f"{' and more' if len(few) > 3 else ''}); {RERUN_FEW}{caveat}.")
+    noisy = [s for s in comparisons if verdict(s) == "undecided"]
+    if noisy:
+        s = max(noisy, key=lambda s: s["ratio"])
+        return (f"{model}: too noisy here to decide (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, "
+                f"{spread(s, cells)}); {RERUN_NOISY}{caveat}; {tail}.")
+    rest = [s for s in comparisons if s not in ruled_out]
+    closest = ""
+    if rest:
+        s = max(rest, key=lambda s: s["ratio"])
+        where = f"within {stats.PRECISE:.0%} of 1" if verdict(s) == "same" else "clearly slower"
+        closest = f" (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, {where})"
+    return (f"{model}: no precision is clearly faster than fp32 in any framework here{closest}{caveat}; "
             f"keep fp32; {tail}.")

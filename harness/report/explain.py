@@ -1,7 +1,16 @@
-"""The report's "Why" section: explanations the records support, each citing the figures that triggered it."""
+"""The report's "Why" section: explanations the records support, each citing the figures that triggered it.
+
+A rule fires only on what a comparison decided (`stats.Ratio.decision`: never on a range of too few repeats nor
+on an interval too wide to decide), names the evidence it rests on (the timed cells, the device's measured matmul
+peaks per dtype, the CPU's flags, a profile's cast share) and says "likely" where it infers a cause from them.
+Each entry also carries its cause in one sentence (`short`), the same for every entry of that cause, so that
+`in_short` says each cause once, with the models and frameworks it concerns, for the first screen.
+"""
 from __future__ import annotations
 
 import math
+
+from harness.report.stats import PRECISE
 
 
 def ms(value) -> str:
@@ -17,50 +26,74 @@ def fmt(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
-def explain(records: list[dict], cells: dict, summary: list[dict], citations: dict | None = None) -> list[dict]:
+SMALL_FLOPS = 1e9  # below this many FLOPs per step, fixed per-step costs can outweigh any arithmetic saved
+VERY_SLOW = 0.2  # a 16-bit step 5x or more slower than fp32's: more than casts usually cost
+DTYPES = (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"), ("fp16", ("avx512_fp16", "amx_fp16"), "float16"))
+
+
+def explain(records: list[dict], cells: dict, summary: list[dict], citations: dict | None = None,
+            cast_shares: dict | None = None) -> list[dict]:
     """Explanations the data supports, each citing the figures and facts that triggered it. A rule speaks only
     of the device and the cells it cites, and names the cells that measured the opposite. `citations`: per
     (model, framework, precision, batch size, device), what its profile says made it slower than fp32
-    (harness.report.profile); a cell with one is explained by it, not by reasoning from the CPU's flags."""
-    citations = citations or {}
+    (harness.report.profile), and `cast_shares` the share of its profiled step spent in casts; a cell with one
+    is explained by it, not by reasoning from the CPU's flags."""
+    citations, cast_shares = citations or {}, cast_shares or {}
+
+    def profile_key(s: dict) -> tuple:
+        c = cells[s["key"]]
+        return c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device")
 
     def cited(s: dict) -> str | None:
-        c = cells[s["key"]]
-        return citations.get((c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device")))
+        return citations.get(profile_key(s))
 
     out = []
     by_device: dict[str, list[dict]] = {}
     for s in summary:
         by_device.setdefault(cells[s["key"]].device, []).append(s)
     for device, comparisons in sorted(by_device.items()):
-        slower = [s for s in comparisons if s["hi"] < 1 and cited(s)]
+        slower = [s for s in comparisons if s["decision"] == "slower" and cited(s)]
+        shares = [cast_shares[profile_key(s)] for s in slower if profile_key(s) in cast_shares]
+        short = (f"Profiles of the slower 16-bit cells on {device} name the layers that lost the time"
+                 + (f" and put {_share_range(shares)} of the 16-bit step in casts" if shares else ""))
         for framework in sorted({cells[s["key"]].framework for s in slower}):  # a paragraph per framework
             out.append({"title": f"Where 16-bit loses time in {framework} on {device}, by its profiles",
                         "text": "; ".join(f"{cited(s)} (timed: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
                                           f"{_cell_ms(cells, s, fp32=True)} ms per step, {s['ci']})"
-                                          for s in slower if cells[s["key"]].framework == framework) + "."})
+                                          for s in slower if cells[s["key"]].framework == framework) + ".",
+                        "short": short, "about": [framework]})
         c0 = next(cells[s["key"]] for s in comparisons)
-        if c0.records[0].get("device") != "cpu":
-            continue
-        env = next((r["env"] for c in cells.values() if c.device == device for r in c.records if r.get("env")),
-                   {}) or {}
-        out += _cpu_16bit(device, env, comparisons, cells, {s["key"] for s in slower})
-        very = [s for s in comparisons if s["hi"] < 0.2 and not cited(s)]
-        if very:
-            cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower "
-                              f"({s['ci']})" for s in very[:6])
-            out.append({"title": f"Some 16-bit kernels fall back to slow reference code on {device}",
-                        "text": f"Slow-downs of 5x or more are not conversion overhead but a missing fast kernel "
-                                f"for that dtype and layer on this device: {cases}."})
+        peaks = _peaks(cells, device)
+        if c0.records[0].get("device") == "cpu":
+            env = next((r["env"] for c in cells.values() if c.device == device for r in c.records if r.get("env")),
+                       {}) or {}
+            out += _cpu_16bit(device, env, peaks, comparisons, cells, {s["key"] for s in slower})
+            very = [s for s in comparisons if s["decision"] == "slower" and s["hi"] < VERY_SLOW and not cited(s)]
+            if very:
+                cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower "
+                                  f"({s['ci']})" for s in very[:6])
+                out.append({"title": f"Some 16-bit steps are 5x or more slower than fp32 on {device}",
+                            "text": f"Measured: {cases}. That is more than casts between float32 and 16-bit "
+                                    f"usually cost (a cast reads and writes each tensor once), so the likely cause "
+                                    f"is a layer without a fast kernel for that dtype on this device; `amp-harness "
+                                    f"profile` on these cells would show which layer.",
+                            "short": f"Slow-downs of 5x or more on {device}, likely from 16-bit layers without a "
+                                     f"fast kernel there",
+                            "about": [f"{s['model']} {s['framework']} {s['precision']}" for s in very]})
+        small = [s for s in comparisons if s["decision"] == "same"
+                 and cells[s["key"]].flops_per_step and cells[s["key"]].flops_per_step < SMALL_FLOPS]
+        if small:
+            out.append(_too_small(device, small, cells, peaks))
     skipping: dict[tuple, list[dict]] = {}
     for r in records:
         ls = r.get("loss_scale") or {}
         if r.get("status") == "diverged":
             out.append({"title": f"{r['precision']} diverged in {r['framework']} ({r['model']})",
                         "text": f"{r.get('reason')}. "
-                                + ("A common cause: pure float16 keeps weights and optimizer state in 16 bits "
+                                + ("A likely cause: pure float16 keeps weights and optimizer state in 16 bits "
                                    "with no loss scaling, so small updates and epsilons can underflow (float16's "
-                                   "smallest normal value is 6e-5)." if r["precision"] == "fp16" else "")})
+                                   "smallest normal value is 6e-5)." if r["precision"] == "fp16" else ""),
+                        "short": f"{r['precision']} diverged", "about": [f"{r['framework']} {r['model']}"]})
         elif ls.get("skipped_steps"):
             skipping.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
     for (model, framework, precision), rs in skipping.items():  # one entry per cell, not per repeat
@@ -71,16 +104,9 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
                              f"{'s' if max(skipped) > 1 or len(rs) > 1 else ''} ({model}, {runs})",
                     "text": f"Gradients were not finite at loss scale {fmt(ls.get('initial'), 0)} (first at step "
                             f"{ls.get('first_overflow_step')} in repeat {rs[0].get('repeat')}); the dynamic scaler "
-                            f"skipped those updates and ended at scale {fmt(ls.get('final'), 0)}."})
-    for s in summary:
-        c = cells[s["key"]]
-        if not c.flops_per_step or c.flops_per_step >= 1e9 or s["lo"] > 1 or s["hi"] < 1:
-            continue  # only where the measured interval includes "no difference"
-        out.append({"title": f"{c.model} is too small for precision to matter ({c.label} {c.precision})",
-                    "text": f"A step does {c.flops_per_step / 1e6:.0f} MFLOP at batch {c.batch_size}; at "
-                            f"{c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s) fixed per-step costs "
-                            f"dominate: {c.precision} against fp32 measured x{s['ratio']:.2f} ({s['ci']}), no "
-                            f"clear difference."})
+                            f"skipped those updates and ended at scale {fmt(ls.get('final'), 0)}.",
+                    "short": "The dynamic loss scaler skipped the updates whose gradients overflowed",
+                    "about": [f"{framework} {precision} {model}"]})
     gpus = {}
     for r in records:
         device = (r.get("env") or {}).get("device") or {}
@@ -89,52 +115,146 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
     for gpu in gpus.values():
         cc = str((gpu.get("details") or {}).get("compute_capability") or "")
         if cc and float(cc) < 7.0:
-            out.append({"title": f"{gpu['description']} has no tensor cores",
+            title = f"{gpu['description']} has no tensor cores"
+            out.append({"title": title, "short": f"{title} (compute capability {cc})",
                         "text": f"{gpu['description']} has compute capability {cc}: float16 tensor cores arrived "
                                 f"with 7.0 (Volta), bfloat16 and TF32 with 8.0 (Ampere)."})
         elif cc and float(cc) < 8.0:
-            out.append({"title": f"No bfloat16 or TF32 tensor cores on {gpu['description']}",
+            title = f"No bfloat16 or TF32 tensor cores on {gpu['description']}"
+            out.append({"title": title, "short": f"{title} (compute capability {cc})",
                         "text": f"{gpu['description']} has compute capability {cc}: its tensor cores take float16; "
                                 f"bfloat16 and TF32 need 8.0 (Ampere)."})
     return out
 
 
-def _cpu_16bit(device: str, env: dict, comparisons: list[dict], cells: dict, profiled: set) -> list[dict]:
-    """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells that did and have no profile
-    (`profiled` keys) to say it, and naming those that ran faster (then the CPU alone cannot be the reason)."""
-    out = []
-    flags = set(env.get("cpu_flags") or [])
-    for dtype, native, name in (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"),
-                                ("fp16", ("avx512_fp16", "amx_fp16"), "float16")):
-        mine = [s for s in comparisons if dtype in s["precision"]]
-        slower = [s for s in mine if s["hi"] < 1 and s["key"] not in profiled]  # beyond the interval (or range)
-        if not slower:
-            continue
-        faster = [s for s in mine if s["lo"] > 1]
-        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
-                          f"{_cell_ms(cells, s, fp32=True)} ms per step ({s['ci']})" for s in slower[:6])
-        have = sorted(flags & set(native))
-        where = ", ".join(sorted({s["framework"] for s in slower}))
-        if not have:
-            text = (f"This CPU ({env.get('cpu', 'unknown')}) has no native {name} arithmetic (none of "
-                    f"{', '.join(native)} among its flags): {name} math is emulated by converting to float32 and "
-                    f"back, and in these runs that cost more than it saved. Measured: {cases}.")
-        else:
-            text = (f"This CPU reports {', '.join(have)}, yet {name} training ran slower than fp32: {cases}. "
-                    f"Mixed precision adds casts between float32 weights and 16-bit activations; it only pays "
-                    f"off where the framework's 16-bit kernels for these layers are much faster than its float32 "
-                    f"ones, which these measurements show they were not.")
-        if faster:
-            text += (" On the same CPU, " + "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} was "
-                                                     f"{s['ratio']:.2f}x faster ({s['ci']})" for s in faster[:4])
-                     + ", so the slow-down belongs to those frameworks' kernels, not to the CPU alone.")
-        out.append({"title": f"{name} ran slower than fp32 in {where} on {device}", "text": text})
+def in_short(why: list[dict], most: int = 4) -> list[str]:
+    """"Why, in short": one sentence per cause, each said once with the models and frameworks it concerns."""
+    causes: dict[str, list[str]] = {}
+    for w in why:
+        about = causes.setdefault(w["short"], [])
+        about += [a for a in w.get("about", ()) if a not in about]
+    return [short + (f" ({', '.join(about[:most])}{f' and {len(about) - most} more' if len(about) > most else ''})"
+               if about else "") + "." for short, about in causes.items()]
+
+
+def _share_range(shares: list[float]) -> str:
+    low, high = min(shares), max(shares)
+    return f"{low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%}-{high:.0%}"
+
+
+def _peaks(cells: dict, device: str) -> dict[str, dict[str, float]]:
+    """Per framework, the matrix-multiply peak (GFLOP/s) per dtype its runs measured on this device
+    (harness.run.peak): through each framework's own kernels, so frameworks are not pooled."""
+    out: dict[str, dict[str, float]] = {}
+    for c in cells.values():
+        if c.device == device:
+            for r in c.records:
+                for dtype, gflops in (r.get("device_peak_gflops") or {}).items():
+                    if gflops:
+                        out.setdefault(c.framework, {}).setdefault(dtype, gflops)
     return out
 
 
-def _fp32(cells: dict, key: tuple):
+def _gflops(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def _peak_evidence(peaks: dict, name: str, frameworks) -> tuple[float | None, str, str]:
+    """(the largest 16-bit / float32 peak ratio, "0.12x", "15 vs 120 GFLOP/s in torch") for the
+    given frameworks; (None, "", "") where none measured both dtypes."""
+    pairs = [(f, p[name], p["float32"]) for f, p in sorted(peaks.items())
+             if f in frameworks and p.get(name) and p.get("float32")]
+    if not pairs:
+        return None, "", ""
+    ratios = [a / b for _, a, b in pairs]
+    low, high = f"{min(ratios):.2g}", f"{max(ratios):.2g}"
+    times = f"{low}x" if low == high else f"{low}-{high}x"
+    if len(pairs) == 1:
+        (f, a, b), = pairs
+        return max(ratios), times, f"{_gflops(a)} vs {_gflops(b)} GFLOP/s in {f}"
+    return max(ratios), times, ", ".join(f"{f} {_gflops(a)} vs {_gflops(b)}" for f, a, b in pairs) + " GFLOP/s"
+
+
+def _cpu_16bit(device: str, env: dict, peaks: dict, comparisons: list[dict], cells: dict,
+               profiled: set) -> list[dict]:
+    """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells decided slower with no profile
+    (`profiled` keys) to say it, from the CPU's flags and the measured matmul peaks, and naming those decided
+    faster (then the CPU alone cannot be the reason)."""
+    out = []
+    flags = set(env.get("cpu_flags") or [])
+    for dtype, native, name in DTYPES:
+        mine = [s for s in comparisons if dtype in s["precision"]]
+        slower = [s for s in mine if s["decision"] == "slower" and s["key"] not in profiled]
+        if not slower:
+            continue
+        faster = [s for s in mine if s["decision"] == "faster"]
+        cases = "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
+                          f"{_cell_ms(cells, s, fp32=True)} ms per step ({s['ci']})" for s in slower[:6])
+        have = sorted(flags & set(native))
+        frameworks = sorted({s["framework"] for s in slower})
+        peak, times, figures = _peak_evidence(peaks, name, frameworks)
+        flag_words = f"it reports {', '.join(have)}" if have else f"no {'/'.join(native)} among its flags"
+        all_slower = [s for s in mine if s["decision"] == "slower"]
+        scope = (f"{name} is slower than fp32 for every model here" if len(all_slower) == len(mine) else
+                 f"{name} is slower than fp32 in {len(all_slower)} of its {len(mine)} comparisons here "
+                 f"({', '.join(sorted({s['framework'] for s in all_slower}))})")
+        if peak is None:
+            short = (f"This CPU {'reports ' + ', '.join(have) if have else 'has ' + flag_words} (no {name} matmul "
+                     f"peak measured in these records): {scope}")
+        elif peak < 1:
+            short = (f"{name} matmuls run at {times} float32's speed on this CPU (measured peak {figures}; "
+                     f"{flag_words}): {scope}")
+        else:
+            short = (f"{name} matmuls run at {times} float32's speed on this CPU (measured peak {figures}; "
+                     f"{flag_words}), yet {scope}: the cost likely lies outside the matmuls (casts, layers without "
+                     f"a fast {name} kernel)")
+        measured = f"; its measured {name} matmul peak is {times} float32's ({figures})" if figures else ""
+        if not have:
+            text = (f"This CPU ({env.get('cpu', 'unknown')}) has none of {', '.join(native)} among its flags"
+                    f"{measured}: {name} math is likely emulated by converting to float32 and back, and in these "
+                    f"runs that cost more than it saved. Measured: {cases}.")
+        else:
+            text = (f"This CPU reports {', '.join(have)}{measured}, yet {name} training ran slower than fp32: "
+                    f"{cases}. Mixed precision adds casts between float32 weights and 16-bit activations; it only "
+                    f"pays off where the framework's 16-bit kernels for these layers are much faster than its "
+                    f"float32 ones, which these measurements show they were not (likely the casts, or layers "
+                    f"without a fast {name} kernel: a profile would say which).")
+        if faster:
+            text += (" On the same CPU, " + "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} was "
+                                                     f"{s['ratio']:.2f}x faster ({s['ci']})" for s in faster[:4])
+                     + ", so the CPU alone is not the reason: the slow-down likely lies in the slower frameworks' "
+                       "kernels.")
+            short += f"; faster in {', '.join(sorted({s['framework'] for s in faster}))} on the same CPU"
+        out.append({"title": f"{name} ran slower than fp32 in {', '.join(frameworks)} on {device}", "text": text,
+                    "short": short})
+    return out
+
+
+def _too_small(device: str, small: list[dict], cells: dict, peaks: dict) -> dict:
+    """Models whose step is too small for precision to matter, said only where 16-bit measured within +/-5% of
+    fp32 (decided "same": never of a slower 16-bit step), with the step's FLOPs and its share of the peak."""
+    cases = []
+    for s in small:
+        c = cells[s["key"]]
+        fp32_peak = (peaks.get(c.framework) or {}).get("float32")
+        share = f", {c.gflops / fp32_peak:.1%} of its measured float32 matmul peak" if fp32_peak else ""
+        cases.append(f"{c.model} ({c.label} {c.precision}): {c.flops_per_step / 1e6:.0f} MFLOP per step at batch "
+                     f"{c.batch_size}, {c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s{share}), "
+                     f"x{s['ratio']:.2f} against fp32 ({s['ci']})")
+    models = sorted({s["model"] for s in small})
+    return {"title": f"Likely too small for precision to matter on {device}: {', '.join(models)}",
+            "text": f"Under {SMALL_FLOPS / 1e9:g} GFLOP per step, and 16-bit measured within {PRECISE:.0%} of fp32: "
+                    f"{'; '.join(cases)}. Fixed per-step costs (dispatch, the optimizer update, memory traffic) "
+                    f"likely dominate such steps, so the arithmetic precision saves little.",
+            "short": f"Under {SMALL_FLOPS / 1e9:g} GFLOP per step, 16-bit measured within {PRECISE:.0%} of fp32 on "
+                     f"{device}: likely too small for precision to matter",
+            "about": models}
+
+
+def fp32_cell(cells: dict, key: tuple):
+    """The fp32 cell measured under the same setting as the cell at `key` (the baseline view compared it with)."""
     return next((c for k, c in cells.items() if k[:3] == key[:3] and k[3] == "fp32"), None)
 
 
 def _cell_ms(cells, s, fp32: bool = False) -> str:
-    return ms((_fp32(cells, s["key"]) if fp32 else cells[s["key"]]).median_ms)
+    return ms((fp32_cell(cells, s["key"]) if fp32 else cells[s["key"]]).median_ms)

@@ -8,17 +8,23 @@ def _escape(text: str) -> str:
 
 
 def _cell(e: dict | None) -> str:
+    """A matrix cell as the page words it: the precision in bold only where it is decided faster."""
     if e is None:
         return "no runs"
-    head = f"**{e['precision']}**" + (f" ({e['setting']})" if e.get("setting") else "")
-    if e["speed"]:
-        parts = [f"{head} {e['speed']} ({e['interval']})", e["verdict_text"]]
+    setting = f" ({e['setting']})" if e.get("setting") else ""
+    if e["verdict"] == "faster":
+        parts = [f"**{e['precision']}**{setting} {e['speed']} ({e['interval']})", e["verdict_text"]]
+    elif e["verdict"] == "keep":
+        parts = ["keep fp32", f"closest: {e['precision']}{setting} {e['speed']} ({e['interval']}), {e['verdict_text']}"]
+    elif e["speed"]:
+        parts = [f"{e['precision']}{setting} {e['speed']} ({e['interval']})", e["verdict_text"]]
     else:
-        parts = [f"{head} {e['ms']}", e["verdict_text"]]
+        parts = [f"{e['precision']}{setting} {e['ms']}", e["verdict_text"]]
+    for key in ("advice", "accuracy"):
+        if e.get(key):
+            parts.append(e[key])
     if e.get("unstable"):
         parts.append("unstable timings")
-    if e.get("accuracy"):
-        parts.append(e["accuracy"])
     if e.get("not_run"):
         parts.append(f"not run: {e['not_run']}")
     return _escape("; ".join(parts))
@@ -33,13 +39,19 @@ def render_markdown(view: dict) -> str:
     for block in view["answer"]:
         lines += [f"## Which precision to use, on {_escape(block['device'])}", "",
                   ("Per model and framework: the best precision's step-time speed-up over that framework's fp32 "
-                   "(interval: 95% Welch t-interval over repeats, or the range with fewer than "
-                   f"{view['min_repeats']} repeats) and its accuracy change."), "",
+                   "and its accuracy change. Interval: 95% Welch t-interval over repeats; where a cell is the best "
+                   "of k precisions, adjusted for k comparisons (Bonferroni). A precision is named (bold) only "
+                   "where its interval lies above 1, else \"keep fp32\" with the closest one; with fewer than "
+                   f"{view['min_repeats']} repeats there is only the range and no verdict. \"Fastest overall\" is "
+                   "the best of the model's cells on that device."), "",
                   "| model | " + " | ".join(_escape(c) for c in block["columns"]) + " |",
                   "|---|" + "---|" * len(block["columns"])]
         for row in block["rows"]:
             lines.append(f"| {_escape(row['model'])} | " + " | ".join(_cell(e) for e in row["cells"]) + " |")
         lines += [""] + [f"- {line}" for line in block["recommendations"]] + [""]
+    if view["why_short"]:
+        lines += ["**Why, in short** (\"likely\": a cause inferred from these figures): "
+                  + " ".join(view["why_short"]), ""]
     if view.get("pure16", {}).get("markdown"):
         lines += [view["pure16"]["markdown"], ""]
     if view.get("profile", {}).get("markdown"):

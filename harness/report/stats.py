@@ -6,6 +6,10 @@ in fresh processes are. A speed-up is the ratio of the geometric means of two ce
 interval is Welch's t-interval on the log repeat medians, exponentiated: with interleaved repeats (the runner
 runs fp32, amp_bf16, amp_fp16, fp32, ...) machine drift is spread over every cell instead of confounded with
 one. Below MIN_REPEATS repeats in either cell, there is no honest interval: the report shows the range.
+
+A comparison chosen as the best of k (the fastest of a cell's k precisions) is not one comparison but the maximum
+of k: its interval is computed at 1 - 0.05/k (Bonferroni), so that all k intervals hold together with 95%
+confidence and picking the best of them does not make it look surer than it is.
 """
 from __future__ import annotations
 
@@ -26,11 +30,14 @@ class Ratio:
     high: float
     n: tuple[int, int]  # repeats of a and of b
     is_interval: bool  # True: a 95% t-interval; False: the range over all repeat pairs
+    comparisons: int = 1  # the interval is one of this many, adjusted together (Bonferroni)
+    confidence: float = 0.95  # of all `comparisons` intervals together
 
     @property
     def label(self) -> str:
         if self.is_interval:
-            return f"95% CI {self.low:.2f}-{self.high:.2f}"
+            adjusted = f", adjusted for {self.comparisons} comparisons (Bonferroni)" if self.comparisons > 1 else ""
+            return f"{self.confidence:.0%} CI {self.low:.2f}-{self.high:.2f}{adjusted}"
         return f"range of {min(self.n)} repeat{'s' if min(self.n) != 1 else ''} {self.low:.2f}-{self.high:.2f}"
 
     @property
@@ -55,8 +62,9 @@ def geometric_mean(values) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-def ratio(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
-    """a/b for two cells' per-repeat figures (e.g. fp32 and amp_bf16 median step times)."""
+def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons: int = 1) -> Ratio:
+    """a/b for two cells' per-repeat figures (e.g. fp32 and amp_bf16 median step times). `comparisons`: how many
+    comparisons this one is chosen from; its interval is then computed at 1 - (1 - confidence) / comparisons."""
     from scipy import stats
 
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
@@ -64,12 +72,14 @@ def ratio(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
     n = (la.size, lb.size)
     if min(n) < MIN_REPEATS:
         ratios = np.exp(la[:, None] - lb[None, :])
-        return Ratio(estimate, float(ratios.min()), float(ratios.max()), n, False)
+        return Ratio(estimate, float(ratios.min()), float(ratios.max()), n, False, comparisons, confidence)
     va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1)) if se > 0 else la.size + lb.size - 2
-    half = stats.t.ppf(0.5 + confidence / 2, df) * se
-    return Ratio(estimate, math.exp(la.mean() - lb.mean() - half), math.exp(la.mean() - lb.mean() + half), n, True)
+    each = 1 - (1 - confidence) / comparisons
+    half = stats.t.ppf(0.5 + each / 2, df) * se
+    return Ratio(estimate, math.exp(la.mean() - lb.mean() - half), math.exp(la.mean() - lb.mean() + half), n, True,
+                 comparisons, confidence)
 
 
 def spread(values: list[float]) -> float | None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.parity import compare as parity_compare
 from harness.report import accuracy, answer, charts, stats
-from harness.report.explain import explain
+from harness.report.explain import explain, in_short
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
 from harness.report.profile import profile_section
@@ -183,7 +183,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
             if base is not None and base is not c:
                 r = stats.ratio(base.repeat_ms, c.repeat_ms)  # > 1: faster than fp32
                 summary.append({**row, "key": key, "ratio": r.estimate, "lo": r.low, "hi": r.high,
-                                "interval": r.is_interval, "ci": r.label, "text": _speed_phrase(r),
+                                "interval": r.is_interval, "ci": r.label, "decision": r.decision,
+                                "text": _speed_phrase(r),
                                 "unstable": c.unstable or base.unstable,
                                 "memory": memory[-1]["saved"], "accuracy": accuracy_rows[-1]["delta"],
                                 "delta_raw": delta, "judged": c.judged, "flag": accuracy_rows[-1]["flag"],
@@ -220,6 +221,9 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         sections.append(section)
 
     profiled = profile_section(profiles or [])
+    cast_shares = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["casts"]
+                   for e in profiled["entries"] for g in e["growth"]}
+    why = explain(records, cells, summary, profiled["citations"], cast_shares)
     fastest = []  # per device: a GPU and a CPU are never ranked together
     for (model, precision, device) in sorted({(k[0], k[3], c.device) for k, c in cells.items()}):
         contenders = [c for k, c in cells.items() if (k[0], k[3], c.device) == (model, precision, device)]
@@ -233,13 +237,12 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "models": models, "frameworks": frameworks,
         "answer": answer.build(cells, summary, [{**r, "device_key": device_key(r)} for r in not_run]),
         "headline": _headline(summary), "any_range": any(not s["interval"] for s in summary),
-        "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV,
+        "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV, "precise": 100 * stats.PRECISE,
         "chance_margin": 100 * accuracy.CHANCE_MARGIN,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
         "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_rule": accuracy.RULE,
-        "accuracy_margin": 100 * accuracy.ACCURACY_MARGIN,  # the first screen's, until answer.py reads Check
         "any_too_short": any(not c.judged for c in cells.values()),
-        "scaling": scaling, "sections": sections, "why": explain(records, cells, summary, profiled["citations"]),
+        "scaling": scaling, "sections": sections, "why": why, "why_short": in_short(why),
         "not_run": [{"model": r.get("model") or "-", "framework": r.get("framework"), "precision": r.get("precision"),
                      "repeat": r.get("repeat"), "status": r.get("status"), "reason": r.get("reason") or "-"}
                     for r in not_run],
@@ -360,16 +363,17 @@ def _study_points(rs: list[dict], fp32) -> list[dict]:
 
 
 def _speed_phrase(r: stats.Ratio) -> str:
-    if not r.clear:
-        return "not clearly faster or slower than"
-    if r.estimate >= 1:
-        return f"{r.estimate:.2f}x faster than"
-    return f"{1 / r.estimate:.2f}x slower than"
+    """The comparison in words, by its decision: a direction only where one was decided."""
+    if r.decision == "faster":
+        return f"{r.estimate:.2f}x faster"
+    if r.decision == "slower":
+        return f"{1 / r.estimate:.2f}x slower"
+    return answer.VERDICTS[r.decision]
 
 
 def _headline(summary: list[dict]) -> list[str]:
-    return [f"{s['model']}, {s['framework']}: {s['precision']} is {s['text']} fp32 (x{s['ratio']:.2f}, {s['ci']})"
-            f"{' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
+    return [f"{s['model']}, {s['framework']}: {s['precision']} against fp32: {s['text']} (x{s['ratio']:.2f}, "
+            f"{s['ci']}){' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
             f"{s['accuracy']}." for s in summary]
 
 

@@ -52,3 +52,29 @@ def test_too_few_repeats_give_a_range_never_called_an_interval():
 def test_spread_flags_unstable_cells():
     assert stats.spread([10.0]) is None
     assert stats.spread([10.0, 10.1, 9.9]) < stats.UNSTABLE_CV < stats.spread([10.0, 14.0, 8.0])
+
+
+def test_the_best_of_k_is_called_faster_by_chance_only_when_not_adjusted_for_k():
+    """Five precisions exactly as fast as fp32 (true ratio 1), the one that measured fastest chosen: its plain 95%
+    interval calls it faster far more often than the 2.5% a one-sided error may take; computed for 5 comparisons
+    (Bonferroni) it does not, and still covers the true ratio in at least 95% of draws."""
+    rng = np.random.default_rng(2)
+    plain = adjusted = covered = 0
+    draws = 2000
+    for _ in range(draws):
+        fp32 = list(10 * np.exp(rng.normal(0, 0.05, 3)))
+        others = [list(10 * np.exp(rng.normal(0, 0.05, 3))) for _ in range(5)]
+        best = max(others, key=lambda b: stats.ratio(fp32, b).estimate)
+        plain += stats.ratio(fp32, best).decision == "faster"
+        r = stats.ratio(fp32, best, comparisons=5)
+        adjusted += r.decision == "faster"
+        covered += r.low <= 1.0 <= r.high
+    assert plain / draws > 0.035 and adjusted / draws <= 0.025 and covered / draws >= 0.95
+
+
+def test_an_adjusted_interval_says_so_and_is_wider():
+    a, b = [10.0, 10.5, 9.8], [8.0, 8.3, 7.9]
+    one, three = stats.ratio(a, b), stats.ratio(a, b, comparisons=3)
+    assert three.estimate == one.estimate and three.low < one.low and three.high > one.high
+    assert three.label == f"95% CI {three.low:.2f}-{three.high:.2f}, adjusted for 3 comparisons (Bonferroni)"
+    assert one.label == f"95% CI {one.low:.2f}-{one.high:.2f}"
