@@ -28,6 +28,7 @@ def record(framework: str, precision: str, ms: float, repeat: int = 0, model: st
     return {"schema": 3, "run_id": f"r{next(_ids)}", "framework": framework, "framework_version": "1.0",
             "model": model, "spec_hash": "abc123", "num_classes": classes, "precision": precision, "variant": None, "device": device,
             "status": "ok", "reason": None, "batch_size": 32, "steps": 20, "warmup_steps": 2, "repeat": repeat,
+            "seed": repeat,
             "step_times_ms": steps, "first_step_ms": 10 * ms, "peak_memory_mb": 100.0, "memory_kind": "rss",
             "loss": loss or [math.log(classes)] + [1.0 / (k + 1) for k in range(1, 20)], "eval_loss": 0.5,
             "eval_accuracy": accuracy, "loss_scale": scale, "flops_per_step": flops, "device_peak_gflops": peaks,
@@ -88,7 +89,8 @@ def test_recommendation_is_computed_from_the_records():
                   for k in {(r["framework"], r["precision"]) for r in records})
     assert fastest[1] == ("mxnet", "fp32") and fastest[0] == mxnet_fp32
     assert line == (f"m: torch amp_bf16, {torch['ratio']:.2f}x faster than torch fp32 (95% CI {torch['lo']:.2f}-"
-                    f"{torch['hi']:.2f}), accuracy unchanged (+0.0 pt, within 2 pt); fastest overall, best of 6 "
+                    f"{torch['hi']:.2f}), accuracy unchanged (+0.0 pt, 95% CI +0.0 to +0.0 over 3 seeds; fp32 over 3 seeds: "
+                    f"90.0-90.0%); fastest overall, best of 6 "
                     f"cells: mxnet fp32 {mxnet_fp32:.3g} ms/step.")
 
 
@@ -104,7 +106,7 @@ def test_a_faster_precision_that_loses_accuracy_is_not_recommended():
         + cell("torch", "amp_bf16", 10.0)
     (line,) = build_view(records)["answer"][0]["recommendations"]
     assert line.startswith("m: torch amp_bf16, 1.20x faster") and "(torch amp_fp16 was 1.50x faster but accuracy " \
-        "-10.0 pt vs fp32)" in line
+        "lower (-10.0 pt, 95% CI -10.0 to -10.0 over 3 seeds; fp32 over 3 seeds: 90.0-90.0%))" in line
 
 
 def test_explanations_speak_only_of_the_cells_they_cite():
@@ -138,9 +140,10 @@ def test_runs_too_short_show_no_accuracy_figure():
     rows = {(r["model"], r["precision"]): r for r in view["accuracy"]}
     assert rows[("short", "fp32")]["accuracy"] == rows[("short", "amp_bf16")]["delta"] == "too short to judge"
     assert rows[("long", "fp32")]["accuracy"] == "17.0 %"
-    assert rows[("long", "amp_bf16")]["delta"] == "+3.0 pt vs fp32 (one seed: no spread to judge against)"
+    assert rows[("long", "amp_bf16")]["delta"] == ("higher (+3.0 pt, 95% CI +3.0 to +3.0 over 3 seeds; fp32 over 3 "
+                                                   "seeds: 17.0-17.0%)")
     lines = dict(zip(["long", "short"], view["answer"][0]["recommendations"]))
-    assert "accuracy too short to judge" in lines["short"] and "accuracy +3.0 pt vs fp32" in lines["long"]
+    assert "accuracy too short to judge" in lines["short"] and "accuracy higher (+3.0 pt" in lines["long"]
     page = render(view)
     assert "too short to judge" in page and "11.0 %" not in page and "13.0 %" not in page
     # two classes: 0.52 is chance level too
