@@ -245,7 +245,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     if auto:
         budget = budget or DEFAULT_BUDGET_S
         earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
-        plan = UntilDecided(requests, budget, earlier)
+        until = UntilDecided(requests, budget, earlier)
         print(f"repeats auto: {MIN_REPEATS} of each cell, then more of each until its speed-up against fp32 is "
               f"decided, within {budget:g} s", file=sys.stderr)
     if args.resume:
@@ -254,7 +254,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
               f"running {len(requests)}", file=sys.stderr)
     show = sys.stderr.isatty() and not args.no_progress
     if auto:
-        records, interrupted = run_until_decided(plan, requests, out, args.timeout, show, filename, executor)
+        records, interrupted = run_until_decided(until, requests, out, args.timeout, show, filename, executor)
     else:
         records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor)
     if show:
@@ -262,7 +262,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
             print(summary_line(r))
     print(f"{len(records)} records appended to {out / filename}")
     if auto:
-        for line in plan.outcomes():
+        for line in until.outcomes():
             print(line)
     if interrupted:
         print(f"interrupted after {len(records)} of {len(requests)} runs; every finished run is recorded. "

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,21 +264,21 @@ class UntilDecided:
         fp32 = {(c[0], c[1], c[3]): c for c in self.template if c[2] == "fp32"}
         return [(fp32[(c[0], c[1], c[3])], c) for c in self.template if c[2] != "fp32" and (c[0], c[1], c[3]) in fp32]
 
-    def _medians(self, cell: tuple) -> list[float] | None:
-        """The cell's repeat medians, or None once one of its runs ended otherwise than ok."""
-        rs = self.records[cell].values()
-        return None if any(r["status"] != "ok" for r in rs) else [r["step_time_ms"]["median"] for r in rs]
+    def _medians(self, cell: tuple) -> list[float]:
+        return [r["step_time_ms"]["median"] for r in self.records[cell].values() if r["status"] == "ok"]
 
     def _ratio(self, pair: tuple[tuple, tuple]) -> stats.Ratio | None:
-        """The pair's speed-up (fp32's times over the other's), or None where nothing can be decided any more."""
+        """The pair's speed-up (fp32's times over the other's); None before each cell has a repeat."""
         a, b = (self._medians(c) for c in pair)
-        if a is None or b is None:
-            return None
-        return stats.ratio(a, b) if a and b else stats.Ratio(math.nan, math.nan, math.nan, (len(a), len(b)), False)
+        return stats.ratio(a, b) if a and b else None
+
+    def _broken(self, pair: tuple[tuple, tuple]) -> dict | None:
+        """The first record of the pair's cells whose run ended otherwise than ok: nothing more to decide."""
+        return next((r for c in pair for r in self.records[c].values() if r["status"] != "ok"), None)
 
     def _open(self, pair: tuple[tuple, tuple]) -> bool:
         r = self._ratio(pair)
-        return r is not None and r.decision not in DECIDED
+        return not self._broken(pair) and (r is None or r.decision not in DECIDED)
 
     def next_round(self) -> list[RunRequest]:
         """The next repeat of every undecided cell, as many as fit in the budget (none: the matrix is done)."""
@@ -286,9 +286,9 @@ class UntilDecided:
         elapsed = self.clock() - self.started
         overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
         left, batch = self.budget_s - elapsed, []
-        for cell in cells:
+        for cell in cells:  # the median run: a cell's first also measured once-per-machine facts (peaks, variants)
             walls = [r.get("wall_s") or 0.0 for r in self.records[cell].values()]
-            left -= overhead + (sum(walls) / len(walls) if walls else 0.0)
+            left -= overhead + (statistics.median(walls) if walls else 0.0)
             if left < 0:
                 self.ran_out = True
                 break
@@ -305,13 +305,15 @@ class UntilDecided:
         for base, cell in self.pairs():
             compared.add(cell)
             q = self.template[cell]
-            name = f"{q.framework} {Path(q.model).stem} {q.precision}{' loss scale ' + q.loss_scale if q.loss_scale else ''}" \
-                   f" against fp32 (variant {q.variant})"
-            r = self._ratio((base, cell))
-            if r is None:
-                broken = next(r for c in (base, cell) for r in self.records[c].values() if r["status"] != "ok")
+            scale = f" loss scale {q.loss_scale}" if q.loss_scale else ""
+            name = f"{q.framework} {Path(q.model).stem} {q.precision}{scale} against fp32 (variant {q.variant})"
+            broken, r = self._broken((base, cell)), self._ratio((base, cell))
+            if broken:
                 lines.append(f"{name}: stopped: its {broken['precision']} run r{broken['repeat']} ended "
                              f"{broken['status']} ({broken.get('reason')})")
+                continue
+            if r is None:
+                lines.append(f"{name}: interrupted before a repeat of each")
                 continue
             a, b = self._medians(base), self._medians(cell)
             n = f"{len(b)} repeats" + ("" if len(a) == len(b) else f" (fp32 {len(a)})")
@@ -322,7 +324,7 @@ class UntilDecided:
                 lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
                              f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
             else:
-                lines.append(f"{name}: interrupted after {n}: {r.decision}" + (f" ({r.label})" if min(r.n) else ""))
+                lines.append(f"{name}: interrupted after {n}: {r.decision} ({r.label})")
         for cell, q in self.template.items():
             if q.precision != "fp32" and cell not in compared:
                 lines.append(f"{q.framework} {Path(q.model).stem} {q.precision}: no fp32 cell to compare with "
