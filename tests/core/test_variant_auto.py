@@ -6,6 +6,7 @@ import json
 import pytest
 
 from harness import results
+from harness.run.variants import TIMED_STEPS, WARMUP_STEPS
 from tests.core.test_runner import amp
 
 SPEC = "tests/specs/pitfall_batchnorm.yaml"
@@ -27,7 +28,8 @@ def test_auto_runs_the_fastest_variant_measured_once_and_the_record_says_why(tmp
     assert choice["chosen"] == "plain" and choice["cached"] is False and choice["failed"] is None
     assert set(choice["ms_per_step"]) == {"slowed", "plain"}
     assert choice["ms_per_step"]["slowed"] > choice["ms_per_step"]["plain"]
-    assert choice["how"].startswith("measured once on this machine: 3 warm-up and 5 timed training steps")
+    assert choice["how"].startswith(f"measured once on this machine: {WARMUP_STEPS} warm-up and {TIMED_STEPS} timed "
+                                    f"training steps")
     assert tf32["status"] == "unsupported" and tf32["variant"] == "auto" and tf32["variant_choice"] is None
     assert len(json.loads((machine_cache / "variants.json").read_text())) == 1  # nothing measured for tf32
 
