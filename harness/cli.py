@@ -48,6 +48,10 @@ def _positive(text: str) -> int:
     return value
 
 
+def _repeats(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -151,21 +155,37 @@ def cmd_adapters(args) -> int:
               f"({cache_file('capabilities')})")
         for precision, reason in info["precisions"].items():
             print(f"  {precision:<9} {'runs' if reason is None else 'unsupported: ' + reason}")
-        for number, (variant, what) in enumerate(info["variants"].items()):
-            print(f"  variant {variant}: {what}" + (" (default)" if number == 0 else ""))
+        for variant, what in info["variants"].items():
+            print(f"  variant {variant}: {what}")
+        if len(info["variants"]) > 1:
+            print(f"  variant auto (the default of run and profile; fingerprint and diagnose take the first): the "
+                  f"fastest of these for the run's model and precision, measured once on this machine "
+                  f"({cache_file('variants')})")
     return 0
 
 
-def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_scales: list[str | None] | None = None,
-                **extra) -> list[dict]:
-    """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess."""
+def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
+                loss_scales: list[str | None] | None = None, budget: float | None = None, **extra) -> list[dict]:
+    """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess.
+    `repeats` "auto": MIN_REPEATS, then more until decided or `budget` seconds are spent (runner.UntilDecided);
+    None: a matrix file's, else MIN_REPEATS."""
     from harness.adapter import discover, load_adapter
     from harness.model import data, memory
     from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
+    from harness.results import read_records
     from harness.run.executors import executor_from_args
-    from harness.run.runner import matrix, pending, run_matrix, summary_line
+    from harness.run.runner import (
+        AUTO,
+        DEFAULT_BUDGET_S,
+        UntilDecided,
+        matrix,
+        pending,
+        run_matrix,
+        run_until_decided,
+        summary_line,
+    )
     from harness.run.worker import run_seed
 
     if args.framework not in discover():
@@ -177,16 +197,18 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
 
         if args.model:
             raise HarnessError("give either --model or --matrix, not both")
+        plan = load_matrix(args.matrix)
         beside = [name for name, value in (("--steps", args.steps if mode != "profile" else None),
                                            ("--batch-size", args.batch_size), ("--input-size", args.input_size))
                   if value is not None]
         if mode == "run":  # the matrix file sets these; diagnose and profile take its models and sizes only
-            beside += [name for name, value in (("--precision", args.precision), ("--repeats", repeats),
-                                                ("--warmup", warmup)) if value is not None]
+            beside += [name for name, value in (("--precision", args.precision), ("--warmup", warmup),
+                                                ("--repeats", "repeats" in plan.model_fields_set and repeats),
+                                                ("--budget", "budget" in plan.model_fields_set and budget))
+                       if value is not None and value is not False]
         if beside:
             raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
                                f"not beside --matrix")
-        plan = load_matrix(args.matrix)
         own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
         cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items()
                                                      if v is not None and (mode == "run" or k in own)}})
@@ -194,11 +216,16 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
             cells = [(m, {**o, "steps": args.steps}) for m, o in cells]
         if mode == "run":
-            precisions, repeats, warmup = plan.precisions, plan.repeats, plan.warmup
+            precisions, warmup = plan.precisions, plan.warmup
+            repeats = repeats if repeats is not None else plan.repeats
+            budget = budget if budget is not None else plan.budget
     elif args.model:
         cells = [(model, cli) for model in args.model]
     else:
         raise HarnessError("--model (or, for run, --matrix) is required")
+    if budget is not None and repeats != AUTO:
+        raise HarnessError("--budget: only with --repeats auto (it bounds the repeats that auto adds)")
+    auto, repeats = repeats == AUTO, MIN_REPEATS if repeats in (None, AUTO) else repeats
     loss_scales = loss_scales or [args.loss_scale]
     for name in precisions:
         for loss_scale in loss_scales:
@@ -211,21 +238,34 @@ def _run_matrix(args, mode: str, repeats: int, warmup: int, filename: str, loss_
         if not args.force:
             memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
                               args.device, model)
-    variants = _variants(load_adapter(args.framework), args.variant)
+    variants = _variants(load_adapter(args.framework), args.variant, timed=mode not in ("fingerprint", "diagnose"))
     requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
                       **extra)
     out = Path(args.out)
+    executor = executor_from_args(args, mode)
+    if auto:
+        budget = budget or DEFAULT_BUDGET_S
+        earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
+        until = UntilDecided(requests, budget, earlier)
+        print(f"repeats auto: {MIN_REPEATS} of each cell, then more of each until its speed-up against fp32 is "
+              f"decided, within {budget:g} s", file=sys.stderr)
     if args.resume:
         total, requests = len(requests), pending(requests, out, filename)
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
               f"running {len(requests)}", file=sys.stderr)
     show = sys.stderr.isatty() and not args.no_progress
-    records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor_from_args(args, mode))
+    if auto:
+        records, interrupted = run_until_decided(until, requests, out, args.timeout, show, filename, executor)
+    else:
+        records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor)
     if show:
         for r in records:
             print(summary_line(r))
     print(f"{len(records)} records appended to {out / filename}")
+    if auto:
+        for line in until.outcomes():
+            print(line)
     if interrupted:
         print(f"interrupted after {len(records)} of {len(requests)} runs; every finished run is recorded. "
               f"Resume with the same command plus --resume.", file=sys.stderr)
@@ -241,27 +281,30 @@ def _exit_code(records: list[dict]) -> int:
     return 1 if any(r["status"] in NO_RESULT for r in records) else 0
 
 
-def _variants(adapter, asked: list[str] | None) -> list[str]:
-    """The variants to run, by name (the adapter's default when none is asked for; "all": every one, the default
-    first)."""
+def _variants(adapter, asked: list[str] | None, timed: bool) -> list[str]:
+    """The variants to run, by name. None asked for, or "auto": for timed runs of an adapter with more than one,
+    "auto" (the worker runs the fastest here: harness.run.variants), else the adapter's first; "all": every one,
+    the default first."""
+    from harness.run.variants import AUTO
+
     if asked == ["all"]:
         return list(adapter.variants)
-    unknown = [v for v in asked or [] if v not in adapter.variants]
+    if not asked or asked == [AUTO]:
+        return [AUTO] if timed and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
+    unknown = [v for v in asked if v not in adapter.variants]
     if unknown:
         raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
-                           + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items()))
-    return asked or [next(iter(adapter.variants))]
+                           + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items())
+                           + (" and auto (the fastest here), which goes alone" if AUTO in unknown else
+                              "; or auto (the fastest here)"))
+    return asked
 
 
 def cmd_run(args) -> int:
     from harness.results import RESULTS_FILE
 
-    if args.matrix:
-        records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE)
-    else:
-        records = _run_matrix(args, "run", args.repeats or MIN_REPEATS, 5 if args.warmup is None else args.warmup,
-                              RESULTS_FILE)
-    return _exit_code(records)
+    warmup = args.warmup if args.matrix or args.warmup is not None else 5
+    return _exit_code(_run_matrix(args, "run", args.repeats, warmup, RESULTS_FILE, budget=args.budget))
 
 
 def cmd_fingerprint(args) -> int:
@@ -444,9 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
                        "benchmarks/compare.yaml (diagnose and profile take its models and sizes)")
     run.add_argument("--warmup", type=_count, help="untimed steps before the timed ones (default 5)")
-    run.add_argument("--repeats", type=_positive,
+    run.add_argument("--repeats", type=_repeats,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
-                          "give a 95%% interval)")
+                          "give a 95%% interval), or auto: from 3, more until each speed-up against fp32 is decided "
+                          "(faster, slower, or the same within 5%%) or the budget is spent")
+    run.add_argument("--budget", type=_seconds, help="seconds for the whole of --repeats auto (default 600)")
     run.set_defaults(func=cmd_run, out="results")
     fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
     conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
@@ -481,8 +526,9 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
     run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
     run.add_argument("--growth-interval", type=_positive, default=2000, help="clean steps before the scale grows")
-    run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated, or all "
-                     "(see `amp-harness adapters`; default: the adapter's first)")
+    run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated, all (see "
+                     "`amp-harness adapters`), or auto (the default): the fastest here for the run's model and "
+                     "precision, measured once per machine; fingerprint and diagnose take the adapter's first")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
     run.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)")

@@ -34,6 +34,7 @@ FIELDS = (
     "final_train_loss", "eval_loss", "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops",
     "device_peak_gflops", "efficiency", "param_count", "options", "env", "started_at", "wall_s", "study",
     "fingerprint", "diagnosis",
+    "variant_choice",  # --variant auto: which variant was chosen and why (harness.run.variants)
 )
 
 

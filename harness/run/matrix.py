@@ -3,7 +3,7 @@ for `amp-harness run --matrix FILE`. See benchmarks/compare.yaml."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -41,7 +41,10 @@ class MatrixModel(_Strict):
 class Matrix(_Strict):
     models: list[MatrixModel] = Field(min_length=1)
     precisions: list[str] = Field(min_length=1)
-    repeats: PositiveInt = 3  # as `run --repeats`: the fewest that give a 95% interval (report.stats.MIN_REPEATS)
+    # as `run --repeats`: 3, the fewest that give a 95% interval (report.stats.MIN_REPEATS); auto: until each
+    # comparison with fp32 is decided
+    repeats: Union[PositiveInt, Literal["auto"]] = 3
+    budget: Optional[float] = Field(None, gt=0, allow_inf_nan=False)  # seconds, for repeats: auto
     warmup: NonNegativeInt = 5
     steps: Optional[PositiveInt] = None  # for models that give none
 
@@ -54,6 +57,8 @@ def load_matrix(path: str) -> Matrix:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         raise HarnessError(f"{path}: {where}: {err['msg']}") from None
+    if matrix.budget is not None and matrix.repeats != "auto":
+        raise HarnessError(f"{path}: budget: only with repeats: auto (it bounds the repeats that auto adds)")
     for name in matrix.precisions:
         parse_precision(name)
     for i, model in enumerate(matrix.models):

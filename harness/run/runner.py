@@ -1,7 +1,9 @@
 """The run matrix: every (model, precision, repeat) of one framework, each in a fresh subprocess.
 
 A run that crashes, is killed or outlives its timeout still becomes a record (status, reason, last lines of
-stderr) and the matrix goes on. Only plain data crosses back from a worker: its JSON record.
+stderr) and the matrix goes on. Only plain data crosses back from a worker: its JSON record. With `--repeats
+auto` (UntilDecided) the matrix grows a round of repeats at a time until every comparison with fp32 is decided
+or the time budget is spent.
 """
 from __future__ import annotations
 
@@ -9,21 +11,26 @@ import itertools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from harness import results
 from harness.precision import loss_scale_key, parse_loss_scale, parse_precision
+from harness.report import stats
 from harness.run.executors import LocalExecutor
 from harness.run.worker import RunRequest
 
 STDERR_TAIL_LINES = 8
+AUTO = "auto"  # --repeats auto
+DEFAULT_BUDGET_S = 600.0  # --budget: an answer in minutes
+DECIDED = ("faster", "slower", "same")  # the decisions (stats.Ratio.decision) that stop --repeats auto
 
 
 def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str], repeats: int,
@@ -34,7 +41,7 @@ def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str],
 
     A cell's own "loss_scales" (a matrix file's) replace `loss_scales` for the precisions that scale the loss
     by default (amp_fp16); the others run once, unscaled. A cell's own "precisions" replace `precisions`."""
-    stamp = time.strftime("%Y%m%dT%H%M%S")
+    stamp = _stamp()
     requests = []
     for (m, overrides), r, v in itertools.product(cells, range(repeats), variants):
         own = overrides.get("loss_scales")
@@ -47,9 +54,19 @@ def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str],
                     s = None
                 requests.append(RunRequest(
                     framework=framework, model=m, precision=p, repeat=r, variant=v, loss_scale=s,
-                    run_id=f"{framework}-{Path(m).stem}-{p}-{v}{'-' + s if s else ''}-r{r}-{stamp}-{uuid.uuid4().hex[:6]}",
+                    run_id=_run_id(framework, m, p, v, s, r, stamp),
                     **{**common, **{key: val for key, val in overrides.items() if val is not None and key not in ("loss_scales", "precisions")}}))
     return requests
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%S")
+
+
+def _run_id(framework: str, model: str, precision: str, variant: str, scale: str | None, repeat: int,
+            stamp: str) -> str:
+    return f"{framework}-{Path(model).stem}-{precision}-{variant}{'-' + scale if scale else ''}-r{repeat}-{stamp}-" \
+           f"{uuid.uuid4().hex[:6]}"
 
 
 def _die_with_parent() -> None:
@@ -167,12 +184,18 @@ def _request_key(q: RunRequest) -> tuple:
     return q.framework, q.resolved_spec().spec_hash(), q.precision, q.variant, loss_scale_key(settings), q.repeat
 
 
+def _recorded_key(r: dict) -> tuple:
+    """results.record_key as a request has it: a variant that `--variant auto` chose was asked for as "auto"."""
+    key = results.record_key(r)
+    return key[:3] + (AUTO,) + key[4:] if r.get("variant_choice") else key
+
+
 def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[RunRequest]:
     """The requests that have no result in out_dir yet: no record, or only records of runs that failed or timed
     out (run again; the report keeps the latest record of a run)."""
     if not (out_dir / filename).exists():
         return requests
-    done = {results.record_key(r) for r in results.read_records([out_dir], filename)
+    done = {_recorded_key(r) for r in results.read_records([out_dir], filename)
             if r.get("status") not in results.NO_RESULT}
     return [q for q in requests if _request_key(q) not in done]
 
@@ -203,6 +226,126 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
         steps.close()
         bar.close()
     return records, bool(stop)
+
+
+class UntilDecided:
+    """`--repeats auto`: after the matrix's first stats.MIN_REPEATS repeats, one more repeat of every cell whose
+    speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians) is not
+    decided yet by stats.Ratio.decision, round after round in the matrix's order (fp32, amp_bf16, amp_fp16,
+    fp32, ...), while the round's runs fit in what is left of `budget_s` for the whole invocation: the budget is
+    spread over the undecided cells, one repeat each per round. A cell whose run ended otherwise than ok (failed,
+    unsupported, diverged) has nothing more to decide. `recorded`: records an earlier invocation wrote (--resume)."""
+
+    def __init__(self, requests: list[RunRequest], budget_s: float, recorded: list[dict] = (),
+                 clock=time.monotonic):
+        self.budget_s, self.clock, self.started = budget_s, clock, clock()
+        self.template: dict[tuple, RunRequest] = {}  # cell -> a request of it, in the matrix's order
+        self.next_repeat: dict[tuple, int] = {}
+        for q in requests:
+            cell = _request_key(q)[:-1]
+            self.template.setdefault(cell, q)
+            self.next_repeat[cell] = max(self.next_repeat.get(cell, 0), q.repeat + 1)
+        self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
+        self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
+        self.ran_out = False
+        self.add(recorded, earlier=True)
+
+    def add(self, records: list[dict], earlier: bool = False) -> None:
+        for r in records:
+            key = _recorded_key(r)
+            if key[:-1] in self.records:
+                self.records[key[:-1]][key[-1]] = r
+                self.next_repeat[key[:-1]] = max(self.next_repeat[key[:-1]], key[-1] + 1)
+            if not earlier:
+                self.run_s, self.runs = self.run_s + (r.get("wall_s") or 0.0), self.runs + 1
+
+    def pairs(self) -> list[tuple[tuple, tuple]]:
+        """(fp32 cell, other cell) for every cell that has an fp32 cell to compare with."""
+        fp32 = {(c[0], c[1], c[3]): c for c in self.template if c[2] == "fp32"}
+        return [(fp32[(c[0], c[1], c[3])], c) for c in self.template if c[2] != "fp32" and (c[0], c[1], c[3]) in fp32]
+
+    def _medians(self, cell: tuple) -> list[float]:
+        return [r["step_time_ms"]["median"] for r in self.records[cell].values() if r["status"] == "ok"]
+
+    def _ratio(self, pair: tuple[tuple, tuple]) -> stats.Ratio | None:
+        """The pair's speed-up (fp32's times over the other's); None before each cell has a repeat."""
+        a, b = (self._medians(c) for c in pair)
+        return stats.ratio(a, b) if a and b else None
+
+    def _broken(self, pair: tuple[tuple, tuple]) -> dict | None:
+        """The first record of the pair's cells whose run ended otherwise than ok: nothing more to decide."""
+        return next((r for c in pair for r in self.records[c].values() if r["status"] != "ok"), None)
+
+    def _open(self, pair: tuple[tuple, tuple]) -> bool:
+        r = self._ratio(pair)
+        return not self._broken(pair) and (r is None or r.decision not in DECIDED)
+
+    def next_round(self) -> list[RunRequest]:
+        """The next repeat of every undecided cell, as many as fit in the budget (none: the matrix is done)."""
+        cells = [c for c in self.template if any(self._open(p) and c in p for p in self.pairs())]
+        elapsed = self.clock() - self.started
+        overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
+        left, batch = self.budget_s - elapsed, []
+        for cell in cells:  # the median run: a cell's first also measured once-per-machine facts (peaks, variants)
+            walls = [r.get("wall_s") or 0.0 for r in self.records[cell].values()]
+            left -= overhead + (statistics.median(walls) if walls else 0.0)
+            if left < 0:
+                self.ran_out = True
+                break
+            t = self.template[cell]
+            r = self.next_repeat[cell]
+            self.next_repeat[cell] = r + 1
+            batch.append(replace(t, repeat=r, run_id=_run_id(t.framework, t.model, t.precision, t.variant,
+                                                            t.loss_scale, r, _stamp())))
+        return batch
+
+    def outcomes(self) -> list[str]:
+        """A line per compared cell: what stopped its repeats."""
+        lines, compared = [], set()
+        for base, cell in self.pairs():
+            compared.add(cell)
+            q = self.template[cell]
+            scale = f" loss scale {q.loss_scale}" if q.loss_scale else ""
+            name = f"{q.framework} {Path(q.model).stem} {q.precision}{scale} against fp32 (variant {q.variant})"
+            broken, r = self._broken((base, cell)), self._ratio((base, cell))
+            if broken:
+                lines.append(f"{name}: stopped: its {broken['precision']} run r{broken['repeat']} ended "
+                             f"{broken['status']} ({broken.get('reason')})")
+                continue
+            if r is None:
+                lines.append(f"{name}: interrupted before a repeat of each")
+                continue
+            a, b = self._medians(base), self._medians(cell)
+            n = f"{len(b)} repeats" + ("" if len(a) == len(b) else f" (fp32 {len(a)})")
+            interval = f"speed-up {r.estimate:.3g}x, 95% CI {r.low:.3g}-{r.high:.3g}" if r.is_interval else r.label
+            if r.decision in DECIDED:
+                lines.append(f"{name}: decided after {n}: {r.decision}, {interval}")
+            elif self.ran_out:
+                lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
+                             f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
+            else:
+                lines.append(f"{name}: interrupted after {n}: {r.decision} ({r.label})")
+        for cell, q in self.template.items():
+            if q.precision != "fp32" and cell not in compared:
+                lines.append(f"{q.framework} {Path(q.model).stem} {q.precision}: no fp32 cell to compare with "
+                             f"(variant {q.variant}); {len(self.records[cell])} repeats")
+        return lines
+
+
+def run_until_decided(plan: UntilDecided, requests: list[RunRequest], out_dir: Path, timeout_s: float,
+                      show_progress: bool, filename: str = results.RESULTS_FILE,
+                      executor=None) -> tuple[list[dict], bool]:
+    """run_matrix for `--repeats auto`: `requests` (the first repeats), then plan's rounds until it has none."""
+    records, interrupted = run_matrix(requests, out_dir, timeout_s, show_progress, filename, executor)
+    plan.add(records)
+    while not interrupted:
+        more = plan.next_round()
+        if not more:
+            break
+        done, interrupted = run_matrix(more, out_dir, timeout_s, show_progress, filename, executor)
+        plan.add(done)
+        records += done
+    return records, interrupted
 
 
 UNTIMED = ("fingerprint", "diagnose")  # modes whose runs of one precision may share a process

@@ -29,7 +29,7 @@ from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
 from harness.rounding import RoundingNoise
-from harness.run import capability, measure, peak
+from harness.run import capability, measure, peak, variants
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
 from harness.run.profile import profile
@@ -53,7 +53,7 @@ class RunRequest:
     growth_interval: int = 2000
     device: str = "auto"
     threads: int = 1
-    variant: str | None = None  # one of the adapter's variants; None: its default
+    variant: str | None = None  # one of the adapter's variants; None: its first; "auto": the fastest here
     measure_peak: bool = True  # measure (or read from the cache) the device's matmul peak for `efficiency`
     mode: str = "run"  # "run": timed training; "fingerprint": for the parity check; "diagnose": numerics;
     # "profile": where the step's time goes, under the framework's profiler (harness.run.profile)
@@ -99,14 +99,17 @@ def run(req: RunRequest, progress=None) -> dict:
         record.update(framework_version=adapter.framework_version(), device=device.name)
         record["env"].update(device=asdict(device))
         variant = req.variant or next(iter(adapter.variants))
-        if variant not in adapter.variants:
+        if variant not in adapter.variants and variant != variants.AUTO:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
         record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
         reason = capability.unsupported(adapter, precision, device, in_process=True)
         if reason:
-            record.update(status="unsupported", reason=reason)
+            record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen
             return record
+        if variant == variants.AUTO:
+            record["variant_choice"] = variants.choose(adapter, req, spec, precision, device)
+            variant = record["variant"] = record["variant_choice"]["chosen"]
         data, masks = Data(spec, order_seed=seed), DropoutMasks(graph, seed)
         weights = initial_weights(graph, seed)
         buffers = data.train_batch(0), masks.for_step(0, spec.batch_size)  # refilled in place by every step

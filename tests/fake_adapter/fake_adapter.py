@@ -2,10 +2,14 @@
 fault per precision or model chosen by AMP_FAKE_FAULTS, e.g. "fp16=abort,bf16=hang,mnist_mlp=segv" (abort,
 segv, oom, hang, slow, raise, nan, stuckscale: report the initial loss scale after an overflow, against the core's
 rules; bug: the adapter's own Python fails (a TypeError) on every step; nokernel: every step fails as a framework without a kernel for the precision does, so the capability
-probe's step fails too, where hang and raise come from the second step on, past the probe's one step);
-AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile."""
+probe's step fails too, where hang and raise come from the second step on, past the probe's one step; noisy:
+from its second step on, each run's steps sleep NOISY_STEP_S[0] or [1], switching every two runs (a counter in the
+file $AMP_FAKE_NOISE_FILE), so two noisy precisions interleaved by the runner get the same times, a speed-up
+near 1 whose interval stays wide); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile;
+AMP_FAKE_VARIANTS=1 gives it two variants, "slowed" (first) sleeping VARIANT_STEP_S in every step, and "plain"."""
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 
@@ -24,7 +28,18 @@ from harness.adapter import (
 )
 from harness.precision import LossScaler
 
-SLOW_STEP_S, SLOW_INPUT_S, PROFILED_STEP_S = 0.3, 0.1, 0.02
+SLOW_STEP_S, SLOW_INPUT_S, PROFILED_STEP_S, VARIANT_STEP_S = 0.3, 0.1, 0.02, 0.02
+NOISY_STEP_S = (0.002, 0.02)
+
+
+def _noise_ticket() -> int:
+    """The number of noisy runs before this one, counted in $AMP_FAKE_NOISE_FILE (runs follow each other)."""
+    with open(os.environ["AMP_FAKE_NOISE_FILE"], "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        ticket = len(f.read())
+        f.write("x")
+    return ticket
 
 
 def _fault(precision: str, model: str) -> str:
@@ -35,9 +50,10 @@ def _fault(precision: str, model: str) -> str:
 class FakeTrainer(Trainer):
     overflows = (2,)  # the steps (counted from 1) whose gradients overflow
 
-    def __init__(self, graph, weights, precision, loss_scale, model=""):
+    def __init__(self, graph, weights, precision, loss_scale, model="", variant=""):
         self.graph, self.weights, self.out_shape = graph, weights, graph.output_shape
         self.fault, self.steps = _fault(precision.name, model), 0
+        self.variant_s, self.noisy_s = VARIANT_STEP_S if variant == "slowed" else 0.0, 0.0
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped, self.profiling = False, False
         self.options = {"fake": True}
@@ -59,6 +75,10 @@ class FakeTrainer(Trainer):
             os.kill(os.getpid(), 9)  # what the out-of-memory killer does
         if self.fault == "slow":
             time.sleep(SLOW_STEP_S)
+        if self.fault == "noisy" and self.steps == 2:  # past the capability probe's one step
+            self.noisy_s = NOISY_STEP_S[_noise_ticket() // 2 % 2]
+        if self.variant_s or self.noisy_s:
+            time.sleep(self.variant_s + self.noisy_s)
         if self.profiling:
             time.sleep(PROFILED_STEP_S)
         if self.fault == "hang" and self.steps >= 2:
@@ -114,6 +134,8 @@ class FakeTrainer(Trainer):
 
 class FakeAdapter(Adapter):
     name = "fake"
+    if os.environ.get("AMP_FAKE_VARIANTS"):
+        variants = {"slowed": f"sleeps {VARIANT_STEP_S} s in every step", "plain": "no sleep"}
 
     def framework_version(self):
         return "0.0-test"
@@ -128,7 +150,7 @@ class FakeAdapter(Adapter):
         pass
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
-        return FakeTrainer(graph, weights, precision, loss_scale, spec.name)
+        return FakeTrainer(graph, weights, precision, loss_scale, spec.name, variant)
 
 
 class SkippingTrainer(FakeTrainer):

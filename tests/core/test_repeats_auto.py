@@ -1,0 +1,127 @@
+"""`run --repeats auto`: repeats added round by round until each speed-up against fp32 is decided, within a budget."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness import results
+from harness.run.runner import UntilDecided, failure_record, matrix
+from tests.core.test_runner import amp
+
+SPEC = "tests/specs/pitfall_batchnorm.yaml"
+SHORT = ["--framework", "fake", "--steps", "3", "--warmup", "1", "--no-progress"]
+
+
+def _repeats(out_dir) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for r in results.read_records([out_dir]):
+        found.setdefault(r["precision"], []).append(r["repeat"])
+    return found
+
+
+def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tmp_path):
+    plan = tmp_path / "auto.yaml"
+    plan.write_text(f"precisions: [fp32, amp_bf16]\nrepeats: auto\nbudget: 60\nwarmup: 1\nsteps: 3\n"
+                    f"models:\n  - {{model: {SPEC}}}\n")
+    args = ["run", "--framework", "fake", "--matrix", str(plan), "--no-progress", "--out", str(tmp_path / "out")]
+    out = amp(*args, faults="amp_bf16=slow")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 3 "
+                     r"repeats: slower, speed-up \S+x, 95% CI \S+", out.stdout), out.stdout
+    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "amp_bf16": [0, 1, 2]}
+
+    again = amp(*args, "--resume", faults="amp_bf16=slow")  # the recorded repeats count: nothing more to run
+    assert again.returncode == 0, again.stderr
+    assert "resume: 6 of 6 runs already recorded" in again.stderr
+    assert "decided after 3 repeats: slower" in again.stdout
+    assert len(results.read_records([tmp_path / "out"])) == 6
+
+
+def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMP_FAKE_NOISE_FILE", str(tmp_path / "noise"))
+    out = amp("run", *SHORT, "--model", SPEC, "--precision", "fp32,amp_bf16", "--repeats", "auto", "--budget", "20",
+              "--out", str(tmp_path / "out"), faults="fp32=noisy,amp_bf16=noisy")
+    assert out.returncode == 0, out.stderr
+    line = re.search(r"amp_bf16 against fp32 \(variant default\): budget ran out after (\d+) repeats(?: \(fp32 "
+                     r"(\d+)\))?: too noisy here to decide \(speed-up [\d.]+x, 95% CI [\d.]+-[\d.]+; spread \d+% "
+                     r"fp32, \d+% amp_bf16\)", out.stdout)
+    assert line, out.stdout
+    n = int(line[1])
+    assert n > 3  # repeats were added past the first three
+    assert _repeats(tmp_path / "out") == {"fp32": list(range(int(line[2] or n))), "amp_bf16": list(range(n))}
+
+
+def _plan(budget_s: float, clock) -> tuple[UntilDecided, list]:
+    requests = matrix("fake", [("mnist_mlp", {})], ["fp32", "amp_bf16", "amp_fp16"], 3, ["default"])
+    return UntilDecided(requests, budget_s, clock=clock), requests
+
+
+def _ran(q, median_ms: float, status: str = "ok", wall_s: float = 1.0) -> dict:
+    record = failure_record(q, status, None, 0.0)
+    record.update(step_time_ms={"median": median_ms}, wall_s=wall_s)
+    return record
+
+
+def test_only_the_undecided_cells_and_their_fp32_cell_run_again_while_the_budget_lasts():
+    now = [0.0]
+    plan, requests = _plan(100, lambda: now[0])
+    times = {"fp32": [10.0, 10.1, 9.9], "amp_bf16": [20.0, 20.2, 19.8], "amp_fp16": [5.0, 15.0, 9.0]}
+    plan.add([_ran(q, times[q.precision][q.repeat]) for q in requests])
+    now[0] = 9.0  # nine runs of 1 s each
+    more = plan.next_round()
+    assert [(q.precision, q.repeat) for q in more] == [("fp32", 3), ("amp_fp16", 3)]  # amp_bf16 is decided
+    assert len({q.run_id for q in requests + more}) == len(requests) + 2
+    plan.add([_ran(more[0], 10.0), _ran(more[1], 10.0)])
+    now[0] = 99.5  # half a second left: not enough for another run
+    assert plan.next_round() == []
+    lines = plan.outcomes()
+    assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): decided after 3 repeats "
+                               "(fp32 4): slower, speed-up 0.5x")
+    assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): budget ran out after 4 "
+                               "repeats: too noisy here to decide (speed-up ")
+
+
+def test_a_cell_whose_run_did_not_end_ok_stops_and_says_why():
+    plan, requests = _plan(100, lambda: 0.0)
+    plan.add([_ran(q, 10.0 if q.precision != "amp_fp16" else [5.0, 15.0, 9.0][q.repeat],
+                   "unsupported" if q.precision == "amp_bf16" else "ok") for q in requests])
+    assert [(q.precision, q.repeat) for q in plan.next_round()] == [("fp32", 3), ("amp_fp16", 3)]
+    assert plan.outcomes()[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): stopped: its "
+                                         "amp_bf16 run r0 ended unsupported")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repeats", "auto", "--budget", "-1"], "argument --budget: '-1' is not a positive number of seconds"),
+    (["--repeats", "sometimes"], "argument --repeats: 'sometimes' is not a positive integer"),
+    (["--budget", "60"], "--budget: only with --repeats auto"),
+    (["--repeats", "3", "--budget", "60"], "--budget: only with --repeats auto"),
+])
+def test_bad_values_are_one_line_and_exit_2(args, message):
+    out = amp("run", *SHORT, "--model", SPEC, *args)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("text, args, message", [
+    ("repeats: 3\n", ["--repeats", "auto"], "--repeats: the matrix file"),
+    ("repeats: auto\nbudget: 30\n", ["--budget", "60"], "--budget: the matrix file"),
+    ("repeats: 3\nbudget: 30\n", [], "budget: only with repeats: auto"),
+    ("repeats: auto\nbudget: -5\n", [], "budget: Input should be greater than 0"),
+    ("repeats: often\n", [], "repeats"),
+])
+def test_a_matrix_file_that_sets_repeats_or_budget_is_checked(tmp_path, text, args, message):
+    plan = tmp_path / "m.yaml"
+    plan.write_text(f"precisions: [fp32, amp_bf16]\n{text}models:\n  - {{model: {SPEC}}}\n")
+    out = amp("run", "--framework", "fake", "--matrix", str(plan), *args)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def test_repeats_auto_beside_a_matrix_file_without_repeats_is_taken(tmp_path):
+    plan = tmp_path / "m.yaml"
+    plan.write_text(f"precisions: [fp32, tf32]\nwarmup: 1\nsteps: 3\nmodels:\n  - {{model: {SPEC}}}\n")
+    out = amp("run", "--framework", "fake", "--matrix", str(plan), "--repeats", "auto", "--budget", "60",
+              "--no-progress", "--out", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    assert "tf32 against fp32 (variant default): stopped: its tf32 run r0 ended unsupported (fake cannot do " \
+           "TF32)" in out.stdout
+    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "tf32": [0, 1, 2]}
