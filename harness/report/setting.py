@@ -36,7 +36,10 @@ def node(r: dict) -> str | None:
 
 
 def setting(r: dict) -> Setting:
-    return Setting(device_key(r), node(r), (r.get("env") or {}).get("threads"), r.get("variant"),
+    # a run whose variant was chosen for it (`--variant auto`: the fastest here for its model and precision) is
+    # compared as "auto": fp32 at its fastest against amp_bf16 at its fastest, whichever each ran
+    variant = "auto" if r.get("variant_choice") else r.get("variant")
+    return Setting(device_key(r), node(r), (r.get("env") or {}).get("threads"), variant,
                    r.get("framework_version"), r.get("batch_size"))
 
 

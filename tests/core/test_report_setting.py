@@ -32,6 +32,18 @@ def test_the_key_holds_every_part_of_a_setting():
     assert not compatible(setting({**crashed, "batch_size": 16}), setting(r))
 
 
+def test_variants_chosen_by_auto_compare_each_precision_at_its_fastest():
+    def chose(variant, records):
+        return [{**r, "variant": variant, "variant_choice": {"chosen": variant}} for r in records]
+
+    view = build_view(chose("compile", cell("torch", "fp32", 12.0)) + chose("channels_last", cell("torch", "amp_bf16", 10.0)))
+    (s,) = view["summary"]  # one comparison: the two chosen variants are one setting, "auto"
+    assert 1.1 < s["ratio"] < 1.3
+    forced = build_view([{**r, "variant": "compile"} for r in cell("torch", "fp32", 12.0)]
+                        + [{**r, "variant": "eager"} for r in cell("torch", "amp_bf16", 10.0)])
+    assert not forced["summary"]  # variants asked for by name are settings of their own
+
+
 def test_memory_is_called_comparable_only_for_figures_of_one_kind():
     same = build_view(cell("torch", "fp32", 12.0) + cell("jax", "fp32", 10.0))
     assert same["memory_note"] == "Every peak figure is of one kind, comparable across frameworks and precisions: rss."
