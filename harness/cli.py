@@ -238,7 +238,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
         if not args.force:
             memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
                               args.device, model)
-    variants = _variants(load_adapter(args.framework), args.variant, timed=mode not in ("fingerprint", "diagnose"))
+    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run")
     requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
                       **extra)
