@@ -151,8 +151,8 @@ def cmd_adapters(args) -> int:
             continue
         dev = info["device"]
         print(f"{name} {info['version']}  ({found[name].value})  device {dev['name']}: {dev['description']}")
-        print(f"  precisions as measured on this machine: each one's training step probed here "
-              f"({cache_file('capabilities')})")
+        print(f"  precisions as measured on this machine: the adapter's own limits, else a training step probed "
+              f"here ({cache_file('capabilities')})")
         for precision, reason in info["precisions"].items():
             print(f"  {precision:<9} {'runs' if reason is None else 'unsupported: ' + reason}")
         for variant, what in info["variants"].items():
