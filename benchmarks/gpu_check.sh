@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# GPU check of the PyTorch adapter: fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet,
-# `diagnose` (tensor capture, numerics verdicts) on resnet8 and mnist_mlp, `profile` (per-layer times and the
-# dtype each layer computed in, under torch.profiler) on both models, then a table of median step times.
+# GPU check of the PyTorch adapter: `adapters` (each precision proved on the GPU by the capability probe),
+# fp32 (strict), tf32, amp_fp16 and amp_bf16 on resnet8 and small_convnet with `--repeats auto` and `--variant auto`
+# (the fastest of channels_last, eager and compile on this GPU, recorded in variant_choice), every variant's
+# fingerprint held to the default's (`parity`), `diagnose` (tensor capture, numerics verdicts) on resnet8 and
+# mnist_mlp, `profile` (per-layer times and the dtype each layer computed in, under torch.profiler) on both
+# models, then a table of median step times and the report.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -11,7 +14,10 @@ out=${1:-results/gpu_check}
 python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch
 python3 -m harness adapters
 python3 -m harness run --framework torch --device gpu --model resnet8,small_convnet \
-  --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats 3 --no-progress --out "$out"
+  --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats auto --budget 300 --no-progress --out "$out"
+python3 -m harness fingerprint --framework torch --device gpu --variant all --precision fp32,amp_bf16 \
+  --model tests/specs/pitfall_nested_residual_dropout.yaml --no-progress --out "$out/parity"
+python3 -m harness parity "$out/parity"
 python3 -m harness diagnose --framework torch --device gpu --model resnet8,mnist_mlp --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
 python3 -m harness profile --framework torch --device gpu --model resnet8,small_convnet \
@@ -27,3 +33,4 @@ table = ok.groupby(["model", "precision"]).agg(
 print(table.round(2).to_string())
 print(df[df.status != "ok"][["model", "precision", "status", "reason"]].to_string())
 PY
+python3 -m harness report "$out" -o "$out/index.html" --profiles "$out/profile" --diagnoses "$out/diagnose"
