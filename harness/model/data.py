@@ -6,6 +6,8 @@ unless a repeat shifts it: harness.run.worker.run_seed).
 """
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import math
 import warnings
 from pathlib import Path
@@ -87,11 +89,8 @@ class Digits(Source):
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        self.images = (digits.images / 16.0).astype(np.float32)[..., None]
-        labels = digits.target.astype(np.int64)
+        pixels, labels = digits()
+        self.images = (pixels / 16.0).astype(np.float32)[..., None]
         self.labels = (labels >= 5).astype(np.int64) if spec.dataset.num_classes == 2 else labels
         self.flat = len(self.shape) == 1  # a vector input: square images, flattened
         if self.flat:
@@ -104,6 +103,19 @@ class Digits(Source):
         h, w, c = self.shape
         out = _fit_channels(_resize(self.images[indices], h, w), c)
         return out.reshape(len(indices), -1) if self.flat else out
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as `load_digits()` gives them ([1797, 8, 8] pixel values 0-16, and their labels), read
+    from the file it bundles without importing scikit-learn: the import takes a second or two, more than a short
+    timed run's training, and every run process pays it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise HarnessError("the digits dataset needs scikit-learn (pip install scikit-learn)")
+    path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
 
 
 class ImageFolder(Source):

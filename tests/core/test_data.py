@@ -1,6 +1,9 @@
 """Datasets, batch order, canonical weights and the numpy reference forward pass."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import yaml
@@ -107,3 +110,14 @@ def test_metrics():
     bce = load_spec("small_convnet").loss
     total, correct = loss_and_correct(bce, np.array([[0.9], [0.2]]), np.array([1, 1]))
     assert correct == 1 and total == pytest.approx(-np.log(0.9) - np.log(0.2))
+
+
+def test_digits_are_scikit_learns_without_importing_it():
+    """Every run process reads digits: the bundled file gives load_digits()'s arrays, and scikit-learn's import
+    (seconds, more than a short run's training) is not paid."""
+    code = ("import sys, numpy as np; from harness.model.data import digits; pixels, labels = digits(); "
+            "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
+            "from sklearn.datasets import load_digits; d = load_digits(); "
+            "assert np.array_equal(pixels, d.images) and np.array_equal(labels, d.target), 'values differ'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
