@@ -174,7 +174,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.results import read_records
+    from harness.results import NO_RESULT, read_records
     from harness.run.executors import executor_from_args
     from harness.run.runner import (
         AUTO,
@@ -247,16 +247,16 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     if auto:
         budget = budget or DEFAULT_BUDGET_S
         earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
-        until = UntilDecided(requests, budget, earlier)
-        print(f"repeats auto: {MIN_REPEATS} of each cell, then more of each until its speed-up against fp32 is "
-              f"decided, within {budget:g} s", file=sys.stderr)
+        until = UntilDecided(requests, budget, [r for r in earlier if r.get("status") not in NO_RESULT])
+        print(f"repeats auto: one of each cell, then more until each has {MIN_REPEATS} and its speed-up against "
+              f"fp32 is decided, within {budget:g} s for the whole matrix", file=sys.stderr)
     if args.resume:
         total, requests = len(requests), pending(requests, out, filename)
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
               f"running {len(requests)}", file=sys.stderr)
     show = sys.stderr.isatty() and not args.no_progress
     if auto:
-        records, interrupted = run_until_decided(until, requests, out, args.timeout, show, filename, executor)
+        records, interrupted = run_until_decided(until, out, args.timeout, show, filename, executor)
     else:
         records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor)
     if show:

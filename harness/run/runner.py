@@ -229,12 +229,14 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
 
 
 class UntilDecided:
-    """`--repeats auto`: after the matrix's first stats.MIN_REPEATS repeats, one more repeat of every cell whose
-    speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians) is not
-    decided yet by stats.Ratio.decision, round after round in the matrix's order (fp32, amp_bf16, amp_fp16,
-    fp32, ...), while the round's runs fit in what is left of `budget_s` for the whole invocation: the budget is
-    spread over the undecided cells, one repeat each per round. A cell whose run ended otherwise than ok (failed,
-    unsupported, diverged) has nothing more to decide. `recorded`: records an earlier invocation wrote (--resume)."""
+    """`--repeats auto`: one budget (`budget_s`, for the whole invocation) spread over the matrix's cells. Every
+    cell runs once, whatever the budget (each gets a figure); then round after round, in the matrix's order
+    (fp32, amp_bf16, amp_fp16, fp32, ...), one more repeat of every cell that has fewer than stats.MIN_REPEATS or
+    whose speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians)
+    is not decided yet by stats.Ratio.decision, while the round's runs fit in what is left of the budget. A cell
+    whose run ended otherwise than ok (failed, unsupported, diverged) has nothing more to decide. `outcomes()`
+    says what stopped each cell, and which the budget cut below MIN_REPEATS (those have no verdict).
+    `recorded`: records an earlier invocation wrote (--resume)."""
 
     def __init__(self, requests: list[RunRequest], budget_s: float, recorded: list[dict] = (),
                  clock=time.monotonic):
@@ -244,7 +246,7 @@ class UntilDecided:
         for q in requests:
             cell = _request_key(q)[:-1]
             self.template.setdefault(cell, q)
-            self.next_repeat[cell] = max(self.next_repeat.get(cell, 0), q.repeat + 1)
+            self.next_repeat[cell] = min(self.next_repeat.get(cell, q.repeat), q.repeat)
         self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
         self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
         self.ran_out = False
@@ -272,17 +274,33 @@ class UntilDecided:
         a, b = (self._medians(c) for c in pair)
         return stats.ratio(a, b) if a and b else None
 
-    def _broken(self, pair: tuple[tuple, tuple]) -> dict | None:
-        """The first record of the pair's cells whose run ended otherwise than ok: nothing more to decide."""
-        return next((r for c in pair for r in self.records[c].values() if r["status"] != "ok"), None)
+    def _broken(self, cells) -> dict | None:
+        """The first record of these cells whose run ended otherwise than ok: nothing more to decide."""
+        return next((r for c in cells for r in self.records[c].values() if r["status"] != "ok"), None)
 
     def _open(self, pair: tuple[tuple, tuple]) -> bool:
         r = self._ratio(pair)
         return not self._broken(pair) and (r is None or r.decision not in DECIDED)
 
+    def _wanted(self, cell: tuple) -> bool:
+        """Another repeat of this cell would be used: it has too few, or one of its comparisons is open."""
+        if self._broken([cell]):
+            return False
+        return len(self.records[cell]) < stats.MIN_REPEATS or any(self._open(p) and cell in p for p in self.pairs())
+
+    def _request(self, cell: tuple) -> RunRequest:
+        t, r = self.template[cell], self.next_repeat[cell]
+        self.next_repeat[cell] = r + 1
+        return replace(t, repeat=r, run_id=_run_id(t.framework, t.model, t.precision, t.variant, t.loss_scale, r,
+                                                   _stamp()))
+
+    def first_round(self) -> list[RunRequest]:
+        """A repeat of every cell that has none yet: each cell gets a figure whatever the budget."""
+        return [self._request(c) for c in self.template if not self.records[c]]
+
     def next_round(self) -> list[RunRequest]:
-        """The next repeat of every undecided cell, as many as fit in the budget (none: the matrix is done)."""
-        cells = [c for c in self.template if any(self._open(p) and c in p for p in self.pairs())]
+        """The next repeat of every cell still wanted, as many as fit in the budget (none: the matrix is done)."""
+        cells = [c for c in self.template if self._wanted(c)]
         elapsed = self.clock() - self.started
         overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
         left, batch = self.budget_s - elapsed, []
@@ -292,15 +310,11 @@ class UntilDecided:
             if left < 0:
                 self.ran_out = True
                 break
-            t = self.template[cell]
-            r = self.next_repeat[cell]
-            self.next_repeat[cell] = r + 1
-            batch.append(replace(t, repeat=r, run_id=_run_id(t.framework, t.model, t.precision, t.variant,
-                                                            t.loss_scale, r, _stamp())))
+            batch.append(self._request(cell))
         return batch
 
     def outcomes(self) -> list[str]:
-        """A line per compared cell: what stopped its repeats."""
+        """A line per cell: what stopped its repeats; then, if the budget cut any cell below MIN_REPEATS, which."""
         lines, compared = [], set()
         for base, cell in self.pairs():
             compared.add(cell)
@@ -316,10 +330,12 @@ class UntilDecided:
                 lines.append(f"{name}: interrupted before a repeat of each")
                 continue
             a, b = self._medians(base), self._medians(cell)
-            n = f"{len(b)} repeats" + ("" if len(a) == len(b) else f" (fp32 {len(a)})")
+            n = f"{len(b)} repeat{'s' * (len(b) != 1)}" + ("" if len(a) == len(b) else f" (fp32 {len(a)})")
             interval = f"speed-up {r.estimate:.3g}x, 95% CI {r.low:.3g}-{r.high:.3g}" if r.is_interval else r.label
             if r.decision in DECIDED:
                 lines.append(f"{name}: decided after {n}: {r.decision}, {interval}")
+            elif self.ran_out and not r.is_interval:
+                lines.append(f"{name}: budget ran out after {n}: not enough repeats for a verdict ({interval})")
             elif self.ran_out:
                 lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
                              f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
@@ -329,14 +345,21 @@ class UntilDecided:
             if q.precision != "fp32" and cell not in compared:
                 lines.append(f"{q.framework} {Path(q.model).stem} {q.precision}: no fp32 cell to compare with "
                              f"(variant {q.variant}); {len(self.records[cell])} repeats")
+        cut = [c for c in self.template if not self._broken([c]) and len(self.records[c]) < stats.MIN_REPEATS]
+        if self.ran_out and cut:
+            names = ", ".join(f"{Path(self.template[c].model).stem} {self.template[c].precision} "
+                              f"({len(self.records[c])})" for c in cut)
+            lines.append(f"the {self.budget_s:g} s budget cut {len(cut)} of {len(self.template)} cells below "
+                         f"{stats.MIN_REPEATS} repeats (no verdict for them): {names}; a larger --budget gives them "
+                         f"their repeats")
         return lines
 
 
-def run_until_decided(plan: UntilDecided, requests: list[RunRequest], out_dir: Path, timeout_s: float,
-                      show_progress: bool, filename: str = results.RESULTS_FILE,
-                      executor=None) -> tuple[list[dict], bool]:
-    """run_matrix for `--repeats auto`: `requests` (the first repeats), then plan's rounds until it has none."""
-    records, interrupted = run_matrix(requests, out_dir, timeout_s, show_progress, filename, executor)
+def run_until_decided(plan: UntilDecided, out_dir: Path, timeout_s: float, show_progress: bool,
+                      filename: str = results.RESULTS_FILE, executor=None) -> tuple[list[dict], bool]:
+    """run_matrix for `--repeats auto`: plan's first round (a repeat of every cell), then its rounds until it has
+    none."""
+    records, interrupted = run_matrix(plan.first_round(), out_dir, timeout_s, show_progress, filename, executor)
     plan.add(records)
     while not interrupted:
         more = plan.next_round()

@@ -63,30 +63,52 @@ def _ran(q, median_ms: float, status: str = "ok", wall_s: float = 1.0) -> dict:
     return record
 
 
-def test_only_the_undecided_cells_and_their_fp32_cell_run_again_while_the_budget_lasts():
+def _rounds(plan, times, status=lambda q: "ok", now=None) -> list:
+    """Run the plan's first round and then its rounds to the end, each run 1 s (on the `now` clock)."""
+    asked, batch = [], plan.first_round()
+    while batch:
+        asked += batch
+        if now is not None:
+            now[0] += len(batch)
+        plan.add([_ran(q, times[q.precision][q.repeat % len(times[q.precision])], status(q)) for q in batch])
+        batch = plan.next_round()
+    return asked
+
+
+def test_the_budget_covers_the_matrix_and_only_undecided_cells_run_past_three_repeats():
     now = [0.0]
-    plan, requests = _plan(100, lambda: now[0])
-    times = {"fp32": [10.0, 10.1, 9.9], "amp_bf16": [20.0, 20.2, 19.8], "amp_fp16": [5.0, 15.0, 9.0]}
-    plan.add([_ran(q, times[q.precision][q.repeat]) for q in requests])
-    now[0] = 9.0  # nine runs of 1 s each
-    more = plan.next_round()
-    assert [(q.precision, q.repeat) for q in more] == [("fp32", 3), ("amp_fp16", 3)]  # amp_bf16 is decided
-    assert len({q.run_id for q in requests + more}) == len(requests) + 2
-    plan.add([_ran(more[0], 10.0), _ran(more[1], 10.0)])
-    now[0] = 99.5  # half a second left: not enough for another run
-    assert plan.next_round() == []
+    plan, _ = _plan(11.5, lambda: now[0])
+    times = {"fp32": [10.0, 10.1, 9.9, 10.0], "amp_bf16": [20.0, 20.2, 19.8], "amp_fp16": [5.0, 15.0, 9.0, 10.0]}
+    asked = _rounds(plan, times, now=now)
+    assert [(q.precision, q.repeat) for q in asked[:3]] == [("fp32", 0), ("amp_bf16", 0), ("amp_fp16", 0)]
+    assert [(q.precision, q.repeat) for q in asked[9:]] == [("fp32", 3), ("amp_fp16", 3)]  # amp_bf16 is decided
+    assert len({q.run_id for q in asked}) == len(asked) == 11  # then half a second left: no run fits
     lines = plan.outcomes()
     assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): decided after 3 repeats "
                                "(fp32 4): slower, speed-up 0.5x")
     assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): budget ran out after 4 "
                                "repeats: too noisy here to decide (speed-up ")
+    assert len(lines) == 2  # no cell was cut below three repeats
+
+
+def test_a_budget_too_small_for_three_repeats_runs_each_cell_once_and_says_what_it_cut():
+    now = [0.0]
+    plan, _ = _plan(4.5, lambda: now[0])
+    asked = _rounds(plan, {"fp32": [10.0], "amp_bf16": [20.0], "amp_fp16": [5.0]}, now=now)
+    assert [(q.precision, q.repeat) for q in asked] == [("fp32", 0), ("amp_bf16", 0), ("amp_fp16", 0), ("fp32", 1)]
+    lines = plan.outcomes()
+    assert lines[0] == ("fake mnist_mlp amp_bf16 against fp32 (variant default): budget ran out after 1 repeat "
+                        "(fp32 2): not enough repeats for a verdict (range of 1 repeat 0.50-0.50)")
+    assert lines[-1] == ("the 4.5 s budget cut 3 of 3 cells below 3 repeats (no verdict for them): mnist_mlp fp32 "
+                         "(2), mnist_mlp amp_bf16 (1), mnist_mlp amp_fp16 (1); a larger --budget gives them their "
+                         "repeats")
 
 
 def test_a_cell_whose_run_did_not_end_ok_stops_and_says_why():
-    plan, requests = _plan(100, lambda: 0.0)
-    plan.add([_ran(q, 10.0 if q.precision != "amp_fp16" else [5.0, 15.0, 9.0][q.repeat],
-                   "unsupported" if q.precision == "amp_bf16" else "ok") for q in requests])
-    assert [(q.precision, q.repeat) for q in plan.next_round()] == [("fp32", 3), ("amp_fp16", 3)]
+    plan, _ = _plan(100, lambda: 0.0)
+    asked = _rounds(plan, {"fp32": [10.0], "amp_bf16": [10.0], "amp_fp16": [5.0, 15.0, 9.0]},
+                    status=lambda q: "unsupported" if q.precision == "amp_bf16" else "ok")
+    assert [q.precision for q in asked].count("amp_bf16") == 1
     assert plan.outcomes()[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): stopped: its "
                                          "amp_bf16 run r0 ended unsupported")
 
@@ -124,4 +146,4 @@ def test_repeats_auto_beside_a_matrix_file_without_repeats_is_taken(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "tf32 against fp32 (variant default): stopped: its tf32 run r0 ended unsupported (fake cannot do " \
            "TF32)" in out.stdout
-    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "tf32": [0, 1, 2]}
+    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "tf32": [0]}  # unsupported: once is enough
