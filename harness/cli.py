@@ -212,7 +212,9 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
         own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
         cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items()
                                                      if v is not None and (mode == "run" or k in own)}})
-                 for m in plan.models]
+                 for m in plan.models if mode in m.commands]
+        if not cells:
+            raise HarnessError(f"{args.matrix}: no model is for {mode} (each model's `commands` leave it out)")
         if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
             cells = [(m, {**o, "steps": args.steps}) for m, o in cells]
         if mode == "run":

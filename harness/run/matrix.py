@@ -32,6 +32,9 @@ class MatrixModel(_Strict):
     loss_scales: Optional[list[str]] = Field(None, min_length=1)
     # this model's precisions instead of the matrix's (e.g. the pure 16-bit arms of swamped_mlp)
     precisions: Optional[list[str]] = Field(None, min_length=1)
+    # the commands that take this model from the file (`amp-harness run|diagnose|profile --matrix`): a model whose
+    # runs would take too long for the campaign's time can still be diagnosed
+    commands: list[Literal["run", "diagnose", "profile"]] = Field(("run", "diagnose", "profile"), min_length=1)
 
     def overrides(self) -> dict:
         return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps,

@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -229,8 +228,9 @@ def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show
 
 
 class UntilDecided:
-    """`--repeats auto`: one budget (`budget_s`, for the whole invocation) spread over the matrix's cells. Every
-    cell runs once, whatever the budget (each gets a figure); then round after round, in the matrix's order
+    """`--repeats auto`: one budget (`budget_s`) spread over the matrix's cells. Every cell runs once first, outside
+    the budget (each gets a figure, and these runs also measure once-per-machine facts: peaks, the fastest
+    variant), then the budget's clock starts (`start`): round after round, in the matrix's order
     (fp32, amp_bf16, amp_fp16, fp32, ...), one more repeat of every cell that has fewer than stats.MIN_REPEATS or
     whose speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians)
     is not decided yet by stats.Ratio.decision, while the round's runs fit in what is left of the budget. A cell
@@ -251,6 +251,10 @@ class UntilDecided:
         self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
         self.ran_out = False
         self.add(recorded, earlier=True)
+
+    def start(self) -> None:
+        """The budget's clock starts now, after the first round."""
+        self.started, self.run_s, self.runs = self.clock(), 0.0, 0
 
     def add(self, records: list[dict], earlier: bool = False) -> None:
         for r in records:
@@ -304,9 +308,9 @@ class UntilDecided:
         elapsed = self.clock() - self.started
         overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
         left, batch = self.budget_s - elapsed, []
-        for cell in cells:  # the median run: a cell's first also measured once-per-machine facts (peaks, variants)
+        for cell in cells:  # its quickest run: a cell's first also measured once-per-machine facts (peaks, variants)
             walls = [r.get("wall_s") or 0.0 for r in self.records[cell].values()]
-            left -= overhead + (statistics.median(walls) if walls else 0.0)
+            left -= overhead + min(walls, default=0.0)
             if left < 0:
                 self.ran_out = True
                 break
@@ -361,6 +365,7 @@ def run_until_decided(plan: UntilDecided, out_dir: Path, timeout_s: float, show_
     none."""
     records, interrupted = run_matrix(plan.first_round(), out_dir, timeout_s, show_progress, filename, executor)
     plan.add(records)
+    plan.start()
     while not interrupted:
         more = plan.next_round()
         if not more:

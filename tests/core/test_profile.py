@@ -126,3 +126,22 @@ def test_a_non_finite_loss_in_a_profiled_step_is_recorded_not_a_crash(tmp_path):
     assert out.returncode == 0, out.stderr
     (r,) = [json.loads(line) for line in (tmp_path / "profiles.jsonl").read_text().splitlines()]
     assert r["status"] == "ok" and r["loss"][0] is None and r["profile"]["steps"] == 3
+
+
+def test_a_matrix_models_commands_say_which_commands_take_it(tmp_path):
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("precisions: [fp32]\nrepeats: 3\nsteps: 3\nmodels:\n"
+                      "  - {model: mnist_mlp, batch_size: 8, commands: [run, profile]}\n"
+                      "  - {model: underflow_mlp, batch_size: 8, commands: [diagnose]}\n")
+    for command, out_file in (("profile", "profiles.jsonl"), ("diagnose", "diagnoses.jsonl")):
+        out = cli(tmp_path, command, "--framework", "fake", "--matrix", str(matrix),
+                  *(["--steps", "2"] if command == "profile" else []))
+        assert out.returncode == 0, out.stderr
+        records = [json.loads(line) for line in (tmp_path / out_file).read_text().splitlines()]
+        assert {r["model"] for r in records} == ({"mnist_mlp"} if command == "profile" else {"underflow_mlp"})
+    matrix.write_text("precisions: [fp32]\nmodels:\n  - {model: mnist_mlp, commands: [diagnose]}\n")
+    out = cli(tmp_path, "profile", "--framework", "fake", "--matrix", str(matrix))
+    assert out.returncode == 2 and "no model is for profile" in out.stderr and len(out.stderr.splitlines()) == 1
+    matrix.write_text("precisions: [fp32]\nmodels:\n  - {model: mnist_mlp, commands: [train]}\n")
+    out = cli(tmp_path, "profile", "--framework", "fake", "--matrix", str(matrix))
+    assert out.returncode == 2 and "models.0.commands.0" in out.stderr and len(out.stderr.splitlines()) == 1
