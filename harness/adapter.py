@@ -206,6 +206,12 @@ class Adapter(ABC):
         ("oneDNN has no bfloat16 primitives for this CPU"), or None. The core adds the CPU's flags and the error."""
         return None
 
+    def free_memory_mb(self, device: Device) -> float | None:
+        """MiB the framework can still allocate on `device` (a GPU) now, other processes' use counted: the
+        worker's memory guard holds a run's estimate to it before building the network. None where the
+        framework cannot tell (the guard before the runs asked nvidia-smi)."""
+        return None
+
     @abstractmethod
     def set_threads(self, threads: int) -> None:
         """Set intra-op threads before any op runs."""

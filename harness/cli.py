@@ -3,12 +3,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from harness.errors import HarnessError, clip
+from harness.limits import (
+    MAX_GROWTH_INTERVAL,
+    MAX_MODELS,
+    MAX_REPEATS,
+    MAX_RUNS,
+    MAX_SECONDS,
+    MAX_STEPS,
+    MAX_THREADS,
+    usable_cpus,
+)
 from harness.report.stats import MIN_REPEATS
 from harness.results import NO_RESULT
 from harness.run.executors import add_executor_arguments
@@ -49,7 +59,7 @@ def _positive(text: str) -> int:
 
 
 def _repeats(text: str) -> int | str:
-    return "auto" if text == "auto" else _positive(text)
+    return "auto" if text == "auto" else _REPEATS(text)
 
 
 def _seconds(text: str) -> float:
@@ -70,6 +80,24 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"'{text}' is not a non-negative integer")
     return value
+
+
+def _at_most(parse, most: float | Callable[[], float], what: str) -> Callable[[str], float]:
+    """`parse`, then refuse a value above `most` (harness.limits; a callable: asked when parsing): a value that
+    would take the machine is bad input, refused before any worker starts."""
+    def check(text: str):
+        value, bound = parse(text), most() if callable(most) else most
+        if value > bound:
+            raise argparse.ArgumentTypeError(f"'{clip(text, 30)}' is more than {bound:,.0f} {what}")
+        return value
+    return check
+
+
+_STEPS = _at_most(_positive, MAX_STEPS, "steps (a record holds every step: harness.limits.MAX_STEPS)")
+_WARMUP = _at_most(_count, MAX_STEPS, "warm-up steps (harness.limits.MAX_STEPS)")
+_SECONDS = _at_most(_seconds, MAX_SECONDS, "seconds (a week: harness.limits.MAX_SECONDS)")
+_REPEATS = _at_most(_positive, MAX_REPEATS, "repeats (harness.limits.MAX_REPEATS)")
+_THREADS = _at_most(_positive, MAX_THREADS, "threads (harness.limits.MAX_THREADS; a local run: the CPUs it may use)")
 
 
 def _fmt_int(n: int) -> str:
@@ -174,7 +202,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.results import NO_RESULT, read_records
+    from harness.results import NO_RESULT, prove_writable, read_records
     from harness.run.executors import executor_from_args
     from harness.run.runner import (
         AUTO,
@@ -188,6 +216,10 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     )
     from harness.run.worker import run_seed
 
+    if args.executor == "local" and args.threads > usable_cpus():  # a cluster's nodes have CPUs of their own
+        cpus = usable_cpus()
+        raise HarnessError(f"--threads {args.threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''} "
+                           f"(os.sched_getaffinity); more threads only contend, and too many exhaust the machine")
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
     precisions = args.precision or ["fp32"]
@@ -225,6 +257,9 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
         cells = [(model, cli) for model in args.model]
     else:
         raise HarnessError("--model (or, for run, --matrix) is required")
+    if len(cells) > MAX_MODELS:
+        raise HarnessError(f"{len(cells)} models: more than {MAX_MODELS} in one command (harness.limits.MAX_MODELS); "
+                           f"split them")
     if budget is not None and repeats != AUTO:
         raise HarnessError("--budget: only with --repeats auto (it bounds the repeats that auto adds)")
     auto, repeats = repeats == AUTO, MIN_REPEATS if repeats in (None, AUTO) else repeats
@@ -232,20 +267,26 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     for name in precisions:
         for loss_scale in loss_scales:
             parse_loss_scale(loss_scale, parse_precision(name))
+    _check_runs(cells, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
+    specs: dict[str, object] = {}  # a model named in many cells is read and validated once
     for model, overrides in cells:  # every error certain before a worker starts: the spec, its data, its memory
-        spec = load_spec(model).with_overrides(overrides.get("batch_size"), overrides.get("steps"),
-                                               overrides.get("input_size"))
+        if model not in specs:
+            specs[model] = load_spec(model)
+        spec = specs[model].with_overrides(overrides.get("batch_size"), overrides.get("steps"),
+                                           overrides.get("input_size"))
         data.check(spec, model)
         run_seed(spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
         if not args.force:
             memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
                               args.device, model)
     variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run")
+    _check_runs(cells, precisions, repeats, len(variants), loss_scales)
     requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
-                      **extra)
+                      force=args.force, **extra)
     out = Path(args.out)
     executor = executor_from_args(args, mode)
+    prove_writable(out, filename)  # before the first run: a run's record must not be lost to a read-only --out
     if auto:
         budget = budget or DEFAULT_BUDGET_S
         earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
@@ -277,6 +318,17 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
         print(f"{len(broken)} of {len(records)} runs failed or timed out (each record says why); run the same "
               f"command plus --resume to run them again", file=sys.stderr)
     return records
+
+
+def _check_runs(cells: list[tuple[str, dict]], precisions: list[str], repeats: int, variants: int,
+                loss_scales: list) -> None:
+    """HarnessError when the matrix holds more than MAX_RUNS runs, counted before any request is built: a
+    million requests would fill the memory before the first one ran."""
+    runs = sum(repeats * variants * len(o.get("loss_scales") or loss_scales) * len(o.get("precisions") or precisions)
+               for _, o in cells)
+    if runs > MAX_RUNS:
+        raise HarnessError(f"{runs:,} runs (models x precisions x variants x loss scales x repeats): more than "
+                           f"{MAX_RUNS:,} in one command (harness.limits.MAX_RUNS); fewer repeats or a smaller matrix")
 
 
 def _exit_code(records: list[dict]) -> int:
@@ -435,9 +487,13 @@ def cmd_report(args) -> int:
         DIAGNOSES_FILE,
         FINGERPRINTS_FILE,
         PROFILES_FILE,
+        prove_writable,
         read_records,
     )
 
+    out = Path(args.output)
+    for path in (out, markdown_path(out), out.with_suffix(".csv")):  # before reading: a failure costs nothing yet
+        prove_writable(path.parent, path.name, "-o")
     records = read_records(args.dirs)
     parity_dirs = [d for d in args.parity or [] if (Path(d) / FINGERPRINTS_FILE).exists()]
     for missing in sorted(set(args.parity or []) - set(parity_dirs)):
@@ -448,7 +504,7 @@ def cmd_report(args) -> int:
     profile_dirs = [d for d in args.dirs + (args.profiles or []) if (Path(d) / PROFILES_FILE).exists()]
     profiles = read_records(profile_dirs, PROFILES_FILE) if profile_dirs else None
     try:
-        html, csv = write_report(records, Path(args.output), parity, diagnoses, profiles)
+        html, csv = write_report(records, out, parity, diagnoses, profiles)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
         raise _malformed_records(args.dirs, exc) from exc  # --debug shows where
     md = markdown_path(html)
@@ -478,22 +534,22 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, fingerprint, diagnose, study, profile):
         _add_matrix_options(p)
     profile.set_defaults(func=cmd_profile, out="profiles")
-    diagnose.add_argument("--every", type=_positive, default=10, help="capture after every K steps (and the last)")
+    diagnose.add_argument("--every", type=_STEPS, default=10, help="capture after every K steps (and the last)")
     diagnose.set_defaults(func=cmd_diagnose, out="diagnoses")
     study.add_argument("--scales", type=_csv, required=True,
                        help="loss scales to sweep, e.g. none,1,2^4,2^8,2^12,2^16,2^20,2^24,2^28,2^32,dynamic")
-    study.add_argument("--warmup", type=_count, default=5)
-    study.add_argument("--repeats", type=_positive, default=MIN_REPEATS)
+    study.add_argument("--warmup", type=_WARMUP, default=5)
+    study.add_argument("--repeats", type=_REPEATS, default=MIN_REPEATS)
     study.set_defaults(func=cmd_study, out="results")
     for p in (run, diagnose, profile):
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
                        "benchmarks/compare.yaml (diagnose and profile take its models and sizes)")
-    run.add_argument("--warmup", type=_count, help="untimed steps before the timed ones (default 5)")
+    run.add_argument("--warmup", type=_WARMUP, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_repeats,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
                           "give a 95%% interval), or auto: from 3, more until each speed-up against fp32 is decided "
                           "(faster, slower, or the same within 5%%) or the budget is spent")
-    run.add_argument("--budget", type=_seconds, help="seconds for the whole of --repeats auto (default 600)")
+    run.add_argument("--budget", type=_SECONDS, help="seconds for the whole of --repeats auto (default 600)")
     run.set_defaults(func=cmd_run, out="results")
     fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
     conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
@@ -523,17 +579,19 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--model", type=_csv, help="built-in names or spec paths, comma-separated")
     run.add_argument("--precision", type=_csv,
                      help="comma-separated: fp32, tf32, amp_fp16, amp_bf16, fp16, bf16 (fp64: parity reference)")
-    run.add_argument("--steps", type=_positive, help="timed steps (run: default the spec's; fingerprint: 20)")
+    run.add_argument("--steps", type=_STEPS, help="timed steps (run: default the spec's; fingerprint: 20)")
     run.add_argument("--batch-size", type=_positive)
     run.add_argument("--input-size", type=_size, help="HEIGHTxWIDTH for image models, e.g. 56x84")
     run.add_argument("--loss-scale", help="dynamic (default for amp_fp16), dynamic:INITIAL, a fixed number, none")
-    run.add_argument("--growth-interval", type=_positive, default=2000, help="clean steps before the scale grows")
+    run.add_argument("--growth-interval", default=2000, help="clean steps before the scale grows",
+                     type=_at_most(_positive, MAX_GROWTH_INTERVAL, "steps (frameworks count them in 32 bits)"))
     run.add_argument("--variant", type=_csv, help="the framework's ways to run a step, comma-separated, all (see "
                      "`amp-harness adapters`), or auto (the default): the fastest here for the run's model and "
                      "precision, measured once per machine; fingerprint and diagnose take the adapter's first")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
-    run.add_argument("--threads", type=_positive, default=os.cpu_count() or 1)
-    run.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default 1800)")
+    run.add_argument("--threads", type=_THREADS, default=usable_cpus(),
+                     help="intra-op threads, at most the CPUs this process may use (default: all of them)")
+    run.add_argument("--timeout", type=_SECONDS, default=1800.0, help="seconds per run (default 1800)")
     run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")
     run.add_argument("--resume", action="store_true", help="skip runs already recorded in the output directory")

@@ -176,9 +176,9 @@ def _verdict(precision: str, ref_name: str, ref: dict, other: dict, errors, ref6
 
 
 def compare(records: list[dict]) -> list[Comparison]:
-    from harness.results import usable
+    from harness.results import FINGERPRINTS_FILE, usable
 
-    records, _ = usable(records)
+    records, _ = usable(records, FINGERPRINTS_FILE)
     records = [r for r in records if r.get("fingerprint") or r.get("status") != "ok"]  # not plain run records
     groups: dict[tuple, dict[str, dict]] = {}
     for (model, spec_hash, precision, framework), r in latest(records).items():
@@ -305,9 +305,9 @@ class DiagnosisComparison:
 def compare_diagnoses(records: list[dict]) -> list[DiagnosisComparison]:
     """Each framework's latest diagnosis of a spec against the reference framework's: "pass" within
     DIAGNOSIS_TOLERANCE; FAIL otherwise, or when a run failed or could not capture."""
-    from harness.results import usable
+    from harness.results import DIAGNOSES_FILE, usable
 
-    records, _ = usable(records)
+    records, _ = usable(records, DIAGNOSES_FILE)
     groups: dict[tuple, dict[str, dict]] = {}
     for (model, spec_hash, _, framework), r in latest(records).items():
         groups.setdefault((model, spec_hash), {})[framework] = r

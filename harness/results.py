@@ -9,7 +9,9 @@ import fcntl
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -78,6 +80,26 @@ def append(out_dir: Path, record: dict, filename: str = RESULTS_FILE) -> None:
             raise _unwritable(path, record, exc) from None
     finally:
         os.close(fd)
+
+
+def prove_writable(out_dir: Path, filename: str = RESULTS_FILE, option: str = "--out") -> None:
+    """HarnessError unless `filename` can be appended to in `out_dir` (made if missing): checked before the first
+    run, so that a run is never trained only to find it has nowhere to go. An existing file is opened for
+    appending (writing nothing); otherwise a nameless file is made in the directory and dropped, so no empty
+    records file is left behind for a reader, or another runner sharing the directory, to find."""
+    path = out_dir / filename
+    try:
+        if out_dir.exists() and not out_dir.is_dir():
+            raise HarnessError(f"{path}: cannot write there: {out_dir} is a file, not a directory; give {option} "
+                               f"a place this user can write")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        else:
+            tempfile.TemporaryFile(dir=out_dir).close()
+    except OSError as exc:
+        raise HarnessError(f"{path}: cannot write there: {exc.strerror or exc}; give {option} a place this user "
+                           f"can write") from None
 
 
 def _whole_lines(fd: int) -> int:
@@ -152,6 +174,83 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
+def _listed(check, v) -> bool:
+    return isinstance(v, list) and all(check(x) for x in v)
+
+
+def _mapped(check, v) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
+
+
+def _rows(v) -> bool:
+    """Outputs as a fingerprint holds them: a row of numbers (None where not finite) per sample."""
+    return _listed(lambda row: _listed(_maybe(_number), row), v)
+
+
+def _histogram(h) -> bool:
+    """harness.numerics.histogram: counts per power-of-two exponent (JSON keys are strings), zeros, ..."""
+    bins = h.get("bins") if isinstance(h, dict) else None
+    return isinstance(bins, dict) and all(_exponent(e) and _count(c) for e, c in bins.items()) \
+        and all(_count(h.get(k)) for k in ("zeros", "nonfinite", "count")) and _number(h.get("max_abs"))
+
+
+def _exponent(e) -> bool:
+    """A histogram's bin: a float's power-of-two exponent, an int in memory and a string once in JSON."""
+    return isinstance(e, int) and not isinstance(e, bool) and abs(e) < 100_000 \
+        or isinstance(e, str) and re.fullmatch(r"-?[0-9]{1,5}", e) is not None
+
+
+def _diagnosis(d) -> bool:
+    """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge)."""
+    if not isinstance(d, dict) or not isinstance(d.get("available"), bool):
+        return False
+    if not d["available"]:
+        return True
+    window = d.get("loss_scale_window")
+    return _listed(_count, d.get("captured_steps")) and bool(d["captured_steps"]) and _maybe(_count)(d.get("every")) \
+        and _mapped(lambda group: _mapped(_histogram, group), d.get("groups")) \
+        and _maybe(lambda u: _mapped(lambda c: _mapped(_number, c), u))(d.get("updates")) \
+        and _maybe(_text)(d.get("optimizer")) and _maybe(lambda v: _mapped(_text, v))(d.get("verdicts")) \
+        and (window is None or isinstance(window, list) and len(window) == 2
+             and all(_maybe(_number)(x) for x in window))
+
+
+def _fingerprint(f) -> bool:
+    """What a fingerprint run writes (harness.run.worker._fingerprint) and `parity` compares."""
+    return isinstance(f, dict) and _rows(f.get("initial_outputs")) and _rows(f.get("final_outputs")) \
+        and _maybe(lambda v: _listed(_count, v))(f.get("skipped_steps")) \
+        and _maybe(lambda v: _listed(_number, v))(f.get("loss_scales")) \
+        and _maybe(lambda g: _mapped(lambda v: _listed(_number, v), g))(f.get("gradients")) \
+        and _maybe(lambda v: isinstance(v, dict))(f.get("spec"))
+
+
+def _profile(p) -> bool:
+    """A profile as harness.run.profile writes it and the report's "Where the time goes" reads it."""
+    return isinstance(p, dict) and _number(p.get("step_mean_ms")) and p["step_mean_ms"] > 0 \
+        and _count(p.get("steps")) and all(_maybe(_text)(p.get(k)) for k in ("tool", "note")) \
+        and _maybe(_number)(p.get("coverage")) \
+        and _mapped(_number, p.get("parts")) and all(k in p["parts"] for k in ("casts", "other")) \
+        and _listed(_profiled_layer, p.get("layers"))
+
+
+def _profiled_layer(layer) -> bool:
+    return isinstance(layer, dict) and all(_text(layer.get(k)) for k in ("path", "label", "type")) \
+        and _number(layer.get("forward_ms")) and _number(layer.get("backward_ms")) \
+        and _maybe(_text)(layer.get("compute"))
+
+
 #: what a field must be when present (not None) for a report to read it; a record breaking one is skipped
 SHAPES = {
     "run_id": lambda v: isinstance(v, str), "framework": lambda v: isinstance(v, str),
@@ -168,7 +267,8 @@ SHAPES = {
     **{k: _number for k in ("first_step_ms", "peak_memory_mb", "eval_accuracy", "eval_loss", "flops_per_step",
                             "efficiency", "samples_per_s", "achieved_gflops", "final_train_loss", "input_ms",
                             "param_count", "wall_s")},
-    **{k: lambda v: isinstance(v, dict) for k in ("options", "step_time_ms", "fingerprint", "diagnosis")},
+    **{k: lambda v: isinstance(v, dict) for k in ("options", "step_time_ms")},
+    "fingerprint": _fingerprint, "diagnosis": _diagnosis, "profile": _profile,  # the records of the other files
     **{k: lambda v: isinstance(v, dict) and all(x is None or _number(x) for x in v.values())
        for k in ("state_memory_mb", "device_peak_gflops")},
     "env": lambda v: isinstance(v, dict) and isinstance(v.get("device") or {}, dict)
@@ -197,14 +297,22 @@ def record_key(r: dict) -> tuple:
             loss_scale_key((r.get("loss_scale") or {}).get("settings")), r.get("repeat"))
 
 
-def usable(records: list[dict]) -> tuple[list[dict], list[str]]:
-    """Records a report can use, and why the others were skipped: duplicates (the same run_id twice, e.g. a
-    file given twice), records of a newer schema, records missing the fields that identify a run, and records
-    whose fields are not of the kind a record holds (SHAPES)."""
+#: per records file, what its ok records hold besides what identifies a run: what the report and `parity` read
+OK_HOLDS = {RESULTS_FILE: ("model", "batch_size"), FINGERPRINTS_FILE: ("model", "fingerprint", "loss"),
+            DIAGNOSES_FILE: ("model", "diagnosis"), PROFILES_FILE: ("model", "profile")}
+
+
+def usable(records: list[dict], filename: str = RESULTS_FILE) -> tuple[list[dict], list[str]]:
+    """Records of `filename` (results, fingerprints, diagnoses or profiles) a report can use, and why the others
+    were skipped: duplicates (the same run_id twice, e.g. a file given twice), records of a newer schema, records
+    missing the fields that identify a run (or, when ok, what such a file's ok record holds: OK_HOLDS), and
+    records whose fields are not of the kind a record holds (SHAPES)."""
     kept, seen, skipped = [], set(), {}
     for r in records:
         if any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
             why = "missing run_id, framework, precision or status"
+        elif r["status"] == "ok" and (missing := [k for k in OK_HOLDS[filename] if r.get(k) is None]):
+            why = f"ok but missing {', '.join(missing)}"
         elif field := _malformed(r):
             why = f"{field} is not what a record holds there"
         elif (r.get("schema") or SCHEMA_VERSION) > SCHEMA_VERSION:

@@ -16,6 +16,7 @@ import yaml
 
 from harness import results
 from harness.conformance.specs import SPECS, hint, spec_file
+from harness.limits import usable_cpus
 from harness.model import reference
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
@@ -48,7 +49,8 @@ def cli(cwd, *args):
 
         args = (*args, "--variant", next(iter(load_adapter(args[args.index("--framework") + 1]).variants)))
     out = subprocess.run([sys.executable, "-m", "harness", *args, "--out", str(cwd), "--no-progress",
-                          "--threads", "2"], capture_output=True, text=True, timeout=900, cwd=cwd, env=dict(os.environ))
+                          "--threads", str(min(2, usable_cpus()))],
+                         capture_output=True, text=True, timeout=900, cwd=cwd, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     return results.read_records([cwd])
 

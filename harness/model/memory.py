@@ -95,31 +95,42 @@ def _cgroup_room_mb() -> float | None:
         return None
 
 
-def _gpu_memory_mb() -> float | None:
-    """The smallest visible NVIDIA GPU's total memory, asked of nvidia-smi (no framework needed)."""
+def _gpu_free_mb() -> float | None:
+    """The least free memory of the NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES, by index or UUID),
+    asked of nvidia-smi (no framework needed): free, not total, so memory other processes hold counts; the
+    least, because CUDA may number the visible GPUs in another order than nvidia-smi. None without one."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10)
-        sizes = [float(v) for v in out.stdout.split()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        rows = [(index, uuid, float(free)) for index, uuid, free in
+                (tuple(v.strip() for v in line.split(",")) for line in out.stdout.splitlines() if line.strip())]
+    except (OSError, subprocess.SubprocessError, ValueError):  # no GPU, a driver error, an unknown format
         return None
-    return min(sizes) if sizes else None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        if not wanted or wanted[0].startswith("-"):
+            return None  # no GPU visible: the run takes the CPU
+        # a MIG instance or a name nvidia-smi does not list here: the least of them all
+        rows = [r for r in rows if r[0] in wanted or any(w.startswith("GPU-") and r[1].startswith(w) for w in wanted)] \
+            or rows
+    return min(free for _, _, free in rows) if rows else None
 
 
 def available_mb(device: str) -> tuple[float, str] | None:
-    """(MiB, what it is) a run on `device` ("auto", "cpu", "gpu") may use: a GPU's memory when one is visible
-    and the run may use it, else the host's available RAM (within its cgroup's limit); None when unknown."""
+    """(MiB, what it is) a run on `device` ("auto", "cpu", "gpu") may use: a GPU's free memory when one is
+    visible and the run may use it, else the host's available RAM (within its cgroup's limit); None when unknown."""
     if os.environ.get(LIMIT_ENV):  # users who share a machine, and tests
         try:
             return float(os.environ[LIMIT_ENV]), LIMIT_ENV
         except ValueError:
             raise HarnessError(f"{LIMIT_ENV}={os.environ[LIMIT_ENV]!r}: expected a number of MiB") from None
     if device != "cpu":
-        gpu = _gpu_memory_mb()
+        gpu = _gpu_free_mb()
         if gpu is not None:
-            return gpu, "the GPU's memory (nvidia-smi)"
+            return gpu, "the GPU's free memory (nvidia-smi)"
     room = [v for v in (_meminfo_mb("MemAvailable"), _cgroup_room_mb()) if v is not None]
     return (min(room), "the host's available memory") if room else None
 
@@ -133,9 +144,22 @@ def check_fits(spec, graph: Graph, precisions: list[Precision], device: str, sou
     limit, what = room
     extra = dataset_mb(spec)
     for precision in precisions:
-        need = estimate(graph, spec, precision).step_mb + extra
-        if need > limit:
-            raise HarnessError(f"{source}: {precision.name} needs about {fmt_mb(need)} for a training step at batch "
-                               f"{spec.batch_size}{' and the dataset in memory' if extra else ''} (`amp-harness "
-                               f"check` shows the parts), more than {what} "
-                               f"({fmt_mb(limit)}); use a smaller batch_size or input, or --force")
+        _refuse_beyond(estimate(graph, spec, precision).step_mb + extra, limit, what, spec, precision, source, extra)
+
+
+def check_device_free(spec, graph: Graph, precision: Precision, free_mb: float | None, what: str) -> None:
+    """In the worker, once the framework holds its device: HarnessError when a training step needs more than
+    the device's free memory as the framework itself counts it (Adapter.free_memory_mb; None: it cannot tell).
+    The guard before the runs asked nvidia-smi, which a machine without it, or another process's allocation
+    since, leaves unsaid."""
+    if free_mb is not None:
+        _refuse_beyond(estimate(graph, spec, precision).step_mb, free_mb, what, spec, precision, spec.name, 0.0)
+
+
+def _refuse_beyond(need: float, limit: float, what: str, spec, precision: Precision, source: str,
+                   extra: float) -> None:
+    if need > limit:
+        raise HarnessError(f"{source}: {precision.name} needs about {fmt_mb(need)} for a training step at batch "
+                           f"{spec.batch_size}{' and the dataset in memory' if extra else ''} (`amp-harness "
+                           f"check` shows the parts), more than {what} "
+                           f"({fmt_mb(limit)}); use a smaller batch_size or input, or --force")

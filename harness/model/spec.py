@@ -20,7 +20,6 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -31,7 +30,9 @@ from pydantic import (
 )
 
 from harness.errors import SpecError, clip
+from harness.limits import MAX_STEPS
 from harness.model.graph import infer
+from harness.model.yaml_file import read_yaml
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 PROB_EPSILON = 1e-7  # clip for losses on probabilities (Keras' backend epsilon)
@@ -188,7 +189,7 @@ class ModelSpec(_Strict):
     loss: Loss
     optimizer: Optimizer
     batch_size: PositiveInt
-    steps: PositiveInt
+    steps: PositiveInt = Field(le=MAX_STEPS)  # a record holds every step (harness.limits)
     seed: int = Field(0, ge=0, lt=2**32)  # what numpy's generators take
 
     def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
@@ -269,53 +270,6 @@ def load_spec(name_or_path: str) -> ModelSpec:
             known = ", ".join(builtin_models()) or "none"
             raise SpecError(f"unknown model '{clip(name_or_path)}'; built-in models: {known}")
     return validate(read_yaml(path, SpecError), str(path))
-
-
-MAX_YAML_BYTES = 1 << 20  # a spec or matrix file is a few KiB
-
-
-def read_yaml(path: Path, error: type[Exception]):
-    """A small YAML file's content, or `error` with one line naming the file: unreadable, too large, not UTF-8
-    text, invalid, or nested too deeply to parse."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
-    except OSError as exc:
-        raise error(f"{clip(path, 200)}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise error(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB: not a spec") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: byte {exc.start}: not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise error(f"{path}: {where}invalid YAML: {clip(getattr(exc, 'problem', None) or exc, 200)}") from None
-    except RecursionError:
-        raise error(f"{path}: invalid YAML: nested too deeply") from None
-    _count_values(data, path, error)
-    return data
-
-
-MAX_YAML_VALUES = 100_000  # a spec has hundreds; YAML aliases can make a few lines expand to billions
-
-
-def _count_values(data, path: Path, error: type[Exception]) -> None:
-    """Stop a document whose aliases expand beyond MAX_YAML_VALUES ("billion laughs") before anything walks
-    it; bounded time: the walk itself stops at the limit."""
-    stack, seen = [data], 0
-    while stack:
-        item = stack.pop()
-        seen += 1
-        if seen > MAX_YAML_VALUES:
-            raise error(f"{path}: more than {MAX_YAML_VALUES} values once its aliases (&/*) are expanded: not a spec")
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
 
 
 def builtin_models() -> list[str]:

@@ -18,6 +18,7 @@ import html
 from harness.report import charts
 from harness.report.explain import ms
 from harness.report.setting import cell_key, describe, varying
+from harness.results import SHAPES
 from harness.run.profile import COVERAGE_TOLERANCE
 
 GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
@@ -54,15 +55,7 @@ def names(found: dict[tuple, dict]) -> dict[tuple, str]:
 
 def _well_formed(p) -> bool:
     """A profile as harness.run.profile writes it (an edited or foreign record is left out, not a traceback)."""
-    def number(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-    return (isinstance(p, dict) and number(p.get("step_mean_ms")) and p["step_mean_ms"] > 0
-            and isinstance(p.get("parts"), dict) and all(number(p["parts"].get(k, 0.0)) for k in PART_NAMES)
-            and number(p["parts"].get("other"))
-            and isinstance(p.get("layers"), list) and all(
-                isinstance(layer, dict) and isinstance(layer.get("path"), str) and isinstance(layer.get("label"), str)
-                and number(layer.get("forward_ms")) and number(layer.get("backward_ms")) for layer in p["layers"]))
+    return p is not None and SHAPES["profile"](p)
 
 
 def breakdown(p: dict) -> list[tuple[str, float]]:

@@ -107,11 +107,25 @@ def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str, str]
     return labels
 
 
-def build_view(records: list[dict], parity_records: list[dict] | None = None,
-               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> dict:
+def _usable(records: list[dict] | None, filename: str, skipped: list[str]) -> list[dict]:
+    """The records of `filename` the report can read (harness.results.usable, as for results), saying in
+    `skipped` which it left out and why."""
     from harness.results import usable
 
+    kept, notes = usable(records or [], filename)
+    skipped += [f"{filename}: {note}" for note in notes]
+    return kept
+
+
+def build_view(records: list[dict], parity_records: list[dict] | None = None,
+               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> dict:
+    from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, PROFILES_FILE, usable
+
     records, skipped = usable(records)
+    diagnoses, profiles, parity_records = (
+        _usable(found, filename, skipped) if found is not None else None
+        for found, filename in ((diagnoses, DIAGNOSES_FILE), (profiles, PROFILES_FILE),
+                                (parity_records, FINGERPRINTS_FILE)))
     records = _label_models(records)
     studies = [r for r in records if r.get("study")]  # shown as studies, not as cells of the comparison
     records = [r for r in records if not r.get("study")]

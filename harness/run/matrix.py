@@ -3,7 +3,7 @@ for `amp-harness run --matrix FILE`. See benchmarks/compare.yaml."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -15,7 +15,8 @@ from pydantic import (
 )
 
 from harness.errors import HarnessError
-from harness.model.spec import read_yaml
+from harness.limits import MAX_MODELS, MAX_REPEATS, MAX_SECONDS, MAX_STEPS
+from harness.model.yaml_file import read_yaml
 from harness.precision import parse_loss_scale, parse_precision
 
 
@@ -27,7 +28,7 @@ class MatrixModel(_Strict):
     model: str
     batch_size: Optional[PositiveInt] = None
     input_size: Optional[tuple[PositiveInt, PositiveInt]] = None
-    steps: Optional[PositiveInt] = None
+    steps: Optional[PositiveInt] = Field(None, le=MAX_STEPS)
     # loss scales to run for the precisions that scale by default (amp_fp16), e.g. [none, dynamic]
     loss_scales: Optional[list[str]] = Field(None, min_length=1)
     # this model's precisions instead of the matrix's (e.g. the pure 16-bit arms of swamped_mlp)
@@ -42,14 +43,14 @@ class MatrixModel(_Strict):
 
 
 class Matrix(_Strict):
-    models: list[MatrixModel] = Field(min_length=1)
+    models: list[MatrixModel] = Field(min_length=1, max_length=MAX_MODELS)
     precisions: list[str] = Field(min_length=1)
     # as `run --repeats`: 3, the fewest that give a 95% interval (report.stats.MIN_REPEATS); auto: until each
     # comparison with fp32 is decided
-    repeats: Union[PositiveInt, Literal["auto"]] = 3
-    budget: Optional[float] = Field(None, gt=0, allow_inf_nan=False)  # seconds, for repeats: auto
-    warmup: NonNegativeInt = 5
-    steps: Optional[PositiveInt] = None  # for models that give none
+    repeats: Union[Annotated[PositiveInt, Field(le=MAX_REPEATS)], Literal["auto"]] = 3
+    budget: Optional[float] = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)  # seconds, for repeats: auto
+    warmup: NonNegativeInt = Field(5, le=MAX_STEPS)
+    steps: Optional[PositiveInt] = Field(None, le=MAX_STEPS)  # for models that give none
 
 
 def load_matrix(path: str) -> Matrix:

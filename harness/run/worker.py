@@ -21,6 +21,7 @@ import numpy as np
 
 from harness.adapter import LossScaleState, load_adapter
 from harness.errors import HarnessError, one_line
+from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import infer, state_memory_mb
@@ -59,6 +60,7 @@ class RunRequest:
     # "profile": where the step's time goes, under the framework's profiler (harness.run.profile)
     every: int = 10  # diagnose: capture after every this many steps (and the last)
     study: str | None = None  # the id tying the runs of one study together
+    force: bool = False  # run --force: past the memory guard, the worker's too
 
     def resolved_spec(self):
         return load_spec(self.model).with_overrides(self.batch_size, self.steps,
@@ -98,6 +100,9 @@ def run(req: RunRequest, progress=None) -> dict:
         device = adapter.device(req.device)
         record.update(framework_version=adapter.framework_version(), device=device.name)
         record["env"].update(device=asdict(device))
+        if device.kind == "gpu" and not req.force:  # its free memory as the framework counts it, now
+            memory.check_device_free(spec, graph, precision, adapter.free_memory_mb(device),
+                                     f"{device.name}'s free memory ({req.framework})")
         variant = req.variant or next(iter(adapter.variants))
         if variant not in adapter.variants and variant != variants.AUTO:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "

@@ -242,6 +242,13 @@ CORPUS += [
     ("integer-key", edit(BASE, setpath([1], 2)), "[1]: Keys should be strings"),
     ("residual-empty-layers", edit(BASE, setpath(["layers", 3, "layers"], [])), "layers[3].layers: List should have at least 1 item"),
     ("yaml-set", "!!set {a, b}\n", "expected a mapping at the top level, got set"),
+    # a key given twice in one mapping: YAML would let the second win, silently
+    ("duplicate-top-key", "name: x\nbatch_size: 4\nlayers: []\nbatch_size: 64\n",
+     "line 4: key 'batch_size' appears twice, at lines 2 and 4"),
+    ("duplicate-layer-key", "name: x\nlayers:\n  - type: dense\n    units: 3\n    units: 5\n",
+     "line 5: key 'units' appears twice, at lines 4 and 5"),
+    ("duplicate-flow-key", "name: x\nlayers: [{type: relu, type: dense}]\n",
+     "key 'type' appears twice, at lines 2 and 2"),
     ("top-level-string", "just some text\n", "expected a mapping at the top level, got str"),
 ]
 

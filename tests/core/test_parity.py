@@ -98,7 +98,7 @@ def hist(bins, zeros=0, nonfinite=0):
 def diagnosis(framework, groups, updates=None, status="ok", available=True):
     return {"run_id": framework, "framework": framework, "model": "m", "spec_hash": "h", "precision": "fp32",
             "status": status, "reason": None, "loss": [1.0],
-            "diagnosis": {"available": available, "groups": groups,
+            "diagnosis": {"available": available, "groups": groups, "captured_steps": [0], "every": 1,
                           "updates": updates or {"0": {"updates": 10, "float16": 1, "bfloat16": 5}}}}
 
 

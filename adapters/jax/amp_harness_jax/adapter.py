@@ -72,6 +72,17 @@ class JaxAdapter(Adapter):
             raise HarnessError("--device gpu: JAX sees no GPU (is this a CPU-only jaxlib? install jax[cuda12])")
         return Device("cpu", "cpu", cpu_info()[0])
 
+    def free_memory_mb(self, device: Device) -> float | None:
+        import jax
+
+        if device.kind != "gpu":
+            return None
+        stats = jax.devices("gpu")[0].memory_stats() or {}  # the device device() chose
+        if "bytes_limit" not in stats or "bytes_in_use" not in stats:
+            return None  # a backend without allocator statistics
+        # XLA's allocator takes its pool (75% of the GPU by default) up front: what the run may use is that pool
+        return (stats["bytes_limit"] - stats["bytes_in_use"]) / 2**20
+
     def set_threads(self, threads: int) -> None:
         # XLA has no intra-op thread setting: its CPU pool has one thread per CPU the process may run on
         cpus = sorted(os.sched_getaffinity(0))

@@ -53,6 +53,14 @@ class TorchAdapter(Adapter):
             raise HarnessError("--device gpu: torch sees no CUDA GPU (is this a CPU build of torch?)")
         return Device("cpu", "cpu", cpu_info()[0])
 
+    def free_memory_mb(self, device: Device) -> float | None:
+        import torch
+
+        if device.kind != "gpu":
+            return None
+        free, _ = torch.cuda.mem_get_info(torch.device(device.name))  # the driver's count: other processes' too
+        return free / 2**20
+
     def set_threads(self, threads: int) -> None:
         import torch
 
