@@ -85,6 +85,14 @@ class MXNetAdapter(Adapter):
             return f"MXNet 1.9 has no {dtype} kernel for this step on the CPU"
         return None
 
+    def free_memory_mb(self, device: Device) -> float | None:
+        import mxnet as mx
+
+        if device.kind != "gpu":
+            return None
+        free, _ = mx.context.gpu_memory_info(0)  # the driver's count: other processes' use too
+        return free / 2**20
+
     def set_threads(self, threads: int) -> None:
         # MXNet reads both when it is imported: OMP_NUM_THREADS, the threads inside an operator (the runner sets
         # it for each worker process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators
