@@ -79,6 +79,7 @@ class LossScaleState:
 LOSS_SCOPE = "part.loss"  # the loss (and its gradient) in a profile
 UPDATE_SCOPE = "part.update"  # the optimizer's update of the weights
 LOSS_SCALE_SCOPE = "part.loss_scale"  # scaling the loss, unscaling and checking gradients, updating the scale
+STEP_SCOPE = "amp-harness.step"  # one whole training step, where a profiler needs the steps' bounds (MXNet's)
 RUNTIME_SCOPE = "part.runtime"  # the framework's per-step dispatch outside every op (launching a compiled step,
 # handing back its outputs), where its profiler measures it
 

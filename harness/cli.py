@@ -19,7 +19,7 @@ from harness.limits import (
     MAX_THREADS,
     usable_cpus,
 )
-from harness.report.stats import MIN_REPEATS
+from harness.stats import MIN_REPEATS
 from harness.results import NO_RESULT
 from harness.run.executors import add_executor_arguments
 

@@ -12,7 +12,7 @@ MIN_REPEATS repeats give no verdict, and an interval too wide to decide says so 
 """
 from __future__ import annotations
 
-from harness.report import stats
+from harness import stats
 from harness.report.explain import fp32_cell, ms
 
 VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",

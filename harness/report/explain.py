@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from harness.report.stats import PRECISE
+from harness.stats import PRECISE
 
 
 def ms(value) -> str:

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 import numpy as np
 
 from harness.parity import compare as parity_compare
-from harness.report import accuracy, answer, charts, stats
+from harness import stats
+from harness.report import accuracy, answer, charts
 from harness.report.explain import explain, in_short
 from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms

@@ -45,7 +45,7 @@ class MatrixModel(_Strict):
 class Matrix(_Strict):
     models: list[MatrixModel] = Field(min_length=1, max_length=MAX_MODELS)
     precisions: list[str] = Field(min_length=1)
-    # as `run --repeats`: 3, the fewest that give a 95% interval (report.stats.MIN_REPEATS); auto: until each
+    # as `run --repeats`: 3, the fewest that give a 95% interval (harness.stats.MIN_REPEATS); auto: until each
     # comparison with fp32 is decided
     repeats: Union[Annotated[PositiveInt, Field(le=MAX_REPEATS)], Literal["auto"]] = 3
     budget: Optional[float] = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)  # seconds, for repeats: auto

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from harness import results
-from harness.run.runner import UntilDecided, failure_record, matrix
+from harness.run.process import failure_record
+from harness.run.runner import UntilDecided, matrix
 from tests.core.test_runner import amp
 
 SPEC = "tests/specs/pitfall_batchnorm.yaml"

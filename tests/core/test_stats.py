@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.report import stats
+from harness import stats
 
 
 def coverage(n: int, spread: float, draws: int = 3000, seed: int = 0) -> float:

@@ -23,6 +23,7 @@ import numpy as np
 from harness.adapter import (
     LOSS_SCALE_SCOPE,
     RUNTIME_SCOPE,
+    STEP_SCOPE,
     UPDATE_SCOPE,
     Adapter,
     Device,
@@ -32,7 +33,6 @@ from harness.adapter import (
 )
 from harness.errors import HarnessError
 
-STEP = "amp-harness.step"  # the range of one step in a profile
 NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
 
 
@@ -218,7 +218,7 @@ class MXNetTrainer(Trainer):
         """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
         profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
         mx, (x, y, masks), part = self.mx, batch, self._range
-        with part(STEP):
+        with part(STEP_SCOPE):
             scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
             with mx.autograd.record():
                 with part(RUNTIME_SCOPE):  # launching the graph's forward

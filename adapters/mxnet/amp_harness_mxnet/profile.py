@@ -35,8 +35,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import NDArrayHandle, py_str
 
-from amp_harness_mxnet.adapter import STEP
-from harness.adapter import LOSS_SCOPE, RUNTIME_SCOPE, OpTime, ProfiledOps
+from harness.adapter import LOSS_SCOPE, RUNTIME_SCOPE, STEP_SCOPE, OpTime, ProfiledOps
 from harness.errors import HarnessError
 
 BULK = "ImperativeBulk"  # the engine's name for operators pushed outside the static plan
@@ -287,7 +286,7 @@ def _spans(events) -> tuple[list, list]:
 
 
 def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
-    steps = [r for r in ranges if r[2] == STEP]
+    steps = [r for r in ranges if r[2] == STEP_SCOPE]
     if not steps:
         raise HarnessError("MXNet's profile holds no training step (no step range)")
     totals: dict[tuple, list] = defaultdict(lambda: [0.0, 0])
@@ -299,7 +298,7 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
     inside = [False] * len(ops)
     for s_start, s_end, _, _ in steps:
         step = [k for k, op in enumerate(ops) if s_start <= op[0] <= s_end]
-        within = [r for r in ranges if r[2] != STEP and s_start <= r[0] <= s_end]  # a step's ranges don't nest
+        within = [r for r in ranges if r[2] != STEP_SCOPE and s_start <= r[0] <= s_end]  # a step's ranges don't nest
         parts = [r for r in within if r[2] != RUNTIME_SCOPE]  # the ranges dispatching imperative operators
         for k, match in zip(step, _match(nodes, [ops[k][2] for k in step])):
             (start, end, name, _), inside[k] = ops[k], True

@@ -5,14 +5,14 @@ import platform
 
 
 class LocalExecutor:
-    """Today's behaviour: each batch of requests in a subprocess of this machine (harness.run.runner.run_group)."""
+    """Today's behaviour: each batch of requests in a subprocess of this machine (harness.run.process.run_group)."""
 
     name = "local"
 
     def run_batches(self, batches, timeout_s, on_progress, on_record, stop, on_batch) -> None:
         """Run each batch (a list of requests sharing one worker process), calling on_batch(batch) before it
         and on_record(record) for each record; stop when `stop` (a list) becomes non-empty (Ctrl-C)."""
-        from harness.run.runner import run_group
+        from harness.run.process import run_group
 
         node = platform.node()
 

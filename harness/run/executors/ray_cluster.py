@@ -1,5 +1,5 @@
 """The Ray executor: each batch of the matrix is one Ray task that starts the same `python -m harness.run.worker`
-subprocess on its node as the local executor does (harness.run.runner.run_group), so a framework's process-wide
+subprocess on its node as the local executor does (harness.run.process.run_group), so a framework's process-wide
 state never leaks between runs, and returns the records; the driver appends them as they arrive (run ids
 identify them, the order does not matter).
 
@@ -36,7 +36,7 @@ def _run_batch(requests: list[dict], specs: dict[str, str], python: str, timeout
     the local executor runs it; returns the records and where they ran."""
     import ray
 
-    from harness.run.runner import run_group
+    from harness.run.process import run_group
     from harness.run.worker import RunRequest
 
     node_id = ray.get_runtime_context().get_node_id()
@@ -137,7 +137,7 @@ class RayExecutor:
         return int(ray.cluster_resources().get(resource, 0) / share)
 
     def _run(self, ray, batches, timeout_s, on_record, stop, on_batch) -> None:
-        from harness.run.runner import failure_record
+        from harness.run.process import failure_record
 
         if not batches:
             return
