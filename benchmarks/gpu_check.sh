@@ -4,15 +4,24 @@
 # (the fastest of channels_last, eager and compile on this GPU, recorded in variant_choice), every variant's
 # fingerprint held to the default's (`parity`), `diagnose` (tensor capture, numerics verdicts) on resnet8 and
 # mnist_mlp, `profile` (per-layer times and the dtype each layer computed in, under torch.profiler) on both
-# models, then a table of median step times and the report.
+# models, the memory guard against the GPU's free memory (a batch that cannot fit is refused before any run, exit 2,
+# one line), then a table of median step times and the report.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu_check}
+mkdir -p "$out"
 python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch
 python3 -m harness adapters
+set +e  # the guard must refuse this run (~5 TiB of activations) from the GPU's free memory: exit 2
+python3 -m harness run --framework torch --device gpu --model small_convnet --batch-size 512 --input-size 4096x4096 --steps 1 \
+  --repeats 1 --no-progress --out "$out/guard" 2> "$out/guard.txt"
+code=$?
+set -e
+echo "memory guard: exit $code: $(cat "$out/guard.txt")"
+[ "$code" = 2 ] && [ "$(wc -l < "$out/guard.txt")" = 1 ] && grep -q "free" "$out/guard.txt"
 python3 -m harness run --framework torch --device gpu --model resnet8,small_convnet \
   --precision fp32,tf32,amp_fp16,amp_bf16 --steps 50 --warmup 10 --repeats auto --budget 300 --no-progress --out "$out"
 python3 -m harness fingerprint --framework torch --device gpu --variant all --precision fp32,amp_bf16 \
