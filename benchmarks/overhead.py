@@ -1,14 +1,14 @@
 """Is the harness's training step as fast as the plain loop a user of the framework writes? Run one framework
 per invocation, with that framework's env python:
 
-    .tox/mxnet/bin/python benchmarks/overhead.py --framework mxnet       # likewise torch, tensorflow
+    .tox/mxnet/bin/python benchmarks/overhead.py --framework mxnet       # likewise torch, tensorflow, jax
 
 Two models (mnist_mlp at batch 64; small_convnet at 112x168, batch 32) in fp32 and amp_bf16, on the CPU with
-2 threads. Each precision runs in its own process (Keras' global dtype policy and MXNet's amp.init are
-process-wide), which builds the harness's trainer exactly as `amp-harness run` does (harness.run.worker: the
-core's weights, no loss scaling), in the variant whose memory layout and execution match the plain loop's
-(HARNESS_VARIANT: torch `eager`, NCHW like the plain loop), and a plain loop for the same network, then
-alternates rounds of the two (A B, B A, ...) so that background load hits both sides alike.
+2 threads. Each precision runs in its own process (Keras' global dtype policy, MXNet's amp.init and JAX's
+config are process-wide), which builds the harness's trainer exactly as `amp-harness run` does
+(harness.run.worker: the core's weights, no loss scaling), in the variant whose memory layout and execution
+match the plain loop's (HARNESS_VARIANT: torch `eager`, NCHW like the plain loop), and a plain loop for the
+same network, then alternates rounds of the two (A B, B A, ...) so that background load hits both sides alike.
 
 - harness: `trainer.to_device` outside the clock, `trainer.train_step` timed per step (it returns once the
   device has finished); a round's figure is the median over its steps, or their mean against model.fit.
@@ -23,6 +23,12 @@ alternates rounds of the two (A B, B A, ...) so that background load hits both s
 - plain, mxnet: a gluon.nn.HybridSequential hybridized with static_alloc/static_shape, gluon.Trainer with
   MXNet's own optimizer of the spec's type, gluon.loss, contrib.amp for amp_bf16, `mx.nd.waitall()` after
   every step; timed per step.
+- plain, jax: jax.numpy layers on a params pytree (NHWC, lax.conv_general_dilated with HWIO kernels,
+  lax.reduce_window pooling), the spec's optimizer written out (no optax in the env), one train step under
+  jax.jit with jax.value_and_grad, params and optimizer state donated as the harness donates its own;
+  amp_bf16 as JAX users write it: float32 master weights, params and inputs cast to bfloat16 inside the step,
+  the loss in float32; `jax.block_until_ready` on the loss each step; timed per step. It runs under the JAX
+  config the harness's build set (matmul precision `highest` in fp32), being traced after it in one process.
 
 Plain loops use their framework's initialisers (the values do not change the work done). Each row prints the
 per-round figures of both sides and the ratio harness / plain of their medians over rounds; the last line names
@@ -43,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the harness is importable
     sys.path.insert(0, str(ROOT))
 
-FRAMEWORKS = ("torch", "tensorflow", "mxnet")
+FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax")
 PRECISIONS = ("fp32", "amp_bf16")
 MODELS = (("mnist_mlp", 64, None), ("small_convnet", 32, (112, 168)))  # (model, batch size, input size)
 THREADS = 2
@@ -246,10 +252,117 @@ def plain_mxnet(spec, graph, precision):
     return run
 
 
-PLAIN = {"torch": plain_torch, "tensorflow": plain_tensorflow, "mxnet": plain_mxnet}
+def plain_jax(spec, graph, precision):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    _supported(spec)
+    # params as a pytree: one dict per layer, in JAX's own layouts (graph's shapes: [in, out] dense kernels,
+    # HWIO conv kernels), lecun_normal kernels and zero biases (Flax's defaults)
+    init, keys = jax.nn.initializers.lecun_normal(), jax.random.split(jax.random.key(spec.seed), len(graph.layers))
+    params = [{name: init(key, shape) if name == "kernel" else jnp.zeros(shape) for name, shape in info.params.items()}
+              for info, key in zip(graph.layers, keys)]
+    compute = jnp.dtype(precision.compute_dtype)
+
+    def forward(params, x):
+        if precision.mixed:  # float32 master weights; the forward in the compute dtype, params and inputs cast
+            params, x = jax.tree.map(lambda w: w.astype(compute), params), x.astype(compute)
+        for layer, p in zip(spec.layers, params):
+            t = layer.type
+            if t == "dense":
+                x = x @ p["kernel"] + p["bias"] if layer.use_bias else x @ p["kernel"]
+            elif t == "conv2d":
+                s = layer.strides
+                x = lax.conv_general_dilated(x, p["kernel"], (s, s), "VALID",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                x = x + p["bias"] if layer.use_bias else x
+            elif t in ("maxpool2d", "avgpool2d"):
+                k, s = layer.pool_size, layer.strides or layer.pool_size
+                if t == "maxpool2d":
+                    x = lax.reduce_window(x, -jnp.inf, lax.max, (1, k, k, 1), (1, s, s, 1), "VALID")
+                else:
+                    x = lax.reduce_window(x, 0.0, lax.add, (1, k, k, 1), (1, s, s, 1), "VALID") / (k * k)
+            elif t == "flatten":
+                x = x.reshape(x.shape[0], -1)
+            else:
+                x = {"relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh}[t](x)
+        return x.astype(jnp.float32)  # the loss in float32
+
+    def loss_of(params, x, y):
+        out = forward(params, x)
+        if spec.loss.type == "sparse_categorical_crossentropy":
+            logp = jax.nn.log_softmax(out) if spec.loss.from_logits else jnp.log(jnp.clip(out, 1e-7, 1 - 1e-7))
+            return -jnp.take_along_axis(logp, y[:, None], axis=-1).mean()
+        z, y = out[:, 0], y.astype(jnp.float32)
+        if spec.loss.from_logits:
+            return (jax.nn.relu(z) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))).mean()
+        z = jnp.clip(z, 1e-7, 1 - 1e-7)
+        return -(y * jnp.log(z) + (1 - y) * jnp.log(1 - z)).mean()
+
+    # the spec's optimizer written out (optax is not in the jax env): (init, update) on pytrees
+    opt, tree = spec.optimizer, jax.tree.map
+    if opt.type == "adam":
+        def update(grads, state, params):
+            count = state["count"] + 1
+            m = tree(lambda m, g: opt.beta_1 * m + (1 - opt.beta_1) * g, state["m"], grads)
+            v = tree(lambda v, g: opt.beta_2 * v + (1 - opt.beta_2) * g * g, state["v"], grads)
+            c1, c2 = 1 - opt.beta_1 ** count, 1 - opt.beta_2 ** count
+            params = tree(lambda p, m, v: p - opt.learning_rate * (m / c1) / (jnp.sqrt(v / c2) + opt.epsilon),
+                          params, m, v)
+            return params, {"count": count, "m": m, "v": v}
+
+        state = {"count": jnp.zeros((), jnp.int32), "m": tree(jnp.zeros_like, params),
+                 "v": tree(jnp.zeros_like, params)}
+    elif opt.type == "rmsprop":
+        inside = opt.epsilon_placement == "inside"
+
+        def update(grads, state, params):
+            sq = tree(lambda v, g: opt.rho * v + (1 - opt.rho) * g * g, state, grads)
+            denom = tree(lambda v: jnp.sqrt(v + opt.epsilon) if inside else jnp.sqrt(v) + opt.epsilon, sq)
+            return tree(lambda p, g, d: p - opt.learning_rate * g / d, params, grads, denom), sq
+
+        state = tree(jnp.zeros_like, params)
+    else:
+        def update(grads, state, params):
+            if opt.momentum == 0:
+                return tree(lambda p, g: p - opt.learning_rate * g, params, grads), state
+            buf = tree(lambda b, g: opt.momentum * b + g, state, grads)
+            step = tree(lambda g, b: g + opt.momentum * b, grads, buf) if opt.nesterov else buf
+            return tree(lambda p, d: p - opt.learning_rate * d, params, step), buf
+
+        state = tree(jnp.zeros_like, params)
+
+    def train_step(params, state, x, y):
+        loss, grads = jax.value_and_grad(loss_of)(params, x, y)
+        params, state = update(grads, state, params)
+        return params, state, loss
+
+    # params and optimizer state donated, as the harness's step donates its own: JAX's documented idiom for a
+    # step that replaces its state, and the same computation as the harness's, so the ratio is not a donation
+    # difference (on this CPU the MLP's step without donation was within the noise of the loaded machine)
+    step = jax.jit(train_step, donate_argnums=(0, 1))
+    weights = [params, state]
+
+    def run(batches, warmup):
+        times = []
+        for i, (x, y) in enumerate(batches):
+            x, y = jax.block_until_ready((jax.device_put(x), jax.device_put(y.astype(np.int32))))
+            t0 = time.perf_counter_ns()
+            weights[0], weights[1], loss = step(*weights, x, y)
+            jax.block_until_ready(loss)
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+
+    return run
+
+
+PLAIN = {"torch": plain_torch, "tensorflow": plain_tensorflow, "mxnet": plain_mxnet, "jax": plain_jax}
 # the harness's variant that runs what the plain loop runs: the same memory layout (torch's default variant,
 # channels_last, is another layout than the plain NCHW loop's) and the same execution (a graph, a cached graph)
-HARNESS_VARIANT = {"torch": "eager", "tensorflow": "graph", "mxnet": "hybridized"}
+HARNESS_VARIANT = {"torch": "eager", "tensorflow": "graph", "mxnet": "hybridized", "jax": "jit"}
 MAX_RATIO = 1.05  # the harness may cost at most 5% over the plain loop
 
 
@@ -322,7 +435,8 @@ def main() -> None:
         return
     from harness.run.measure import cpu_info
 
-    plain = {"torch": "eager nn.Sequential", "tensorflow": "model.fit", "mxnet": "plain Gluon"}[args.framework]
+    plain = {"torch": "eager nn.Sequential", "tensorflow": "model.fit", "mxnet": "plain Gluon",
+             "jax": "plain jax.jit loop"}[args.framework]
     print(f"{args.framework}: harness step (variant {HARNESS_VARIANT[args.framework]}) vs {plain}, ms per step; "
           f"{args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up, {THREADS} threads, "
           f"CPU {cpu_info()[0]}")
