@@ -188,14 +188,14 @@ class UntilDecided:
         return [self._request(c) for c in self.template if not self.records[c]]
 
     def next_round(self) -> list[RunRequest]:
-        """The next repeat of every cell still wanted, as many as fit in the budget (none: the matrix is done)."""
-        cells = [c for c in self.template if self._wanted(c)]
+        """The next repeat of every cell still wanted, as many as fit in the budget (none: the matrix is done), the
+        cells with fewest repeats first: no cell gets another while one with fewer does not fit."""
+        cells = sorted((c for c in self.template if self._wanted(c)), key=lambda c: len(self.records[c]))
         elapsed = self.clock() - self.started
         overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
         left, batch = self.budget_s - elapsed, []
-        for cell in cells:  # its quickest run: a cell's first also measured once-per-machine facts (peaks, variants)
-            walls = [r.get("wall_s") or 0.0 for r in self.records[cell].values()]
-            left -= overhead + min(walls, default=0.0)
+        for cell in cells:
+            left -= overhead + min((_run_s(r) for r in self.records[cell].values()), default=0.0)
             if left < 0:
                 self.ran_out = True
                 break
@@ -242,6 +242,11 @@ class UntilDecided:
                          f"{stats.MIN_REPEATS} repeats (no verdict for them): {names}; a larger --budget gives them "
                          f"their repeats")
         return lines
+
+
+def _run_s(record: dict) -> float:
+    """A run's worker time without the once-per-machine measurement it may have made (--variant auto's)."""
+    return (record.get("wall_s") or 0.0) - ((record.get("variant_choice") or {}).get("measure_s") or 0.0)
 
 
 def run_until_decided(plan: UntilDecided, out_dir: Path, timeout_s: float, show_progress: bool,

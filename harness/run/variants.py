@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,15 +39,18 @@ def key(adapter, spec, precision, device, threads: int) -> str:
 
 def choose(adapter, req, spec, precision, device) -> dict:
     """The record's `variant_choice`: {"chosen", "ms_per_step" (None: the variant failed, see "failed"), "how",
-    "measured_at", "cached"} for the run `req` (a worker.RunRequest), from the cache or measured now."""
+    "measured_at", "cached", "measure_s"} for the run `req` (a worker.RunRequest), from the cache or measured now;
+    "measure_s": the seconds this run spent measuring (0 when cached), which `--repeats auto` leaves out of its
+    estimate of the next run's time."""
     measured = []
 
     def measure() -> dict:
         measured.append(True)
         return measure_variants(adapter, req)
 
+    started = time.monotonic()
     choice = cached(KIND, key(adapter, spec, precision, device, req.threads), measure)
-    return {**choice, "cached": not measured}
+    return {**choice, "cached": not measured, "measure_s": round(time.monotonic() - started, 3) if measured else 0.0}
 
 
 def measure_variants(adapter, req) -> dict:

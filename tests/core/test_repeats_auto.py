@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +153,21 @@ def test_repeats_auto_beside_a_matrix_file_without_repeats_is_taken(tmp_path):
     assert "tf32 against fp32 (variant default): stopped: its tf32 run r0 ended unsupported (fake cannot do " \
            "TF32)" in out.stdout
     assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "tf32": [0]}  # unsupported: once is enough
+
+
+def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_counted_again():
+    now = [0.0]
+    requests = matrix("fake", [("mnist_mlp", {}), ("resnet8", {})], ["fp32", "amp_bf16"], 3, ["auto"])
+    plan = UntilDecided(requests, 6.5, clock=lambda: now[0])
+    first = [_ran(q, 10.0, wall_s=1.0) for q in plan.first_round()]
+    first[3].update(wall_s=61.0, variant_choice={"chosen": "default", "cached": False, "measure_s": 60.0})
+    plan.add(first)  # resnet8 amp_bf16's first run measured the variants for 60 s: its repeats take 1 s
+    plan.start()
+    second = plan.next_round()
+    assert len(second) == 4  # all fit in the budget, resnet8 amp_bf16 too
+    plan.add([_ran(q, 10.0) for q in second])
+    mnist_fp32 = next(iter(plan.template))
+    plan.records[mnist_fp32][2] = _ran(replace(second[0], repeat=2), 10.0)  # it has three repeats now
+    now[0] = 4.0  # 2.5 s left: two runs, of the cells that have two repeats, in the matrix's order
+    assert [(Path(q.model).stem, q.precision) for q in plan.next_round()] == [("mnist_mlp", "amp_bf16"),
+                                                                          ("resnet8", "fp32")]

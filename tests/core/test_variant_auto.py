@@ -37,7 +37,8 @@ def test_auto_runs_the_fastest_variant_measured_once_and_the_record_says_why(tmp
     assert again.returncode == 0, again.stderr
     (second,) = results.read_records([tmp_path / "again"])  # another run length measures nothing again
     assert second["variant"] == "plain"
-    assert second["variant_choice"] == {**choice, "cached": True}
+    assert second["variant_choice"] == {**choice, "cached": True, "measure_s": 0.0}
+    assert choice["measure_s"] > 0  # the first run measured: the seconds it spent
 
     resumed = amp("run", *SHORT, "--precision", "fp32,tf32", "--out", str(tmp_path), "--resume")
     assert "resume: 2 of 2 runs already recorded" in resumed.stderr  # a chosen variant was asked for as auto
