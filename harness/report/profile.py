@@ -13,8 +13,6 @@ version, batch size): profiles under different settings are labelled by what dif
 """
 from __future__ import annotations
 
-import html
-
 from harness.report import charts
 from harness.report.explain import ms
 from harness.report.setting import cell_key, describe, varying
@@ -171,66 +169,28 @@ def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
 
 
 def _html(entries: list[dict], charts_on: bool) -> str:
-    e = html.escape
-    out = ['<h2 id="profile">Where the time goes</h2>',
-           "<p>From <code>amp-harness profile</code>: a few warm-up steps, then a few steps under each framework's own "
-           "profiler, each op given to the spec's layer whose scope it ran in (backward ops to their forward op's "
-           "layer). Times are per step, profiler overhead included, from one run: compare them with each other, and "
-           "take speed itself from the timed comparison above. \"other\" is step time no op accounts for.</p>"]
+    from markupsafe import Markup
+
+    from harness.report.jinja import render
+
+    shown = []
     for entry in entries:
-        out.append(f"<h3>{e(entry['model'])}</h3>")
-        if charts_on:
-            out.append(f'<figure class="chart" data-chart="profile">'
-                       f"{charts.time_breakdown(entry['bars'], ORDER, entry['model'] + ': where a training step goes')}"
-                       f"<figcaption>{e(entry['model'])}: ms per profiled step (mean of {entry['steps']} steps, batch "
-                       f"{entry['batch']}) by layer group, casts, loss, optimizer update, loss scaling, runtime "
-                       f"dispatch and other.</figcaption></figure>")
-        overlaps = [f"{b['label']} ({ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0]
-        if overlaps:
-            out.append(f"<p class=\"notice\">Ops overlapped in time (an inter-op thread pool), so their sum exceeds the "
-                       f"step by: {e(', '.join(overlaps))}.</p>")
-        if entry["growth"]:
-            out.append('<div class="table-wrap"><table><caption>The layers whose time grew most from fp32, per framework '
-                       'and 16-bit precision (ms per profiled step), and the share of the step in casts.</caption>'
-                       "<thead><tr><th>framework</th><th>precision</th><th>step ms (fp32)</th><th>casts</th>"
-                       "<th>layer</th><th>pass</th><th>ms (fp32)</th><th>factor</th><th>share of step</th>"
-                       "<th>computed in</th></tr></thead><tbody>")
-            for g in entry["growth"]:
-                rows = g["rows"] or [None]
-                for i, row in enumerate(rows):
-                    head = (f"<td>{e(g['framework'])}</td><td>{e(g['precision'])}</td><td class=\"num\">"
-                            f"{ms(g['step_ms'])} ({ms(g['fp32_step_ms'])})</td><td class=\"num\">{g['casts']:.0%}</td>"
-                            if i == 0 else "<td></td>" * 4)
-                    body = ("<td colspan=\"6\">no layer took longer than in fp32</td>" if row is None else
-                            f"<td>{e(row['label'])}</td><td>{row['phase']}</td><td class=\"num\">{ms(row['ms'])} "
-                            f"({ms(row['fp32_ms'])})</td><td class=\"num\">{_x(row['factor'])}</td>"
-                            f"<td class=\"num\">{row['share']:.0%}</td><td>{e(row['compute'] or '-')}</td>")
-                    out.append(f"<tr>{head}{body}</tr>")
-            out.append("</tbody></table></div>")
-        for cmap in entry["cast_maps"]:
-            if cmap["uniform"]:
-                out.append(f"<p>Cast map, {e(cmap['precision'])}: every layer with an op computed in "
-                           f"{e(cmap['uniform'])} in {e(', '.join(cmap['columns']))}.</p>")
-                continue
-            out.append(f"<p>Cast map, {e(cmap['precision'])}: the dtype each layer's compute op (its forward op "
-                       f"taking the most inputs: data, weights) ran in, as the profiler saw it run; rows in bold "
-                       f"differ between frameworks.</p>"
-                       f'<div class="table-wrap"><table><caption>Cast map, {e(cmap["precision"])}</caption>'
-                       f"<thead><tr><th>layer</th>"
-                       + "".join(f"<th>{e(c)}</th>" for c in cmap["columns"]) + "</tr></thead><tbody>")
-            for row in cmap["rows"]:
-                cells = "".join(f"<td>{e(c)}</td>" for c in row["cells"])
-                out.append(f"<tr class=\"flag\"><td><strong>{e(row['label'])}</strong></td>{cells}</tr>"
-                           if row["differs"] else f"<tr><td>{e(row['label'])}</td>{cells}</tr>")
-            out.append("</tbody></table></div>")
-        low = [f"{name} {c:.0%}" for name, c in sorted(entry["coverage"].items())
-               if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]
-        out.append(f"<p class=\"muted\">Profilers: {e('; '.join(entry['tools']))}."
-                   + (f" {e(' '.join(entry['notes']))}" if entry["notes"] else "")
-                   + (f" Ops account for less than {1 - COVERAGE_TOLERANCE:.0%} or more than "
-                      f"{1 + COVERAGE_TOLERANCE:.0%} of the step in: {e(', '.join(low))}." if low else "")
-                   + "</p>")
-    return "\n".join(out)
+        chart = charts.time_breakdown(entry["bars"], ORDER, entry["model"] + ": where a training step goes") \
+            if charts_on else ""
+        shown.append({
+            **entry, "chart": Markup(chart),  # svg.py escapes the chart's text
+            "overlaps": [f"{b['label']} ({ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
+            "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f"{g['casts']:.0%}",
+                        "step": f"{ms(g['step_ms'])} ({ms(g['fp32_step_ms'])})",
+                        "rows": [{"label": row["label"], "phase": row["phase"],
+                                  "ms": f"{ms(row['ms'])} ({ms(row['fp32_ms'])})", "factor": _x(row["factor"]),
+                                  "share": f"{row['share']:.0%}", "compute": row["compute"] or "-"}
+                                 for row in g["rows"]]}
+                       for g in entry["growth"]],
+            "low": [f"{name} {c:.0%}" for name, c in sorted(entry["coverage"].items())
+                    if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]})
+    return render("_profile.html.j2", entries=shown, coverage_low=f"{1 - COVERAGE_TOLERANCE:.0%}",
+                  coverage_high=f"{1 + COVERAGE_TOLERANCE:.0%}")
 
 
 def _markdown(entries: list[dict]) -> str:

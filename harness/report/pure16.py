@@ -10,7 +10,6 @@ of fp32 training), weight memory, and one computed sentence per entry.
 """
 from __future__ import annotations
 
-import html
 import math
 
 from harness.report.accuracy import Check, compare, num_classes, too_short
@@ -197,30 +196,17 @@ HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by se
 
 
 def _html(entries: list[dict], charts: bool) -> str:
-    e = html.escape
-    out = ['<section id="pure16"><h2>Pure 16-bit training: no float32 master weights</h2>',
-           "<p>Pure bf16/fp16 arms keep weights (and optimizer state) in 16 bits. With nearest rounding, updates "
-           "below half a weight's gap are lost (swamped); stochastic rounding (<code>*_sr</code>) and "
-           "Kahan-compensated updates (<code>bf16_kahan</code>, a bfloat16 compensation buffer per weight) keep "
-           "them (docs/stochastic-rounding.md). Accuracy is the mean over repeats; its change against fp32 is "
-           "paired by seed and judged against fp32's seed-to-seed spread (see Accuracy above).</p>"]
-    for entry in entries:
-        out.append(f"<h3>{e(entry['model'])} &middot; {e(str(entry['framework']))}</h3>")
-        out.append(f"<p class=\"answer\">{e(entry['sentence'])}</p>")
-        if entry["swamped"]:
-            out.append("<p>Swamped share (fp32 updates below half an ulp of their weights, from diagnose): "
-                       + ", ".join(f"{e(fmt)} {_pct(share)}" for fmt, share in entry["swamped"].items()) + "</p>")
-        out.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>")
-        for arm in entry["arms"]:
-            out.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in _row_cells(entry, arm)) + "</tr>")
-        out.append("</tbody></table>")
-        failed = [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]]
-        if failed:
-            out.append("<p>Not ok: " + "; ".join(e(f) for f in failed) + "</p>")
-        if charts:
-            out.append(_curves_svg(entry))
-    out.append("</section>")
-    return "\n".join(out)
+    from markupsafe import Markup
+
+    from harness.report.jinja import render
+
+    shown = [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
+              "swamped": {fmt: _pct(share) for fmt, share in entry["swamped"].items()},
+              "rows": [_row_cells(entry, arm) for arm in entry["arms"]],
+              "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
+              "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
+             for entry in entries]
+    return render("_pure16.html.j2", entries=shown, header=HEADER)
 
 
 def _markdown(entries: list[dict]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.report import jinja
 from harness.report.markdown import render_markdown
 from harness.report.view import build_view
 
@@ -12,16 +13,14 @@ PER_STEP = ("step_times_ms", "loss", "loss_scale.history")  # lists with one val
 
 
 def render(view: dict) -> str:
-    from jinja2 import Environment, PackageLoader, select_autoescape
     from markupsafe import Markup
 
-    env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
     # the charts' SVG (harness/report/svg.py) escapes its text; mark it safe to inline it
     for item in view["sections"] + view["numerics"] + view["studies"]:
         for key in ("speed_chart", "loss_chart", "scale_chart", "chart"):
             if item.get(key):
                 item[key] = Markup(item[key])
-    return env.get_template("report.html.j2").render(**view)
+    return jinja.render("report.html.j2", **view)
 
 
 def markdown_path(out: Path) -> Path:
