@@ -387,8 +387,8 @@ def harness_loop(adapter, spec, graph, precision, masks):
     return run
 
 
-def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup: int) -> None:
-    """One (framework, precision): both models, harness and plain rounds alternating; one result line each."""
+def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup: int, models: list[str]) -> None:
+    """One (framework, precision): each model, harness and plain rounds alternating; one result line each."""
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # MXNet reads it when imported
     from harness.adapter import load_adapter
     from harness.model.data import Data
@@ -400,7 +400,7 @@ def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup:
     adapter = load_adapter(framework)
     adapter.set_threads(THREADS)
     precision = parse_precision(precision_name)
-    for model, batch_size, input_size in MODELS:
+    for model, batch_size, input_size in (m for m in MODELS if m[0] in models):
         spec = load_spec(model).with_overrides(batch_size, None, input_size)
         graph, data = infer(spec), Data(spec)
         batches = [data.train_batch(step) for step in range(warmup + steps)]
@@ -428,10 +428,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each side, alternating (default 5)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before each round (default 3)")
+    parser.add_argument("--model", default=",".join(m[0] for m in MODELS),
+                        help="comma-separated, of these (default: %(default)s)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    models = args.model.split(",")
+    unknown = sorted(set(models) - {m[0] for m in MODELS})
+    if unknown:
+        parser.error(f"--model: no {', '.join(unknown)} here (the models: {', '.join(m[0] for m in MODELS)})")
     if args.worker:
-        worker(args.framework, args.precision, args.rounds, args.steps, args.warmup)
+        worker(args.framework, args.precision, args.rounds, args.steps, args.warmup, models)
         return
     from harness.run.measure import cpu_info
 
@@ -444,7 +450,8 @@ def main() -> None:
     failed, over = False, []
     for precision in args.precision.split(","):
         cmd = [sys.executable, __file__, "--framework", args.framework, "--precision", precision, "--worker",
-               "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--model", args.model]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         for line in proc.stdout:
             if not line.startswith(RESULT):
