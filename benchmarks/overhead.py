@@ -22,7 +22,8 @@ same network, then alternates rounds of the two (A B, B A, ...) so that backgrou
   more. So both sides' figures are means here; a second line shows fit's whole call's time per step.
 - plain, mxnet: a gluon.nn.HybridSequential hybridized with static_alloc/static_shape, gluon.Trainer with
   MXNet's own optimizer of the spec's type, gluon.loss, contrib.amp for amp_bf16, `mx.nd.waitall()` after
-  every step; timed per step.
+  every step and the batch loss read back (`asscalar`, as the harness's step and torch's `loss.item()`); timed
+  per step.
 - plain, jax: jax.numpy layers on a params pytree (NHWC, lax.conv_general_dilated with HWIO kernels,
   lax.reduce_window pooling), the spec's optimizer written out (no optax in the env), one train step under
   jax.jit with jax.value_and_grad, params and optimizer state donated as the harness donates its own;
@@ -236,6 +237,7 @@ def plain_mxnet(spec, graph, precision):
         loss.backward()
         trainer.step(x.shape[0])
         mx.nd.waitall()
+        return loss.mean().asscalar()  # the batch loss read back each step, as the harness step and torch's loop do
 
     def run(batches, warmup):
         times = []

@@ -19,9 +19,9 @@ from harness.limits import (
     MAX_THREADS,
     usable_cpus,
 )
-from harness.stats import MIN_REPEATS
 from harness.results import NO_RESULT
 from harness.run.executors import add_executor_arguments
+from harness.stats import MIN_REPEATS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -202,7 +202,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     from harness.model.graph import infer
     from harness.model.spec import load_spec
     from harness.precision import parse_loss_scale, parse_precision
-    from harness.results import NO_RESULT, prove_writable, read_records
+    from harness.results import prove_writable, read_records
     from harness.run.executors import executor_from_args
     from harness.run.runner import (
         AUTO,

@@ -1,9 +1,8 @@
 """The run matrix: every (model, precision, repeat) of one framework, each in a fresh subprocess.
 
 A run that crashes, is killed or outlives its timeout still becomes a record (harness.run.process) and the matrix
-goes on. Only plain data crosses back from a worker: its JSON record. With `--repeats
-auto` (UntilDecided) the matrix grows a round of repeats at a time until every comparison with fp32 is decided
-or the time budget is spent.
+goes on. Only plain data crosses back from a worker: its JSON record. With `--repeats auto` (UntilDecided) the
+matrix grows a round of repeats at a time until every comparison with fp32 is decided or the time budget is spent.
 """
 from __future__ import annotations
 
@@ -15,11 +14,9 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from harness import results
+from harness import results, stats
 from harness.precision import loss_scale_key, parse_loss_scale, parse_precision
-from harness import stats
 from harness.run.executors import LocalExecutor
-
 from harness.run.worker import RunRequest
 
 AUTO = "auto"  # --repeats auto
