@@ -7,7 +7,8 @@ import re
 
 import numpy as np
 
-from harness.report import build_view, render, stats
+from harness import stats
+from harness.report import build_view, render
 from harness.report.markdown import render_markdown
 from tests.core.test_report_answer import cell
 from tests.core.test_report_profile import profile_record
