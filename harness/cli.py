@@ -292,7 +292,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
         earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
         until = UntilDecided(requests, budget, [r for r in earlier if r.get("status") not in NO_RESULT])
         print(f"repeats auto: one of each cell, then more until each has {MIN_REPEATS} and its speed-up against "
-              f"fp32 is decided, within {budget:g} s for the whole matrix", file=sys.stderr)
+              f"fp32 is decided, within {budget:g} s after that first round", file=sys.stderr)
     if args.resume:
         total, requests = len(requests), pending(requests, out, filename)
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
@@ -547,9 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--warmup", type=_WARMUP, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_repeats,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
-                          "give a 95%% interval), or auto: from 3, more until each speed-up against fp32 is decided "
-                          "(faster, slower, or the same within 5%%) or the budget is spent")
-    run.add_argument("--budget", type=_SECONDS, help="seconds for the whole of --repeats auto (default 600)")
+                          "give a 95%% interval), or auto: each cell once, then more, fewest first, until each has "
+                          f"{MIN_REPEATS} and its speed-up against fp32 is decided (faster, slower, or the same "
+                          "within 5%%) or the budget is spent")
+    run.add_argument("--budget", type=_SECONDS, help="seconds for --repeats auto's repeats after each cell's first "
+                     "run (default 600)")
     run.set_defaults(func=cmd_run, out="results")
     fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
     conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
