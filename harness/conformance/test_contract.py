@@ -40,7 +40,7 @@ def batch(trainer, spec, data, step):
     return trainer.to_device(x, y, DropoutMasks(infer(spec), spec.seed).for_step(step, len(y)))
 
 
-def cli(cwd, *args):
+def cli(cwd, *args, env=None):
     """The CLI in a fresh process. A run takes the adapter's first variant unless told: what the kit checks of a
     run (its records, its memory) is the network's, and `--variant auto` (tested in the core) would measure every
     variant first, torch.compile's workspace inside the memory figure and its compile time inside the kit's."""
@@ -50,7 +50,7 @@ def cli(cwd, *args):
         args = (*args, "--variant", next(iter(load_adapter(args[args.index("--framework") + 1]).variants)))
     out = subprocess.run([sys.executable, "-m", "harness", *args, "--out", str(cwd), "--no-progress",
                           "--threads", str(min(2, usable_cpus()))],
-                         capture_output=True, text=True, timeout=900, cwd=cwd, env=dict(os.environ))
+                         capture_output=True, text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     return results.read_records([cwd])
 

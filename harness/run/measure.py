@@ -1,6 +1,7 @@
 """Measurement helpers: step-time statistics, the process memory high-water mark, environment facts."""
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
@@ -34,12 +35,22 @@ def _status_kb(field: str) -> int | None:
 
 
 def reset_peak_rss() -> int | None:
-    """Reset the high-water mark to the current RSS (Linux) and return it in KiB."""
+    """Reset the high-water mark to the current RSS (Linux) and return it in KiB. Heap pages that are free but
+    still resident go back to the system first (glibc's malloc_trim): otherwise a model that reuses them adds
+    nothing to the RSS, and the figure depends on what the process happened to free before the build."""
+    _release_free_heap()
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         return None
     return _status_kb("VmHWM")
+
+
+def _release_free_heap() -> None:
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the baseline keeps whatever the allocator holds
+        pass
 
 
 def peak_rss_kb() -> int | None:
