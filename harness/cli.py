@@ -11,9 +11,7 @@ from typing import Callable
 from harness.errors import HarnessError, clip
 from harness.limits import (
     MAX_GROWTH_INTERVAL,
-    MAX_MODELS,
     MAX_REPEATS,
-    MAX_RUNS,
     MAX_SECONDS,
     MAX_STEPS,
     MAX_THREADS,
@@ -108,13 +106,12 @@ def _fmt_int(n: int) -> str:
 
 
 def cmd_models(args) -> int:
-    from harness.model.graph import infer
-    from harness.model.spec import builtin_models, load_spec
+    from harness.model.spec import builtin_models
+    from harness.run.plan import resolve
 
     print(f"{'model':<16}{'params':>10}{'FLOPs/step':>12}  {'batch':>5} {'steps':>5}  {'input':<14}dataset")
     for name in builtin_models():
-        spec = load_spec(name)
-        graph = infer(spec)
+        spec, graph = resolve(name)
         print(f"{name:<16}{_fmt_int(graph.param_count):>10}{_fmt_int(graph.train_step_flops(spec.batch_size)):>12}"
               f"  {spec.batch_size:>5} {spec.steps:>5}  {'x'.join(map(str, spec.input.shape)):<14}"
               f"{spec.dataset.name} ({spec.dataset.num_classes} classes)")
@@ -126,13 +123,11 @@ MEMORY_PRECISIONS = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16", "bf16_kahan
 
 def cmd_check(args) -> int:
     from harness.model import data, memory
-    from harness.model.graph import infer
-    from harness.model.spec import load_spec
     from harness.precision import parse_precision
+    from harness.run.plan import resolve
 
     for path in args.specs:
-        spec = load_spec(path)
-        graph = infer(spec)
+        spec, graph = resolve(path)
         data.check(spec, path)
         estimates = [memory.estimate(graph, spec, parse_precision(p)) for p in MEMORY_PRECISIONS]
         smallest = min(estimates, key=lambda e: e.step_mb)
@@ -194,123 +189,24 @@ def cmd_adapters(args) -> int:
 
 def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
                 loss_scales: list[str | None] | None = None, budget: float | None = None, **extra) -> list[dict]:
-    """Validate everything in this process first (fail fast, one line), then run each cell in a subprocess.
-    `repeats` "auto": MIN_REPEATS, then more until decided or `budget` seconds are spent (runner.UntilDecided);
-    None: a matrix file's, else MIN_REPEATS."""
-    from harness.adapter import discover, load_adapter
-    from harness.model import data, memory
-    from harness.model.graph import infer
-    from harness.model.spec import load_spec
-    from harness.precision import parse_loss_scale, parse_precision
-    from harness.results import prove_writable, read_records
-    from harness.run.executors import executor_from_args
-    from harness.run.runner import (
-        AUTO,
-        DEFAULT_BUDGET_S,
-        UntilDecided,
-        matrix,
-        pending,
-        run_matrix,
-        run_until_decided,
-        summary_line,
-    )
-    from harness.run.worker import run_seed
+    """Plan the command's runs (harness.run.plan: every error before a worker starts), run them
+    (harness.run.runner.execute), and say what came of them."""
+    from harness.run.plan import plan
+    from harness.run.runner import execute, summary_line
 
-    if args.executor == "local" and args.threads > usable_cpus():  # a cluster's nodes have CPUs of their own
-        cpus = usable_cpus()
-        raise HarnessError(f"--threads {args.threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''} "
-                           f"(os.sched_getaffinity); more threads only contend, and too many exhaust the machine")
-    if args.framework not in discover():
-        load_adapter(args.framework)  # raises the "not installed" error
-    precisions = args.precision or ["fp32"]
-    cli = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
-    if getattr(args, "matrix", None):
-        from harness.run.matrix import load_matrix
-
-        if args.model:
-            raise HarnessError("give either --model or --matrix, not both")
-        plan = load_matrix(args.matrix)
-        beside = [name for name, value in (("--steps", args.steps if mode != "profile" else None),
-                                           ("--batch-size", args.batch_size), ("--input-size", args.input_size))
-                  if value is not None]
-        if mode == "run":  # the matrix file sets these; diagnose and profile take its models and sizes only
-            beside += [name for name, value in (("--precision", args.precision), ("--warmup", warmup),
-                                                ("--repeats", "repeats" in plan.model_fields_set and repeats),
-                                                ("--budget", "budget" in plan.model_fields_set and budget))
-                       if value is not None and value is not False]
-        if beside:
-            raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
-                               f"not beside --matrix")
-        own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
-        cells = [(m.model, {"steps": plan.steps, **{k: v for k, v in m.overrides().items()
-                                                     if v is not None and (mode == "run" or k in own)}})
-                 for m in plan.models if mode in m.commands]
-        if not cells:
-            raise HarnessError(f"{args.matrix}: no model is for {mode} (each model's `commands` leave it out)")
-        if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
-            cells = [(m, {**o, "steps": args.steps}) for m, o in cells]
-        if mode == "run":
-            precisions, warmup = plan.precisions, plan.warmup
-            repeats = repeats if repeats is not None else plan.repeats
-            budget = budget if budget is not None else plan.budget
-    elif args.model:
-        cells = [(model, cli) for model in args.model]
-    else:
-        raise HarnessError("--model (or, for run, --matrix) is required")
-    if len(cells) > MAX_MODELS:
-        raise HarnessError(f"{len(cells)} models: more than {MAX_MODELS} in one command (harness.limits.MAX_MODELS); "
-                           f"split them")
-    if budget is not None and repeats != AUTO:
-        raise HarnessError("--budget: only with --repeats auto (it bounds the repeats that auto adds)")
-    auto, repeats = repeats == AUTO, MIN_REPEATS if repeats in (None, AUTO) else repeats
-    loss_scales = loss_scales or [args.loss_scale]
-    for name in precisions:
-        for loss_scale in loss_scales:
-            parse_loss_scale(loss_scale, parse_precision(name))
-    _check_runs(cells, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
-    specs: dict[str, object] = {}  # a model named in many cells is read and validated once
-    for model, overrides in cells:  # every error certain before a worker starts: the spec, its data, its memory
-        if model not in specs:
-            specs[model] = load_spec(model)
-        spec = specs[model].with_overrides(overrides.get("batch_size"), overrides.get("steps"),
-                                           overrides.get("input_size"))
-        data.check(spec, model)
-        run_seed(spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
-        if not args.force:
-            memory.check_fits(spec, infer(spec), [parse_precision(p) for p in overrides.get("precisions") or precisions],
-                              args.device, model)
-    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run")
-    _check_runs(cells, precisions, repeats, len(variants), loss_scales)
-    requests = matrix(args.framework, cells, precisions, repeats, variants, loss_scales, warmup=warmup,
-                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
-                      force=args.force, **extra)
-    out = Path(args.out)
-    executor = executor_from_args(args, mode)
-    prove_writable(out, filename)  # before the first run: a run's record must not be lost to a read-only --out
-    if auto:
-        budget = budget or DEFAULT_BUDGET_S
-        earlier = read_records([out], filename) if args.resume and (out / filename).exists() else []
-        until = UntilDecided(requests, budget, [r for r in earlier if r.get("status") not in NO_RESULT])
-        print(f"repeats auto: one of each cell, then more until each has {MIN_REPEATS} and its speed-up against "
-              f"fp32 is decided, within {budget:g} s after that first round", file=sys.stderr)
-    if args.resume:
-        total, requests = len(requests), pending(requests, out, filename)
-        print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
-              f"running {len(requests)}", file=sys.stderr)
+    runs = plan(args, mode, repeats, warmup, filename, loss_scales, budget, **extra)
     show = sys.stderr.isatty() and not args.no_progress
-    if auto:
-        records, interrupted = run_until_decided(until, out, args.timeout, show, filename, executor)
-    else:
-        records, interrupted = run_matrix(requests, out, args.timeout, show, filename, executor)
+    outcome = execute(runs, args.timeout, show)
+    records = outcome.records
     if show:
         for r in records:
             print(summary_line(r))
-    print(f"{len(records)} records appended to {out / filename}")
-    if auto:
-        for line in until.outcomes():
+    print(f"{len(records)} records appended to {runs.out / filename}")
+    if outcome.until is not None:
+        for line in outcome.until.outcomes():
             print(line)
-    if interrupted:
-        print(f"interrupted after {len(records)} of {len(requests)} runs; every finished run is recorded. "
+    if outcome.interrupted:
+        print(f"interrupted after {len(records)} of {outcome.runs} runs; every finished run is recorded. "
               f"Resume with the same command plus --resume.", file=sys.stderr)
         raise SystemExit(130)
     broken = [r for r in records if r["status"] in NO_RESULT]  # ok, unsupported and diverged are results
@@ -320,38 +216,8 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     return records
 
 
-def _check_runs(cells: list[tuple[str, dict]], precisions: list[str], repeats: int, variants: int,
-                loss_scales: list) -> None:
-    """HarnessError when the matrix holds more than MAX_RUNS runs, counted before any request is built: a
-    million requests would fill the memory before the first one ran."""
-    runs = sum(repeats * variants * len(o.get("loss_scales") or loss_scales) * len(o.get("precisions") or precisions)
-               for _, o in cells)
-    if runs > MAX_RUNS:
-        raise HarnessError(f"{runs:,} runs (models x precisions x variants x loss scales x repeats): more than "
-                           f"{MAX_RUNS:,} in one command (harness.limits.MAX_RUNS); fewer repeats or a smaller matrix")
-
-
 def _exit_code(records: list[dict]) -> int:
     return 1 if any(r["status"] in NO_RESULT for r in records) else 0
-
-
-def _variants(adapter, asked: list[str] | None, timed: bool) -> list[str]:
-    """The variants to run, by name. None asked for, or "auto": for timed runs of an adapter with more than one,
-    "auto" (the worker runs the fastest here: harness.run.variants), else the adapter's first; "all": every one,
-    the default first."""
-    from harness.run.variants import AUTO
-
-    if asked == ["all"]:
-        return list(adapter.variants)
-    if not asked or asked == [AUTO]:
-        return [AUTO] if timed and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
-    unknown = [v for v in asked if v not in adapter.variants]
-    if unknown:
-        raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
-                           + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items())
-                           + (" and auto (the fastest here), which goes alone" if AUTO in unknown else
-                              "; or auto (the fastest here)"))
-    return asked
 
 
 def cmd_run(args) -> int:

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from harness.conformance.goldens import load
-from harness.conformance.specs import SPECS, hint, spec_file
+from harness.conformance.specs import SPECS, hint
 from harness.parity import compare
 from harness.run import worker
 
@@ -21,16 +21,17 @@ def test_goldens_are_shipped():
 
 
 @pytest.mark.parametrize("name", sorted(GOLDENS))
-def test_float64_fingerprint_matches_the_golden(unsupported, framework, name, tmp_path):
+def test_float64_fingerprint_matches_the_golden(unsupported, framework, name):
     golden, spec = GOLDENS[name], SPECS[name]
     precision = "fp64"
     if unsupported("fp64"):
         precision = "fp32"  # compared at the fp32 tolerances: a float32-only adapter cannot meet float64's
         warnings.warn(f"{framework} cannot compute in float64: {name} is compared in float32, at the fp32 "
                       f"tolerances, against the float64 golden")
-    record = worker.run(worker.RunRequest(framework=framework, model=spec_file(tmp_path, name), precision=precision,
-                                          run_id=f"conformance-{name}", steps=len(golden["loss"]), warmup=0,
-                                          mode="fingerprint", threads=2, device="cpu"))
+    resolved = spec.with_overrides(steps=len(golden["loss"])).model_dump(mode="json")
+    record = worker.run(worker.RunRequest(framework=framework, model=name, spec=resolved, precision=precision,
+                                          run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=2,
+                                          device="cpu"))
     assert record["status"] == "ok", hint(spec, f"the {precision} fingerprint run is {record['status']}: "
                                                 f"{record['reason']}")
     (comparison,) = compare([{**golden, "precision": precision}, record])

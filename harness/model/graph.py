@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.errors import SpecError
 
-if TYPE_CHECKING:  # spec.py validates through infer(): graph must not import it at run time
+if TYPE_CHECKING:  # for annotations only: the schema needs nothing from here, nor this from it at run time
     from harness.model.spec import ModelSpec
 
 

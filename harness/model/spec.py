@@ -1,4 +1,6 @@
-"""The framework-neutral model spec: a YAML file validated into plain pydantic models.
+"""The framework-neutral model spec: a YAML file validated into plain pydantic models. This module is the schema
+only: whether the layers' shapes fit is shape inference's question (harness.model.graph.infer), asked where a
+spec is resolved for use (harness.run.plan.resolve).
 
 The spec defines the math. Every adapter must reproduce it exactly:
 - images are NHWC; `flatten` flattens in H, W, C order;
@@ -31,7 +33,6 @@ from pydantic import (
 
 from harness.errors import SpecError, clip
 from harness.limits import MAX_STEPS
-from harness.model.graph import infer
 from harness.model.yaml_file import read_yaml
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
@@ -252,12 +253,17 @@ def validate(data: object, source: str) -> ModelSpec:
             msg = "must be one line of printable characters"
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
-    infer(spec, source)  # the shapes must fit, before any framework starts
     return spec
 
 
 def load_spec(name_or_path: str) -> ModelSpec:
     """Load a built-in model by name (models/NAME.yaml) or a spec file by path."""
+    path = spec_path(name_or_path)
+    return validate(read_yaml(path, SpecError), str(path))
+
+
+def spec_path(name_or_path: str) -> Path:
+    """The file of a built-in model's name (models/NAME.yaml), or the path itself."""
     path = Path(name_or_path)
     try:
         exists = path.exists()
@@ -269,7 +275,7 @@ def load_spec(name_or_path: str) -> ModelSpec:
         if not path.exists():
             known = ", ".join(builtin_models()) or "none"
             raise SpecError(f"unknown model '{clip(name_or_path)}'; built-in models: {known}")
-    return validate(read_yaml(path, SpecError), str(path))
+    return path
 
 
 def builtin_models() -> list[str]:

@@ -104,7 +104,7 @@ def run_group(reqs: list[RunRequest], timeout_s: float, on_progress=None, on_rec
 
 def failure_record(req: RunRequest, status: str, reason: str, started: float) -> dict:
     """The record of a run whose worker gave none (it crashed, hung, or never started: a lost node)."""
-    spec = req.resolved_spec()  # validated before the matrix started
+    spec = req.resolved_spec()  # as planned: no file is read again
     record = results.empty_record(run_id=req.run_id, framework=req.framework, model=spec.name,
                                   spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes,
                                   precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,

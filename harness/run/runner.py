@@ -6,58 +6,20 @@ matrix grows a round of repeats at a time until every comparison with fp32 is de
 """
 from __future__ import annotations
 
-import itertools
 import signal
 import sys
 import time
-import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import results, stats
 from harness.precision import loss_scale_key, parse_loss_scale, parse_precision
-from harness.run.executors import LocalExecutor
+from harness.run.executors import Executor, LocalExecutor
+from harness.run.plan import Plan, run_id, stamp_now
 from harness.run.worker import RunRequest
 
-AUTO = "auto"  # --repeats auto
-DEFAULT_BUDGET_S = 600.0  # --budget: an answer in minutes
+AUTO = "auto"  # the variant `--variant auto` asks for (harness.run.variants.AUTO)
 DECIDED = ("faster", "slower", "same")  # the decisions (stats.Ratio.decision) that stop --repeats auto
-
-
-def matrix(framework: str, cells: list[tuple[str, dict]], precisions: list[str], repeats: int,
-           variants: list[str], loss_scales: list[str | None] = (None,), **common) -> list[RunRequest]:
-    """Requests for every (model with its overrides) x repeat x variant x loss scale x precision, in that
-    order: the precisions, scales and variants of a model take turns (fp32, amp_bf16, amp_fp16, fp32, ...), so
-    that a drift of the machine during the matrix spreads over all of them instead of falling on one.
-
-    A cell's own "loss_scales" (a matrix file's) replace `loss_scales` for the precisions that scale the loss
-    by default (amp_fp16); the others run once, unscaled. A cell's own "precisions" replace `precisions`."""
-    stamp = _stamp()
-    requests = []
-    for (m, overrides), r, v in itertools.product(cells, range(repeats), variants):
-        own = overrides.get("loss_scales")
-        for i, scale in enumerate(own or loss_scales):
-            for p in overrides.get("precisions") or precisions:  # a matrix file's model may name its own
-                s = scale
-                if own is not None and parse_precision(p).default_loss_scale == "none":
-                    if i:
-                        continue
-                    s = None
-                requests.append(RunRequest(
-                    framework=framework, model=m, precision=p, repeat=r, variant=v, loss_scale=s,
-                    run_id=_run_id(framework, m, p, v, s, r, stamp),
-                    **{**common, **{key: val for key, val in overrides.items() if val is not None and key not in ("loss_scales", "precisions")}}))
-    return requests
-
-
-def _stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%S")
-
-
-def _run_id(framework: str, model: str, precision: str, variant: str, scale: str | None, repeat: int,
-            stamp: str) -> str:
-    return f"{framework}-{Path(model).stem}-{precision}-{variant}{'-' + scale if scale else ''}-r{repeat}-{stamp}-" \
-           f"{uuid.uuid4().hex[:6]}"
 
 
 def _request_key(q: RunRequest) -> tuple:
@@ -82,14 +44,14 @@ def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[Ru
 
 
 def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool,
-               filename: str = results.RESULTS_FILE, executor=None) -> tuple[list[dict], bool]:
+               filename: str = results.RESULTS_FILE, executor: Executor | None = None) -> tuple[list[dict], bool]:
     """Run every request, appending each record to out_dir/filename as soon as it is known. Ctrl-C stops
     after the current run (a second one aborts it); returns the records and whether it was interrupted."""
     from tqdm import tqdm
 
     records, stop = [], []
     executor = executor or LocalExecutor()
-    in_flight = getattr(executor, "in_flight", "the current run")
+    in_flight = executor.in_flight
 
     def on_sigint(signum, frame):
         if stop:
@@ -177,8 +139,8 @@ class UntilDecided:
     def _request(self, cell: tuple) -> RunRequest:
         t, r = self.template[cell], self.next_repeat[cell]
         self.next_repeat[cell] = r + 1
-        return replace(t, repeat=r, run_id=_run_id(t.framework, t.model, t.precision, t.variant, t.loss_scale, r,
-                                                   _stamp()))
+        return replace(t, repeat=r, run_id=run_id(t.framework, t.model, t.precision, t.variant, t.loss_scale, r,
+                                                  stamp_now()))
 
     def first_round(self) -> list[RunRequest]:
         """A repeat of every cell that has none yet: each cell gets a figure whatever the budget."""
@@ -246,8 +208,37 @@ def _run_s(record: dict) -> float:
     return (record.get("wall_s") or 0.0) - ((record.get("variant_choice") or {}).get("measure_s") or 0.0)
 
 
+@dataclass
+class Outcome:
+    records: list[dict]  # this invocation's, in the order they came
+    interrupted: bool  # Ctrl-C
+    runs: int  # the runs it set out to run (after --resume left out the recorded ones)
+    until: UntilDecided | None  # --repeats auto: what stopped each cell (UntilDecided.outcomes)
+
+
+def execute(plan: Plan, timeout_s: float, show_progress: bool) -> Outcome:
+    """Run a plan (harness.run.plan): --resume leaves out the runs already recorded, --repeats auto adds rounds
+    within the plan's budget, the executor runs the rest; every record is appended as soon as it is known."""
+    out, filename, requests = plan.out, plan.filename, plan.requests
+    until = None
+    if plan.budget_s is not None:
+        earlier = results.read_records([out], filename) if plan.resume and (out / filename).exists() else []
+        until = UntilDecided(requests, plan.budget_s, [r for r in earlier if r.get("status") not in results.NO_RESULT])
+        print(f"repeats auto: one of each cell, then more until each has {stats.MIN_REPEATS} and its speed-up against "
+              f"fp32 is decided, within {plan.budget_s:g} s after that first round", file=sys.stderr)
+    if plan.resume:
+        total, requests = len(requests), pending(requests, out, filename)
+        print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "
+              f"running {len(requests)}", file=sys.stderr)
+    if until is not None:
+        records, interrupted = run_until_decided(until, out, timeout_s, show_progress, filename, plan.executor)
+    else:
+        records, interrupted = run_matrix(requests, out, timeout_s, show_progress, filename, plan.executor)
+    return Outcome(records, interrupted, len(requests), until)
+
+
 def run_until_decided(plan: UntilDecided, out_dir: Path, timeout_s: float, show_progress: bool,
-                      filename: str = results.RESULTS_FILE, executor=None) -> tuple[list[dict], bool]:
+                      filename: str = results.RESULTS_FILE, executor: Executor | None = None) -> tuple[list[dict], bool]:
     """run_matrix for `--repeats auto`: plan's first round (a repeat of every cell), then its rounds until it has
     none."""
     records, interrupted = run_matrix(plan.first_round(), out_dir, timeout_s, show_progress, filename, executor)

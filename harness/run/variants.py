@@ -71,8 +71,8 @@ def measure_variants(adapter, req) -> dict:
 
 def _time_in_child(req, variant: str) -> tuple[float | None, str | None]:
     """The median ms per step of `variant` in a worker process of its own, or None and why it gave none."""
-    short = replace(req, variant=variant, steps=TIMED_STEPS, warmup=WARMUP_STEPS, mode="run", measure_peak=False,
-                    run_id=f"{req.run_id}-variant-{variant}")
+    short = replace(req, variant=variant, spec={**req.spec, "steps": TIMED_STEPS}, warmup=WARMUP_STEPS, mode="run",
+                    measure_peak=False, run_id=f"{req.run_id}-variant-{variant}")
     with tempfile.TemporaryDirectory(prefix="amp-harness-variant-") as tmp:
         request_file, record_file = Path(tmp) / "request.json", Path(tmp) / "record.json"
         request_file.write_text(json.dumps([asdict(short)]))

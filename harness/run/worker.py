@@ -25,7 +25,7 @@ from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import infer, state_memory_mb
-from harness.model.spec import load_spec
+from harness.model.spec import ModelSpec, validate
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record
@@ -41,15 +41,15 @@ SEED_LIMIT = 2**32  # numpy's generators take seeds below it (as ModelSpec.seed)
 
 @dataclass
 class RunRequest:
+    """One run, as planned (harness.run.plan): the spec travels resolved, so no process and no node reads a spec
+    file after the plan did."""
     framework: str
-    model: str  # built-in name or spec path
+    model: str  # the built-in name or spec path the user gave: run ids and progress lines name it
+    spec: dict  # the resolved spec (harness.run.plan.resolve: overrides applied, shapes checked), as JSON data
     precision: str
     run_id: str
     repeat: int = 0
-    steps: int | None = None  # None: the spec's
     warmup: int = 5
-    batch_size: int | None = None
-    input_size: tuple[int, int] | None = None
     loss_scale: str | None = None  # None: the precision's default
     growth_interval: int = 2000
     device: str = "auto"
@@ -62,9 +62,8 @@ class RunRequest:
     study: str | None = None  # the id tying the runs of one study together
     force: bool = False  # run --force: past the memory guard, the worker's too
 
-    def resolved_spec(self):
-        return load_spec(self.model).with_overrides(self.batch_size, self.steps,
-                                                    tuple(self.input_size) if self.input_size else None)
+    def resolved_spec(self) -> ModelSpec:
+        return validate(self.spec, self.model)
 
 
 def run_seed(spec, repeat: int) -> int:

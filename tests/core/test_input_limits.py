@@ -235,7 +235,10 @@ def test_the_worker_holds_a_gpu_run_to_the_free_memory_its_framework_reports(mon
             return 1e-4  # 0.1 KiB: less than a step of the smallest spec needs
 
     monkeypatch.setattr(worker, "load_adapter", lambda name: SmallGPU())
-    request = dict(framework="fake", model=SPEC, precision="fp32", run_id="r", steps=2, warmup=0, measure_peak=False)
+    from harness.run.plan import resolve
+
+    request = dict(framework="fake", model=SPEC, spec=resolve(SPEC, steps=2)[0].model_dump(mode="json"),
+                   precision="fp32", run_id="r", warmup=0, measure_peak=False)
     record = worker.run(worker.RunRequest(**request))
     assert record["status"] == "failed" and "more than cuda:0's free memory (fake) (0.1 KiB)" in record["reason"]
     forced = worker.run(worker.RunRequest(**request, force=True))  # --force: past this guard too

@@ -134,19 +134,20 @@ def test_only_the_step_is_timed(tmp_path):
 
 
 def test_repeats_take_turns_across_precisions_and_variants():
-    from harness.run.runner import matrix
+    from harness.run.plan import cells, matrix
 
-    requests = matrix("fake", [("m", {})], ["fp32", "amp_bf16"], 2, ["a", "b"])
+    requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 2, ["a", "b"])
     assert [(q.repeat, q.variant, q.precision) for q in requests] == [
         (0, "a", "fp32"), (0, "a", "amp_bf16"), (0, "b", "fp32"), (0, "b", "amp_bf16"),
         (1, "a", "fp32"), (1, "a", "amp_bf16"), (1, "b", "fp32"), (1, "b", "amp_bf16")]
 
 
 def test_a_matrix_models_own_loss_scales_apply_to_the_precisions_that_scale(tmp_path):
-    from harness.run.runner import matrix
+    from harness.run.plan import cells, matrix
 
-    requests = matrix("fake", [("m", {"loss_scales": ["none", "dynamic"], "steps": 4})], ["fp32", "amp_fp16"], 1, ["a"])
-    assert [(q.precision, q.loss_scale, q.steps) for q in requests] == [
+    requests = matrix("fake", cells([("mnist_mlp", {"loss_scales": ["none", "dynamic"], "steps": 4})]),
+                      ["fp32", "amp_fp16"], 1, ["a"])
+    assert [(q.precision, q.loss_scale, q.spec["steps"]) for q in requests] == [
         ("fp32", None, 4), ("amp_fp16", "none", 4), ("amp_fp16", "dynamic", 4)]
     bad = tmp_path / "m.yaml"
     bad.write_text("precisions: [amp_fp16]\nmodels:\n  - {model: mnist_mlp, loss_scales: [none, abc]}\n")

@@ -9,6 +9,7 @@ from harness import results
 from harness.model import reference
 from harness.run import worker
 from harness.run.metrics import loss_and_correct
+from harness.run.plan import resolve
 from tests.conftest import SPECS
 from tests.core.test_runner import amp
 from tests.fake_adapter.fake_adapter import FakeAdapter, FakeTrainer
@@ -48,10 +49,10 @@ def runs(monkeypatch, requests: list[tuple[str, int]], mode: str = "run"):
     adapter = ReferenceAdapter()
     monkeypatch.setattr(worker, "load_adapter", lambda name: adapter)
     records, trainers = [], []
+    spec = resolve(SPEC, steps=2)[0].model_dump(mode="json")
     for p, r in requests:
-        records.append(worker.run(worker.RunRequest(framework="fake", model=SPEC, precision=p, repeat=r,
-                                                    run_id=f"{p}-{r}", steps=2, warmup=1, mode=mode,
-                                                    measure_peak=False)))
+        records.append(worker.run(worker.RunRequest(framework="fake", model=SPEC, spec=spec, precision=p, repeat=r,
+                                                    run_id=f"{p}-{r}", warmup=1, mode=mode, measure_peak=False)))
         trainers.append(adapter.built[-1])  # the run's own: a capability probe builds one before it
     assert all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
     return records, trainers

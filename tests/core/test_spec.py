@@ -11,6 +11,7 @@ from harness.errors import HarnessError, SpecError
 from harness.model.graph import infer, same_padding
 from harness.model.spec import builtin_models, load_spec
 from harness.precision import PRECISIONS, parse_loss_scale, parse_precision
+from harness.run.plan import resolve
 from tests.conftest import pitfall_specs
 
 BASE = yaml.safe_load((__import__("harness.model.spec", fromlist=["MODELS_DIR"]).MODELS_DIR / "mnist_mlp.yaml").read_text())
@@ -56,7 +57,7 @@ def test_same_padding_puts_the_odd_pixel_after():
 
 @pytest.mark.parametrize("path", pitfall_specs(), ids=lambda p: p.stem)
 def test_pitfall_specs_are_valid(path):
-    load_spec(str(path))
+    resolve(str(path))
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -76,7 +77,7 @@ def test_malformed_spec_gives_one_line_naming_the_field(tmp_path, mutate, expect
     mutate(data)
     path = write(tmp_path, data)
     with pytest.raises(SpecError) as info:
-        load_spec(str(path))
+        resolve(str(path))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(str(path))
@@ -99,8 +100,10 @@ def test_unknown_model_and_missing_file():
 def test_residual_shape_mismatch_is_rejected(tmp_path):
     data = yaml.safe_load((pitfall_specs()[0].parent / "pitfall_residual_projection.yaml").read_text())
     data["layers"][1].pop("projection")
+    path = write(tmp_path, data)
     with pytest.raises(SpecError, match=r"layers\[1\] \(residual\): block output \[4, 4, 6\] does not match"):
-        load_spec(str(write(tmp_path, data)))
+        resolve(str(path))
+    load_spec(str(path))  # the schema alone has no opinion on shapes: resolving the spec asks shape inference
 
 
 def test_spec_hash_is_stable_and_covers_overrides():
@@ -117,8 +120,8 @@ def test_spec_hash_is_stable_and_covers_overrides():
 def test_input_size_override_only_for_images():
     spec = load_spec("small_convnet").with_overrides(input_size=(64, 96), batch_size=8, steps=3)
     assert spec.input.shape == [64, 96, 3] and spec.batch_size == 8 and spec.steps == 3
-    with pytest.raises(SpecError, match="does not fit"):
-        load_spec("small_convnet").with_overrides(input_size=(32, 32))
+    with pytest.raises(SpecError, match="^small_convnet: layers.*does not fit"):
+        resolve("small_convnet", input_size=(32, 32))
 
 
 def test_precisions():

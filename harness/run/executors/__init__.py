@@ -2,10 +2,8 @@
 machine) or a Ray cluster (harness.run.executors.ray_cluster). The runner above is the same for both: matrix,
 records, --resume, Ctrl-C, progress, exit codes.
 
-An executor has a `name` and one method, `run_batches(batches, timeout_s, on_progress, on_record, stop,
-on_batch)`: run each batch (requests that share one worker process), call `on_record(record)` for every record
-as it is known (in the calling thread or the progress reader's; an exception from it must stop the executor
-and reach its caller), and stop starting batches once `stop` (a list) is non-empty (Ctrl-C).
+An executor is what the Executor protocol below says. The requests it gets carry their resolved specs
+(harness.run.plan), so it ships no spec file anywhere and rewrites no path.
 
 This module imports nothing heavy, and never Ray: the CLI imports it to add its options, and the default
 install has no Ray."""
@@ -15,11 +13,31 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
 from harness.errors import HarnessError
 from harness.run.executors.local import LocalExecutor
 
-__all__ = ["LocalExecutor", "add_executor_arguments", "executor_from_args"]
+if TYPE_CHECKING:
+    from harness.run.worker import RunRequest
+
+__all__ = ["Executor", "LocalExecutor", "add_executor_arguments", "executor_from_args"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where the runs of a plan execute (harness.run.runner.run_matrix drives it)."""
+
+    name: str  # what each record's env.executor says
+    in_flight: str  # what a first Ctrl-C waits for, in the runner's message
+
+    def run_batches(self, batches: list[list[RunRequest]], timeout_s: float,
+                    on_progress: Callable[[int, int], None] | None, on_record: Callable[[dict], None], stop: list,
+                    on_batch: Callable[[list[RunRequest]], None]) -> None:
+        """Run each batch (requests that share one worker process), calling `on_batch(batch)` as it starts and
+        `on_record(record)` for every record as it is known (in the calling thread or the progress reader's; an
+        exception from it must stop the executor and reach its caller); start no batch once `stop` is non-empty
+        (Ctrl-C)."""
 
 #: where `tox` builds each framework's environment, the default interpreter of a framework's runs on a cluster
 TOX_DIR = Path(__file__).resolve().parents[3] / ".tox"
@@ -62,7 +80,7 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
                             f"{DEFAULT_RETRIES}); then it is recorded failed with the Ray error")
 
 
-def executor_from_args(args: argparse.Namespace, mode: str):
+def executor_from_args(args: argparse.Namespace, mode: str) -> Executor:
     """The executor the options ask for; `mode` (run, profile, fingerprint, diagnose) tells whether timing matters."""
     if args.executor == "local":
         given = [name for name, value in (("--address", args.address), ("--python", args.python),

@@ -8,10 +8,10 @@ class LocalExecutor:
     """Today's behaviour: each batch of requests in a subprocess of this machine (harness.run.process.run_group)."""
 
     name = "local"
+    in_flight = "the current run"
 
     def run_batches(self, batches, timeout_s, on_progress, on_record, stop, on_batch) -> None:
-        """Run each batch (a list of requests sharing one worker process), calling on_batch(batch) before it
-        and on_record(record) for each record; stop when `stop` (a list) becomes non-empty (Ctrl-C)."""
+        """harness.run.executors.Executor.run_batches: one batch after another, here."""
         from harness.run.process import run_group
 
         node = platform.node()

@@ -16,11 +16,9 @@ import os
 import platform
 import signal
 import socket
-import tempfile
 import time
 from collections import deque
 from dataclasses import asdict
-from pathlib import Path
 
 from harness.errors import HarnessError
 
@@ -31,9 +29,10 @@ NO_CAPACITY_S = 60.0  # a cluster with no slot left for this long (every node lo
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _run_batch(requests: list[dict], specs: dict[str, str], python: str, timeout_s: float) -> dict:
+def _run_batch(requests: list[dict], python: str, timeout_s: float) -> dict:
     """The Ray task, on its node: the batch in one worker subprocess of the framework's interpreter, exactly as
-    the local executor runs it; returns the records and where they ran."""
+    the local executor runs it; returns the records and where they ran. Each request carries its resolved spec:
+    no spec file need be on the node (an image_folder dataset's directory must, at the path the spec gives)."""
     import ray
 
     from harness.run.process import run_group
@@ -45,16 +44,7 @@ def _run_batch(requests: list[dict], specs: dict[str, str], python: str, timeout
     if not os.access(python, os.X_OK):
         return {**where, "missing": f"no interpreter at {python} on node {where['node']} (the framework's "
                                     f"environment must be at the same path on every node; --python)"}
-    # spec files travel with the task: nodes need not share the driver's file system
-    with tempfile.TemporaryDirectory(prefix="amp-harness-specs-") as tmp:
-        reqs = []
-        for i, q in enumerate(requests):
-            if q["model"] in specs:
-                path = Path(tmp) / f"{i}-{Path(q['model']).name}"
-                path.write_text(specs[q["model"]], encoding="utf-8")
-                q = {**q, "model": str(path)}
-            reqs.append(RunRequest(**q))
-        return {**where, "records": run_group(reqs, timeout_s, python=python)}
+    return {**where, "records": run_group([RunRequest(**q) for q in requests], timeout_s, python=python)}
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:
@@ -144,8 +134,6 @@ class RayExecutor:
         options, placement, resource = self._placement(ray, batches[0][0].device)
         # max_retries=0: the driver retries itself, so that the record can say which attempt it is
         task = ray.remote(_run_batch).options(max_retries=0, **options)
-        specs = {q.model: Path(q.model).read_text(encoding="utf-8")
-                 for batch in batches for q in batch if Path(q.model).exists()}
         queue = deque((batch, 1, []) for batch in batches)  # (batch, attempt, errors of the earlier attempts)
         inflight: dict = {}
         no_capacity_since = None
@@ -167,7 +155,7 @@ class RayExecutor:
                 while queue and not stop and len(inflight) < slots:
                     batch, attempt, errors = queue.popleft()
                     on_batch(batch)
-                    ref = task.remote([asdict(q) for q in batch], specs, self.python, timeout_s)
+                    ref = task.remote([asdict(q) for q in batch], self.python, timeout_s)
                     inflight[ref] = (batch, attempt, errors, time.time())
                 if not inflight:
                     if stop:

@@ -1,0 +1,231 @@
+"""The run pipeline's first stage: the CLI's parsed options (and a matrix file) become a Plan, the resolved
+requests of every run and how to run them; harness.run.runner.execute runs it.
+
+Everything that can be known wrong is found here, in this process, before a worker starts (one line, exit 2):
+the options, the matrix file, each spec (loaded and resolved once, with its overrides: batch size, input size,
+steps; its shapes inferred), its data, its memory, the seeds of its repeats, the variants. Each request carries
+its resolved spec (RunRequest.spec), so the worker, a failure record and --resume's key read that, never the
+file again, and an executor ships no spec file to a node."""
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.limits import MAX_MODELS, MAX_RUNS, usable_cpus
+from harness.model.graph import Graph, infer
+from harness.model.spec import ModelSpec, load_spec, spec_path
+from harness.precision import parse_loss_scale, parse_precision
+from harness.run.executors import Executor, executor_from_args
+from harness.run.worker import RunRequest
+from harness.stats import MIN_REPEATS
+
+AUTO = "auto"  # --repeats auto
+DEFAULT_BUDGET_S = 600.0  # --budget: an answer in minutes
+
+
+def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
+            input_size: tuple[int, int] | None = None) -> tuple[ModelSpec, Graph]:
+    """The spec of a built-in name or spec path with its overrides applied, and its graph: the one place a spec is
+    made ready for use. A SpecError (one line) names the file, or, for shapes only the overrides break, the spec."""
+    spec = load_spec(model)
+    graph = infer(spec, str(spec_path(model)))  # the file's own shapes must fit
+    if (batch_size, steps, input_size) != (None, None, None):
+        spec = spec.with_overrides(batch_size, steps, input_size)
+        graph = infer(spec, spec.name)
+    return spec, graph
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A model of the matrix, resolved: its spec with the cell's overrides, and a matrix file's own precisions and
+    loss scales for it (None: the command's)."""
+    model: str  # as the user named it
+    spec: ModelSpec
+    graph: Graph
+    precisions: tuple[str, ...] | None = None
+    loss_scales: tuple[str, ...] | None = None
+
+
+def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
+    """(model, overrides) -> Cells; a model named in many entries is loaded once."""
+    loaded: dict[str, tuple[ModelSpec, Graph]] = {}
+    out = []
+    for model, overrides in entries:
+        if model not in loaded:
+            loaded[model] = resolve(model)
+        spec, graph = loaded[model]
+        sizes = [overrides.get(k) for k in ("batch_size", "steps", "input_size")]
+        if sizes != [None, None, None]:
+            spec = spec.with_overrides(*sizes)
+            graph = infer(spec, spec.name)
+        own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales")]
+        out.append(Cell(model, spec, graph, *own))
+    return out
+
+
+def matrix(framework: str, cells: list[Cell], precisions: list[str], repeats: int, variants: list[str],
+           loss_scales: list[str | None] = (None,), **common) -> list[RunRequest]:
+    """Requests for every cell x repeat x variant x loss scale x precision, in that order: the precisions, scales
+    and variants of a model take turns (fp32, amp_bf16, amp_fp16, fp32, ...), so that a drift of the machine
+    during the matrix spreads over all of them instead of falling on one.
+
+    A cell's own loss scales (a matrix file's) replace `loss_scales` for the precisions that scale the loss by
+    default (amp_fp16); the others run once, unscaled. A cell's own precisions replace `precisions`."""
+    stamp = stamp_now()
+    requests = []
+    for cell, r, v in itertools.product(cells, range(repeats), variants):
+        spec = cell.spec.model_dump(mode="json")
+        for i, scale in enumerate(cell.loss_scales or loss_scales):
+            for p in cell.precisions or precisions:
+                s = scale
+                if cell.loss_scales is not None and parse_precision(p).default_loss_scale == "none":
+                    if i:
+                        continue
+                    s = None
+                requests.append(RunRequest(framework=framework, model=cell.model, spec=spec, precision=p, repeat=r,
+                                           variant=v, loss_scale=s,
+                                           run_id=run_id(framework, cell.model, p, v, s, r, stamp), **common))
+    return requests
+
+
+def stamp_now() -> str:
+    return time.strftime("%Y%m%dT%H%M%S")
+
+
+def run_id(framework: str, model: str, precision: str, variant: str, scale: str | None, repeat: int,
+           stamp: str) -> str:
+    return f"{framework}-{Path(model).stem}-{precision}-{variant}{'-' + scale if scale else ''}-r{repeat}-{stamp}-" \
+           f"{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Plan:
+    """What one command runs: its requests, where their records go, the executor, and --repeats auto's budget."""
+    requests: list[RunRequest]
+    out: Path
+    filename: str
+    executor: Executor
+    budget_s: float | None = None  # --repeats auto: seconds for the repeats after each cell's first; None: fixed
+    resume: bool = False
+
+
+def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
+         loss_scales: list[str | None] | None = None, budget: float | None = None, **extra) -> Plan:
+    """The Plan of `run`, `study`, `fingerprint`, `diagnose` or `profile` (`mode`) from its parsed options `args`.
+    `repeats` "auto": MIN_REPEATS, then more until decided or `budget` seconds are spent (runner.UntilDecided);
+    None: a matrix file's, else MIN_REPEATS. `extra`: fields of every request (a study's id, diagnose's every)."""
+    from harness.adapter import discover, load_adapter
+    from harness.model import data, memory
+    from harness.results import prove_writable
+    from harness.run.worker import run_seed
+
+    if args.executor == "local" and args.threads > usable_cpus():  # a cluster's nodes have CPUs of their own
+        cpus = usable_cpus()
+        raise HarnessError(f"--threads {args.threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''} "
+                           f"(os.sched_getaffinity); more threads only contend, and too many exhaust the machine")
+    if args.framework not in discover():
+        load_adapter(args.framework)  # raises the "not installed" error
+    precisions = args.precision or ["fp32"]
+    if getattr(args, "matrix", None):
+        entries, precisions, warmup, repeats, budget = _from_matrix_file(args, mode, precisions, warmup, repeats,
+                                                                         budget)
+    elif args.model:
+        sizes = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
+        entries = [(model, sizes) for model in args.model]
+    else:
+        raise HarnessError("--model (or, for run, --matrix) is required")
+    if len(entries) > MAX_MODELS:
+        raise HarnessError(f"{len(entries)} models: more than {MAX_MODELS} in one command (harness.limits.MAX_MODELS);"
+                           f" split them")
+    if budget is not None and repeats != AUTO:
+        raise HarnessError("--budget: only with --repeats auto (it bounds the repeats that auto adds)")
+    auto, repeats = repeats == AUTO, MIN_REPEATS if repeats in (None, AUTO) else repeats
+    loss_scales = loss_scales or [args.loss_scale]
+    for name in precisions:
+        for loss_scale in loss_scales:
+            parse_loss_scale(loss_scale, parse_precision(name))
+    _check_runs(entries, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
+    resolved = cells(entries)
+    for cell in resolved:  # every error certain before a worker starts: the spec, its data, its memory
+        data.check(cell.spec, cell.model)
+        run_seed(cell.spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
+        if not args.force:
+            memory.check_fits(cell.spec, cell.graph, [parse_precision(p) for p in cell.precisions or precisions],
+                              args.device, cell.model)
+    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run")
+    _check_runs(entries, precisions, repeats, len(variants), loss_scales)
+    requests = matrix(args.framework, resolved, precisions, repeats, variants, loss_scales, warmup=warmup,
+                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
+                      force=args.force, **extra)
+    executor = executor_from_args(args, mode)
+    out = Path(args.out)
+    prove_writable(out, filename)  # before the first run: a run's record must not be lost to a read-only --out
+    return Plan(requests, out, filename, executor, (budget or DEFAULT_BUDGET_S) if auto else None, args.resume)
+
+
+def _from_matrix_file(args, mode: str, precisions, warmup, repeats, budget) -> tuple:
+    """The entries (model, overrides) a matrix file gives `mode`, and for `run` its precisions, warm-up, repeats
+    and budget (the options win where the file leaves them out)."""
+    from harness.run.matrix import load_matrix
+
+    if args.model:
+        raise HarnessError("give either --model or --matrix, not both")
+    file = load_matrix(args.matrix)
+    beside = [name for name, value in (("--steps", args.steps if mode != "profile" else None),
+                                       ("--batch-size", args.batch_size), ("--input-size", args.input_size))
+              if value is not None]
+    if mode == "run":  # the matrix file sets these; diagnose and profile take its models and sizes only
+        beside += [name for name, value in (("--precision", args.precision), ("--warmup", warmup),
+                                            ("--repeats", "repeats" in file.model_fields_set and repeats),
+                                            ("--budget", "budget" in file.model_fields_set and budget))
+                   if value is not None and value is not False]
+    if beside:
+        raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
+                           f"not beside --matrix")
+    own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
+    entries = [(m.model, {"steps": file.steps, **{k: v for k, v in m.overrides().items()
+                                                   if v is not None and (mode == "run" or k in own)}})
+               for m in file.models if mode in m.commands]
+    if not entries:
+        raise HarnessError(f"{args.matrix}: no model is for {mode} (each model's `commands` leave it out)")
+    if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
+        entries = [(m, {**o, "steps": args.steps}) for m, o in entries]
+    if mode == "run":
+        precisions, warmup = file.precisions, file.warmup
+        repeats = repeats if repeats is not None else file.repeats
+        budget = budget if budget is not None else file.budget
+    return entries, precisions, warmup, repeats, budget
+
+
+def _check_runs(entries: list[tuple[str, dict]], precisions: list[str], repeats: int, variants: int,
+                loss_scales: list) -> None:
+    """HarnessError when the matrix holds more than MAX_RUNS runs, counted before any request is built: a
+    million requests would fill the memory before the first one ran."""
+    runs = sum(repeats * variants * len(o.get("loss_scales") or loss_scales) * len(o.get("precisions") or precisions)
+               for _, o in entries)
+    if runs > MAX_RUNS:
+        raise HarnessError(f"{runs:,} runs (models x precisions x variants x loss scales x repeats): more than "
+                           f"{MAX_RUNS:,} in one command (harness.limits.MAX_RUNS); fewer repeats or a smaller matrix")
+
+
+def _variants(adapter, asked: list[str] | None, timed: bool) -> list[str]:
+    """The variants to run, by name. None asked for, or "auto": for timed runs of an adapter with more than one,
+    "auto" (the worker runs the fastest here: harness.run.variants), else the adapter's first; "all": every one,
+    the default first."""
+    from harness.run.variants import AUTO as VARIANT_AUTO
+
+    if asked == ["all"]:
+        return list(adapter.variants)
+    if not asked or asked == [VARIANT_AUTO]:
+        return [VARIANT_AUTO] if timed and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
+    unknown = [v for v in asked if v not in adapter.variants]
+    if unknown:
+        raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
+                           + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items())
+                           + (" and auto (the fastest here), which goes alone" if VARIANT_AUTO in unknown else
+                              "; or auto (the fastest here)"))
+    return asked
