@@ -1,6 +1,7 @@
 """One batch of requests in a worker subprocess of this machine (`python -m harness.run.worker`), whatever
 happens to it: the code both executors run (the local one directly, Ray's on its node), apart from the runner
-that plans the matrix, so that neither imports the other."""
+that drives them, so that neither imports the other. Each request carries its resolved spec (harness.run.plan):
+nothing here reads a spec file."""
 from __future__ import annotations
 
 import json

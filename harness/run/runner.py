@@ -1,4 +1,5 @@
-"""The run matrix: every (model, precision, repeat) of one framework, each in a fresh subprocess.
+"""The run matrix: every (model, precision, repeat) of one framework, each in a fresh subprocess. `execute` runs
+the Plan that harness.run.plan made of a command's options (its requests carry their resolved specs).
 
 A run that crashes, is killed or outlives its timeout still becomes a record (harness.run.process) and the matrix
 goes on. Only plain data crosses back from a worker: its JSON record. With `--repeats auto` (UntilDecided) the

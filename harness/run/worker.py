@@ -293,7 +293,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(answer))
         return 0
     request_path, record_path = argv
-    requests = json.loads(Path(request_path).read_text())  # a list: runs that share this process (runner.py)
+    requests = json.loads(Path(request_path).read_text())  # a list: runs that share this process (process.py)
 
     last = [0.0]
 
