@@ -13,7 +13,8 @@ MIN_REPEATS repeats give no verdict, and an interval too wide to decide says so 
 from __future__ import annotations
 
 from harness import stats
-from harness.report.explain import fp32_cell, ms
+from harness.report import format as f
+from harness.report.explain import fp32_cell
 
 VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
             "undecided": "too noisy here to decide", "too few": "not enough repeats for a verdict",
@@ -61,16 +62,14 @@ def choose(candidates: list[dict]) -> tuple[str, dict]:
 
 def _speed(s: dict) -> str:
     if verdict(s) not in ("faster", "slower"):  # no direction claimed without a decision
-        return f"x{s['ratio']:.2f} vs fp32"
-    if s["ratio"] >= 1:
-        return f"{s['ratio']:.2f}x faster"
-    return f"{1 / s['ratio']:.2f}x slower"
+        return f"{f.ratio(s['ratio'])} vs fp32"
+    return f.faster(s["ratio"])
 
 
 def spread(s: dict, cells: dict) -> str:
     """The cells' coefficients of variation over repeats, the spread an undecided interval comes from."""
     cv = [(p, c.cv) for p, c in (("fp32", fp32_cell(cells, s["key"])), (s["precision"], cells[s["key"]]))]
-    return "repeats spread " + " and ".join(f"{100 * v:.0f}% ({p})" for p, v in cv if v is not None)
+    return "repeats spread " + " and ".join(f"{f.percent(v, 0)} ({p})" for p, v in cv if v is not None)
 
 
 def _entry(kind: str, s: dict, cell, cells: dict) -> dict:
@@ -83,14 +82,14 @@ def _entry(kind: str, s: dict, cell, cells: dict) -> dict:
             "verdict": kind, "decision": v, "verdict_text": text, "speed": _speed(s), "interval": s["ci"],
             "advice": f"{spread(s, cells)}: {RERUN_NOISY}" if kind == "undecided" else None,
             "accuracy": s["accuracy_check"].phrase, "accuracy_flag": not acceptable(s),
-            "ms": f"{ms(cell.median_ms)} ms/step", "unstable": s["unstable"]}
+            "ms": f"{f.ms(cell.median_ms)} ms/step", "unstable": s["unstable"]}
 
 
 def _plain_entry(cells: list, why: str) -> dict:
     fastest = min(cells, key=lambda c: c.median_ms)
     return {"precision": fastest.precision + fastest.scale_note, "setting": fastest.setting_note.strip(" []"),
             "verdict": "none", "decision": None, "verdict_text": why, "speed": None, "interval": None, "advice": None,
-            "accuracy": None, "accuracy_flag": False, "ms": f"{ms(fastest.median_ms)} ms/step", "unstable": False}
+            "accuracy": None, "accuracy_flag": False, "ms": f"{f.ms(fastest.median_ms)} ms/step", "unstable": False}
 
 
 def build(cells: dict, summary: list[dict], not_run: list[dict]) -> list[dict]:
@@ -135,7 +134,7 @@ def recommend(model: str, comparisons: list[dict], mcells: list, cells: dict) ->
     fastest = min(mcells, key=lambda c: c.median_ms)
     of = f", best of {len(mcells)} cells" if len(mcells) > 1 else ""
     tail = (f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} "
-            f"{ms(fastest.median_ms)} ms/step")
+            f"{f.ms(fastest.median_ms)} ms/step")
     if not comparisons:
         return f"{model}: no framework ran both fp32 and another precision, so no speed-up to compare; {tail}."
 
@@ -145,31 +144,31 @@ def recommend(model: str, comparisons: list[dict], mcells: list, cells: dict) ->
 
     good = [s for s in comparisons if verdict(s) == "faster" and acceptable(s)]
     ruled_out = [s for s in comparisons if verdict(s) == "faster" and not acceptable(s)]
-    caveat = "".join(f" ({name(s)} was {s['ratio']:.2f}x faster but {s['accuracy_check'].phrase})"
+    caveat = "".join(f" ({name(s)} was {f.faster(s['ratio'])} but {s['accuracy_check'].phrase})"
                      for s in ruled_out[:2])
     if good:
         s = max(good, key=lambda s: s["ratio"])
         c = cells[s["key"]]
         unstable = " [unstable timings]" if s["unstable"] else ""
         among = f", the largest of {len(good)} decided speed-ups" if len(good) > 1 else ""
-        return (f"{model}: {name(s)}, {s['ratio']:.2f}x faster than {c.name} fp32 ({s['ci']}){unstable}{among}, "
+        return (f"{model}: {name(s)}, {f.faster(s['ratio'])} than {c.name} fp32 ({s['ci']}){unstable}{among}, "
                 f"{s['accuracy_check'].phrase}{caveat}; {tail}.")
     few = [s for s in comparisons if verdict(s) == "too few"]
     if few:
-        cases = ", ".join(f"{name(s)} x{s['ratio']:.2f} ({s['ci']})" for s in few[:3])
+        cases = ", ".join(f"{name(s)} {f.ratio(s['ratio'])} ({s['ci']})" for s in few[:3])
         # no "fastest overall" either: with this few repeats it would be the same unfounded verdict in other words
         return (f"{model}: not enough repeats for a verdict (fewer than {stats.MIN_REPEATS} in {cases}"
                 f"{' and more' if len(few) > 3 else ''}); {RERUN_FEW}{caveat}.")
     noisy = [s for s in comparisons if verdict(s) == "undecided"]
     if noisy:
         s = max(noisy, key=lambda s: s["ratio"])
-        return (f"{model}: too noisy here to decide (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, "
+        return (f"{model}: too noisy here to decide (closest: {name(s)} {f.ratio(s['ratio'])}, {s['ci']}, "
                 f"{spread(s, cells)}); {RERUN_NOISY}{caveat}; {tail}.")
     rest = [s for s in comparisons if s not in ruled_out]
     closest = ""
     if rest:
         s = max(rest, key=lambda s: s["ratio"])
-        where = f"within {stats.PRECISE:.0%} of 1" if verdict(s) == "same" else "clearly slower"
-        closest = f" (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, {where})"
+        where = f"within {f.percent(stats.PRECISE, 0)} of 1" if verdict(s) == "same" else "clearly slower"
+        closest = f" (closest: {name(s)} {f.ratio(s['ratio'])}, {s['ci']}, {where})"
     return (f"{model}: no precision is clearly faster than fp32 in any framework here{closest}{caveat}; "
             f"keep fp32; {tail}.")

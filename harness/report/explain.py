@@ -8,23 +8,8 @@ Each entry also carries its cause in one sentence (`short`), the same for every 
 """
 from __future__ import annotations
 
-import math
-
+from harness.report import format as f
 from harness.stats import PRECISE
-
-
-def ms(value) -> str:
-    """Milliseconds with three significant digits below 100, whole numbers above."""
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
-
-
-def fmt(value, digits: int = 2, suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:,.{digits}f}{suffix}"
-
 
 SMALL_FLOPS = 1e9  # below this many FLOPs per step, fixed per-step costs can outweigh any arithmetic saved
 VERY_SLOW = 0.2  # a 16-bit step 5x or more slower than fp32's: more than casts usually cost
@@ -55,7 +40,7 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
         slower = [s for s in comparisons if s["decision"] == "slower" and cited(s)]
         shares = [cast_shares[profile_key(s)] for s in slower if profile_key(s) in cast_shares]
         short = (f"Profiles of the slower 16-bit cells on {device} name the layers that lost the time"
-                 + (f" and put {_share_range(shares)} of the 16-bit step in casts" if shares else ""))
+                 + (f" and put {f.percent_range(min(shares), max(shares))} of the 16-bit step in casts" if shares else ""))
         for framework in sorted({cells[s["key"]].framework for s in slower}):  # a paragraph per framework
             out.append({"title": f"Where 16-bit loses time in {framework} on {device}, by its profiles",
                         "text": "; ".join(f"{cited(s)} (timed: {s['precision']} {_cell_ms(cells, s)} ms vs fp32 "
@@ -70,7 +55,7 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
             out += _cpu_16bit(device, env, peaks, comparisons, cells, {s["key"] for s in slower})
             very = [s for s in comparisons if s["decision"] == "slower" and s["hi"] < VERY_SLOW and not cited(s)]
             if very:
-                cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {1 / s['ratio']:.0f}x slower "
+                cases = "; ".join(f"{s['model']} {s['framework']} {s['precision']}: {f.times_slower(s['ratio'])} "
                                   f"({s['ci']})" for s in very[:6])
                 out.append({"title": f"Some 16-bit steps are 5x or more slower than fp32 on {device}",
                             "text": f"Measured: {cases}. That is more than casts between float32 and 16-bit "
@@ -102,9 +87,9 @@ def explain(records: list[dict], cells: dict, summary: list[dict], citations: di
         runs = f"{len(rs)} repeats" if len(rs) > 1 else f"repeat {rs[0].get('repeat')}"
         out.append({"title": f"{framework} {precision} skipped {'/'.join(map(str, skipped))} step"
                              f"{'s' if max(skipped) > 1 or len(rs) > 1 else ''} ({model}, {runs})",
-                    "text": f"Gradients were not finite at loss scale {fmt(ls.get('initial'), 0)} (first at step "
+                    "text": f"Gradients were not finite at loss scale {f.number(ls.get('initial'), 0)} (first at step "
                             f"{ls.get('first_overflow_step')} in repeat {rs[0].get('repeat')}); the dynamic scaler "
-                            f"skipped those updates and ended at scale {fmt(ls.get('final'), 0)}.",
+                            f"skipped those updates and ended at scale {f.number(ls.get('final'), 0)}.",
                     "short": "The dynamic loss scaler skipped the updates whose gradients overflowed",
                     "about": [f"{framework} {precision} {model}"]})
     gpus = {}
@@ -137,11 +122,6 @@ def in_short(why: list[dict], most: int = 4) -> list[str]:
                if about else "") + "." for short, about in causes.items()]
 
 
-def _share_range(shares: list[float]) -> str:
-    low, high = min(shares), max(shares)
-    return f"{low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"{low:.0%}-{high:.0%}"
-
-
 def _peaks(cells: dict, device: str) -> dict[str, dict[str, float]]:
     """Per framework, the matrix-multiply peak (GFLOP/s) per dtype its runs measured on this device
     (harness.run.peak): through each framework's own kernels, so frameworks are not pooled."""
@@ -155,24 +135,21 @@ def _peaks(cells: dict, device: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _gflops(value: float) -> str:
-    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
-
-
 def _peak_evidence(peaks: dict, name: str, frameworks) -> tuple[float | None, str, str]:
     """(the largest 16-bit / float32 peak ratio, "0.12x", "15 vs 120 GFLOP/s in torch") for the
     given frameworks; (None, "", "") where none measured both dtypes."""
-    pairs = [(f, p[name], p["float32"]) for f, p in sorted(peaks.items())
-             if f in frameworks and p.get(name) and p.get("float32")]
+    pairs = [(framework, p[name], p["float32"]) for framework, p in sorted(peaks.items())
+             if framework in frameworks and p.get(name) and p.get("float32")]
     if not pairs:
         return None, "", ""
     ratios = [a / b for _, a, b in pairs]
-    low, high = f"{min(ratios):.2g}", f"{max(ratios):.2g}"
+    low, high = f.rough(min(ratios)), f.rough(max(ratios))
     times = f"{low}x" if low == high else f"{low}-{high}x"
     if len(pairs) == 1:
-        (f, a, b), = pairs
-        return max(ratios), times, f"{_gflops(a)} vs {_gflops(b)} GFLOP/s in {f}"
-    return max(ratios), times, ", ".join(f"{f} {_gflops(a)} vs {_gflops(b)}" for f, a, b in pairs) + " GFLOP/s"
+        (framework, a, b), = pairs
+        return max(ratios), times, f"{f.gflops(a)} vs {f.gflops(b)} GFLOP/s in {framework}"
+    return max(ratios), times, ", ".join(f"{framework} {f.gflops(a)} vs {f.gflops(b)}"
+                                         for framework, a, b in pairs) + " GFLOP/s"
 
 
 def _cpu_16bit(device: str, env: dict, peaks: dict, comparisons: list[dict], cells: dict,
@@ -221,7 +198,7 @@ def _cpu_16bit(device: str, env: dict, peaks: dict, comparisons: list[dict], cel
                     f"without a fast {name} kernel: a profile would say which).")
         if faster:
             text += (" On the same CPU, " + "; ".join(f"{s['model']} in {s['framework']}: {s['precision']} was "
-                                                     f"{s['ratio']:.2f}x faster ({s['ci']})" for s in faster[:4])
+                                                     f"{f.faster(s['ratio'])} ({s['ci']})" for s in faster[:4])
                      + ", so the CPU alone is not the reason: the slow-down likely lies in the slower frameworks' "
                        "kernels.")
             short += f"; faster in {', '.join(sorted({s['framework'] for s in faster}))} on the same CPU"
@@ -237,16 +214,16 @@ def _too_small(device: str, small: list[dict], cells: dict, peaks: dict) -> dict
     for s in small:
         c = cells[s["key"]]
         fp32_peak = (peaks.get(c.framework) or {}).get("float32")
-        share = f", {c.gflops / fp32_peak:.1%} of its measured float32 matmul peak" if fp32_peak else ""
-        cases.append(f"{c.model} ({c.label} {c.precision}): {c.flops_per_step / 1e6:.0f} MFLOP per step at batch "
-                     f"{c.batch_size}, {c.median_ms:.2f} ms per step ({c.gflops:.1f} GFLOP/s{share}), "
-                     f"x{s['ratio']:.2f} against fp32 ({s['ci']})")
+        share = f", {f.percent(c.gflops / fp32_peak)} of its measured float32 matmul peak" if fp32_peak else ""
+        cases.append(f"{c.model} ({c.label} {c.precision}): {f.mflop(c.flops_per_step)} MFLOP per step at batch "
+                     f"{c.batch_size}, {f.number(c.median_ms)} ms per step ({f.number(c.gflops, 1)} GFLOP/s{share}), "
+                     f"{f.ratio(s['ratio'])} against fp32 ({s['ci']})")
     models = sorted({s["model"] for s in small})
     return {"title": f"Likely too small for precision to matter on {device}: {', '.join(models)}",
-            "text": f"Under {SMALL_FLOPS / 1e9:g} GFLOP per step, and 16-bit measured within {PRECISE:.0%} of fp32: "
+            "text": f"Under {f.plain(SMALL_FLOPS / 1e9)} GFLOP per step, and 16-bit measured within {f.percent(PRECISE, 0)} of fp32: "
                     f"{'; '.join(cases)}. Fixed per-step costs (dispatch, the optimizer update, memory traffic) "
                     f"likely dominate such steps, so the arithmetic precision saves little.",
-            "short": f"Under {SMALL_FLOPS / 1e9:g} GFLOP per step, 16-bit measured within {PRECISE:.0%} of fp32 on "
+            "short": f"Under {f.plain(SMALL_FLOPS / 1e9)} GFLOP per step, 16-bit measured within {f.percent(PRECISE, 0)} of fp32 on "
                      f"{device}: likely too small for precision to matter",
             "about": models}
 
@@ -257,4 +234,4 @@ def fp32_cell(cells: dict, key: tuple):
 
 
 def _cell_ms(cells, s, fp32: bool = False) -> str:
-    return ms((fp32_cell(cells, s["key"]) if fp32 else cells[s["key"]]).median_ms)
+    return f.ms((fp32_cell(cells, s["key"]) if fp32 else cells[s["key"]]).median_ms)

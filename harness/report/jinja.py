@@ -8,7 +8,12 @@ from functools import lru_cache
 def environment():
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    return Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    from harness.report import format
+
+    env = Environment(loader=PackageLoader("harness.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
+    env.filters.update(ms=format.ms, number=format.number, percent=format.percent,
+                       percent_number=format.percent_number, ratio=format.ratio)
+    return env
 
 
 def render(template: str, **data) -> str:

@@ -14,7 +14,7 @@ version, batch size): profiles under different settings are labelled by what dif
 from __future__ import annotations
 
 from harness.report import charts
-from harness.report.explain import ms
+from harness.report import format as f
 from harness.report.setting import cell_key, describe, varying
 from harness.results import SHAPES
 from harness.run.profile import COVERAGE_TOLERANCE
@@ -85,23 +85,19 @@ def grown(p16: dict, p32: dict, most: int = GROWN) -> list[dict]:
     return sorted(rows, key=lambda row: -row["added_ms"])[:most]
 
 
-def _x(factor) -> str:
-    return "-" if factor is None else (f"{factor:.1f}x" if factor < 10 else f"{factor:.0f}x")
-
-
 def citation(model: str, framework: str, precision: str, p16: dict, p32: dict) -> str:
     """One sentence for the Why section: what the profile says made this precision slower than fp32."""
     rows = grown(p16, p32, 1)
     step16, step32 = p16["step_mean_ms"], p32["step_mean_ms"]
     casts = p16["parts"]["casts"] / step16 if step16 else 0.0
-    head = (f"{framework} {precision} ({model}), profiled: {step16:.3g} ms per step against fp32's {step32:.3g} "
+    head = (f"{framework} {precision} ({model}), profiled: {f.significant(step16)} ms per step against fp32's {f.significant(step32)} "
             f"ms")
     if not rows:
-        return f"{head}; no layer took longer than in fp32; casts take {casts:.0%} of the step"
+        return f"{head}; no layer took longer than in fp32; casts take {f.percent(casts, 0)} of the step"
     top = rows[0]
-    return (f"{head}; layer {top['label']} {top['phase']} takes {top['share']:.0%} of the step, {_x(top['factor'])} "
-            f"its fp32 time ({top['ms']:.3g} vs {top['fp32_ms']:.3g} ms, computing in {top['compute'] or '-'}); "
-            f"casts take {casts:.0%}")
+    return (f"{head}; layer {top['label']} {top['phase']} takes {f.percent(top['share'], 0)} of the step, "
+            f"{f.factor(top['factor'])} its fp32 time ({f.significant(top['ms'])} vs {f.significant(top['fp32_ms'])} "
+            f"ms, computing in {top['compute'] or '-'}); casts take {f.percent(casts, 0)}")
 
 
 def cast_maps(model: str, found: dict, named: dict[tuple, str]) -> list[dict]:
@@ -179,18 +175,18 @@ def _html(entries: list[dict], charts_on: bool) -> str:
             if charts_on else ""
         shown.append({
             **entry, "chart": Markup(chart),  # svg.py escapes the chart's text
-            "overlaps": [f"{b['label']} ({ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
-            "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f"{g['casts']:.0%}",
-                        "step": f"{ms(g['step_ms'])} ({ms(g['fp32_step_ms'])})",
+            "overlaps": [f"{b['label']} ({f.ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
+            "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f.percent(g["casts"], 0),
+                        "step": f"{f.ms(g['step_ms'])} ({f.ms(g['fp32_step_ms'])})",
                         "rows": [{"label": row["label"], "phase": row["phase"],
-                                  "ms": f"{ms(row['ms'])} ({ms(row['fp32_ms'])})", "factor": _x(row["factor"]),
-                                  "share": f"{row['share']:.0%}", "compute": row["compute"] or "-"}
+                                  "ms": f"{f.ms(row['ms'])} ({f.ms(row['fp32_ms'])})", "factor": f.factor(row["factor"]),
+                                  "share": f.percent(row["share"], 0), "compute": row["compute"] or "-"}
                                  for row in g["rows"]]}
                        for g in entry["growth"]],
-            "low": [f"{name} {c:.0%}" for name, c in sorted(entry["coverage"].items())
+            "low": [f"{name} {f.percent(c, 0)}" for name, c in sorted(entry["coverage"].items())
                     if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]})
-    return render("_profile.html.j2", entries=shown, coverage_low=f"{1 - COVERAGE_TOLERANCE:.0%}",
-                  coverage_high=f"{1 + COVERAGE_TOLERANCE:.0%}")
+    return render("_profile.html.j2", entries=shown, coverage_low=f.percent(1 - COVERAGE_TOLERANCE, 0),
+                  coverage_high=f.percent(1 + COVERAGE_TOLERANCE, 0))
 
 
 def _markdown(entries: list[dict]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from harness.report import format as f
 from harness.report.accuracy import Check, compare, num_classes, too_short
 from harness.report.setting import compatible, describe, loss_scale_setting, setting, varying
 
@@ -96,16 +97,12 @@ def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> lis
             if name != "fp32":
                 arm["check"] = compare(arm["records"], rows["fp32"]["records"], classes)
         ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
-        fields = varying(s for (m, f, s) in groups if f == framework)
+        fields = varying(s for (_, fw, s) in groups if fw == framework)
         label = f"{framework}{describe(setting_, fields)}"
         out.append({"model": model, "framework": label, "arms": ordered, "judged": judged,
                     "swamped": swamped.get(model, {}),
                     "sentence": sentence(model, label, rows, judged, swamped.get(model, {}))})
     return out
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 NEAREST_VERBS = {"stalls": "stalls", "lower": "falls behind", "unchanged": "keeps up", "higher": "does better",
@@ -124,7 +121,7 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
     if fp32["accuracy"] is None:
         return head + "no fp32 accuracy to compare against"
     if not judged:
-        return head + f"fp32 scores at chance level ({_pct(fp32['accuracy'])}): too short to judge"
+        return head + f"fp32 scores at chance level ({f.percent(fp32['accuracy'])}): too short to judge"
     parts = []
     for family, (nearest, remedies) in NEAREST.items():
         arms = {p: a for p, a in rows.items() if _base(p) in (nearest, *remedies)}
@@ -138,8 +135,8 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                 clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
                 continue
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({_pct(near['accuracy'])} vs {check.fp32.label}"
-                           + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
+            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({f.percent(near['accuracy'])} vs {check.fp32.label}"
+                           + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
                            + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
@@ -155,10 +152,10 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
             if a.get("weights_mb") and fp32.get("weights_mb"):
                 ratio = a["weights_mb"] / fp32["weights_mb"]
                 memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
-                    (f" with {ratio:.2g}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
+                    (f" with {f.rough(ratio)}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
             caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
-            clauses.append(f"{remedy} ({p}) {verb} {_pct(a['accuracy'])}{memory}{caveat}")
+            clauses.append(f"{remedy} ({p}) {verb} {f.percent(a['accuracy'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
 
@@ -183,11 +180,9 @@ def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, cha
 
 def _row_cells(entry: dict, arm: dict) -> list[str]:
     check = arm["check"]
-    change = "-" if check is None or check.delta is None else f"{100 * check.delta:+.1f} pt ({check.verdict})"
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", _pct(arm["accuracy"]), change,
-            "-" if arm["final_loss"] is None else f"{arm['final_loss']:.4g}",
-            "-" if arm["weights_mb"] is None else f"{arm['weights_mb']:.3g}",
-            "-" if arm["peak_mb"] is None else f"{arm['peak_mb']:.1f}"]
+    change = "-" if check is None or check.delta is None else f"{f.points(check.delta)} ({check.verdict})"
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", f.percent(arm["accuracy"]), change,
+            f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
 HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss",
@@ -201,7 +196,7 @@ def _html(entries: list[dict], charts: bool) -> str:
     from harness.report.jinja import render
 
     shown = [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
-              "swamped": {fmt: _pct(share) for fmt, share in entry["swamped"].items()},
+              "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
               "rows": [_row_cells(entry, arm) for arm in entry["arms"]],
               "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
               "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text

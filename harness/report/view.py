@@ -16,8 +16,7 @@ from harness.parity import compare as parity_compare
 from harness import stats
 from harness.report import accuracy, answer, charts
 from harness.report.explain import explain, in_short
-from harness.report.explain import fmt as _fmt
-from harness.report.explain import ms as _ms
+from harness.report import format as f
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.setting import cell_key, describe, device_key, loss_scale_setting, setting, varying
@@ -173,16 +172,16 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
             curves.setdefault(c.label, {})[c.precision] = c.loss_curve()
             base = fp32_of(key)
             row = {"model": model, "framework": c.label, "precision": c.precision}
-            speed.append({**row, "batch": c.batch_size, "median": _ms(c.median_ms),
-                          "spread": f"{_ms(c.p10_ms)} - {_ms(c.p90_ms)}", "samples": _fmt(c.samples_per_s, 0),
-                          "first": _ms(c.first_step_ms), "gflops": _fmt(c.gflops, 1),
-                          "efficiency": _fmt(c.efficiency and 100 * c.efficiency, 1, " %"),
-                          "repeats": len(c.repeats), "cv": _fmt(c.cv and 100 * c.cv, 1, " %"),
+            speed.append({**row, "batch": c.batch_size, "median": f.ms(c.median_ms),
+                          "spread": f"{f.ms(c.p10_ms)} - {f.ms(c.p90_ms)}", "samples": f.number(c.samples_per_s, 0),
+                          "first": f.ms(c.first_step_ms), "gflops": f.number(c.gflops, 1),
+                          "efficiency": f.percent(c.efficiency, 1, spaced=True),
+                          "repeats": len(c.repeats), "cv": f.percent(c.cv, 1, spaced=True),
                           "unstable": c.unstable})
-            memory.append({**row, "peak": _fmt(c.peak_mb, 1), "kind": c.memory_kind,
-                           "state": _fmt(sum(c.state_mb.values()), 1) if c.state_mb else "-",
-                           "optimizer": _fmt(c.state_mb.get("optimizer_state"), 1) if c.state_mb else "-",
-                           "saved": _fmt(100 * (1 - c.peak_mb / base.peak_mb), 0, " %")
+            memory.append({**row, "peak": f.mb(c.peak_mb), "kind": c.memory_kind,
+                           "state": f.mb(sum(c.state_mb.values())) if c.state_mb else "-",
+                           "optimizer": f.mb(c.state_mb.get("optimizer_state")) if c.state_mb else "-",
+                           "saved": f.percent(1 - c.peak_mb / base.peak_mb, 0, spaced=True)
                            if base and base is not c and c.peak_mb is not None and base.peak_mb else "-"})
             delta = c.eval_accuracy - base.eval_accuracy if base and c.eval_accuracy is not None \
                 and base.eval_accuracy is not None and base is not c else None
@@ -191,8 +190,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                 if base is not None and base is not c else None
             spread = accuracy.spread(c.records) if c.precision == "fp32" and c.judged else None
             accuracy_rows.append({
-                **row, "accuracy": _fmt(c.eval_accuracy and 100 * c.eval_accuracy, 1, " %") if c.judged
-                else accuracy.TOO_SHORT, "loss": _fmt(c.eval_loss, 4), "judged": c.judged,
+                **row, "accuracy": f.percent(c.eval_accuracy, 1, spaced=True) if c.judged
+                else accuracy.TOO_SHORT, "loss": f.number(c.eval_loss, 4), "judged": c.judged,
                 "delta": check.change if check else (spread.label if spread else "-"),
                 "flag": bool(check) and not check.acceptable, "check": check})
             if base is not None and base is not c:
@@ -212,7 +211,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         same = sorted(label for label, cs in curves.items() if label not in differing and len(cs) > 1)
         if same:
             section["loss_note"] = (f"{model}: training losses of every precision agree step by step (relative "
-                                    f"difference under {LOSS_TOLERANCE:g}) in {', '.join(same)}; no chart needed.")
+                                    f"difference under {f.plain(LOSS_TOLERANCE)}) in {', '.join(same)}; no chart needed.")
         histories = {}
         for c in mcells:
             with_history = [r for r in c.records if (r.get("loss_scale") or {}).get("history")]
@@ -225,7 +224,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                     histories.setdefault(f"{c.label} {c.precision}", ls["history"])
                 scaling.append({"model": model, "framework": c.label, "precision": c.precision,
                                 "repeat": r["repeat"], "mode": (ls.get("settings") or {}).get("mode"),
-                                "initial": _fmt(ls.get("initial"), 0), "final": _fmt(ls.get("final"), 0),
+                                "initial": f.number(ls.get("initial"), 0), "final": f.number(ls.get("final"), 0),
                                 "skipped": ls.get("skipped_steps"),
                                 "first_overflow": "-" if ls.get("first_overflow_step") is None
                                 else ls.get("first_overflow_step")})
@@ -244,7 +243,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         contenders = [c for k, c in cells.items() if (k[0], k[3], c.device) == (model, precision, device)]
         best = min(contenders, key=lambda c: c.median_ms)
         fastest.append({"model": model, "precision": precision, "device": device, "framework": best.label,
-                        "median": _ms(best.median_ms), "of": len(contenders)})
+                        "median": f.ms(best.median_ms), "of": len(contenders)})
 
     return {
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -252,8 +251,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         "models": models, "frameworks": frameworks,
         "answer": answer.build(cells, summary, [{**r, "device_key": device_key(r)} for r in not_run]),
         "headline": _headline(summary), "any_range": any(not s["interval"] for s in summary),
-        "min_repeats": stats.MIN_REPEATS, "unstable_cv": 100 * stats.UNSTABLE_CV, "precise": 100 * stats.PRECISE,
-        "chance_margin": 100 * accuracy.CHANCE_MARGIN,
+        "min_repeats": stats.MIN_REPEATS, "unstable_cv": stats.UNSTABLE_CV, "precise": stats.PRECISE,
+        "chance_margin": accuracy.CHANCE_MARGIN,
         "summary": summary, "fastest": fastest, "speed": speed, "memory": memory,
         "memory_note": _memory_note(cells), "accuracy": accuracy_rows, "accuracy_rule": accuracy.RULE,
         "any_too_short": any(not c.judged for c in cells.values()),
@@ -298,8 +297,7 @@ def _flat_scale(records: list[dict]) -> str | None:
     if len(values) != 1 or any(r["loss_scale"].get("skipped_steps") for r in records):
         return None
     (value,) = values
-    exp = math.log2(value) if value > 0 else None
-    shown = f"2^{exp:.0f}" if exp is not None and exp == int(exp) else f"{value:g}"
+    shown = f.scale(value)
     steps = sorted({len(r["loss_scale"]["history"]) for r in records})
     n = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
     each = f" in each of {len(records)} repeats" if len(records) > 1 else ""
@@ -368,9 +366,9 @@ def _study_points(rs: list[dict], fp32) -> list[dict]:
         x = exps[setting_] if exps[setting_] is not None else (min(fixed) - 3 if mode == "none" else max(fixed) + 3)
         ok = [r for r in group if r.get("status") == "ok"]
         points.append({"x": x, "label": "none" if mode == "none" else ("dynamic" if mode == "dynamic"
-                                                                       else f"2^{exps[setting_]:g}"),
+                                                                       else f.power_of_two(exps[setting_])),
                        "accuracy": float(np.mean([r["eval_accuracy"] for r in ok])) if ok else float("nan"),
-                       "eval_loss": _fmt(_mean(r.get("eval_loss") for r in ok), 4),
+                       "eval_loss": f.number(_mean(r.get("eval_loss") for r in ok), 4),
                        "skipped": float(np.mean([(r.get("loss_scale") or {}).get("skipped_steps") or 0 for r in group])),
                        "status": ", ".join(sorted({r["status"] for r in group})), "runs": len(group),
                        "fp32_accuracy": fp32.eval_accuracy if fp32 else None})
@@ -379,15 +377,13 @@ def _study_points(rs: list[dict], fp32) -> list[dict]:
 
 def _speed_phrase(r: stats.Ratio) -> str:
     """The comparison in words, by its decision: a direction only where one was decided."""
-    if r.decision == "faster":
-        return f"{r.estimate:.2f}x faster"
-    if r.decision == "slower":
-        return f"{1 / r.estimate:.2f}x slower"
+    if r.decision in ("faster", "slower"):
+        return f.faster(r.estimate)
     return answer.VERDICTS[r.decision]
 
 
 def _headline(summary: list[dict]) -> list[str]:
-    return [f"{s['model']}, {s['framework']}: {s['precision']} against fp32: {s['text']} (x{s['ratio']:.2f}, "
+    return [f"{s['model']}, {s['framework']}: {s['precision']} against fp32: {s['text']} ({f.ratio(s['ratio'])}, "
             f"{s['ci']}){' [unstable timings]' if s['unstable'] else ''}; memory saved {s['memory']}, accuracy change "
             f"{s['accuracy']}." for s in summary]
 
