@@ -4,7 +4,8 @@ precision, the share of the step spent in casts, and the cast map: the dtype eac
 framework, as the profiler saw it run.
 
     section = profile_section(profiles)   # profiles.jsonl records
-    section["html"], section["markdown"], section["citations"][(model, framework, precision, batch, device)]
+    section.entries, section.shown (templates/_profile.html.j2, _profile.md.j2),
+    section.citations[(model, framework, precision, batch, device)]
 
 A profiled step carries the profiler's overhead and comes from one run of a few steps: the section compares
 profiles with profiles only, and the timed comparison stays the measurement of speed. A 16-bit profile is
@@ -12,6 +13,8 @@ compared with the fp32 profile of the same setting only (harness.report.setting:
 version, batch size): profiles under different settings are labelled by what differs, never paired.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from harness.report import charts
 from harness.report import format as f
@@ -156,18 +159,26 @@ def profile_view(profiles: list[dict]) -> list[dict]:
     return entries
 
 
-def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
-    """{"entries", "citations", "html", "markdown"}: "" html and markdown without an ok profile."""
+@dataclass(frozen=True)
+class ProfileSection:
+    """The section as data: `entries` (profile_view), `citations` for the Why section, and `shown`: the
+    entries with their figures formatted and their charts drawn, as templates/_profile.*.j2 render them."""
+    entries: list[dict]
+    citations: dict[tuple, str]
+    shown: list[dict]
+    coverage_low: str = f.percent(1 - COVERAGE_TOLERANCE, 0)
+    coverage_high: str = f.percent(1 + COVERAGE_TOLERANCE, 0)
+
+
+def profile_section(profiles: list[dict], charts_on: bool = True) -> ProfileSection:
+    """The section; empty (no entries, nothing shown) without an ok profile."""
     entries = profile_view(profiles or [])
     citations = {g["cites"]: g["citation"] for e in entries for g in e["growth"]}
-    return {"entries": entries, "citations": citations,
-            "html": _html(entries, charts_on) if entries else "", "markdown": _markdown(entries) if entries else ""}
+    return ProfileSection(entries, citations, _shown(entries, charts_on))
 
 
-def _html(entries: list[dict], charts_on: bool) -> str:
+def _shown(entries: list[dict], charts_on: bool) -> list[dict]:
     from markupsafe import Markup
-
-    from harness.report.jinja import render
 
     shown = []
     for entry in entries:
@@ -177,26 +188,15 @@ def _html(entries: list[dict], charts_on: bool) -> str:
             **entry, "chart": Markup(chart),  # svg.py escapes the chart's text
             "overlaps": [f"{b['label']} ({f.ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
             "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f.percent(g["casts"], 0),
-                        "step": f"{f.ms(g['step_ms'])} ({f.ms(g['fp32_step_ms'])})",
+                        "step": f"{f.ms(g['step_ms'])} ({f.ms(g['fp32_step_ms'])})", "citation": g["citation"],
                         "rows": [{"label": row["label"], "phase": row["phase"],
                                   "ms": f"{f.ms(row['ms'])} ({f.ms(row['fp32_ms'])})", "factor": f.factor(row["factor"]),
                                   "share": f.percent(row["share"], 0), "compute": row["compute"] or "-"}
                                  for row in g["rows"]]}
                        for g in entry["growth"]],
+            "differing": [{"precision": cmap["precision"], "columns": cmap["columns"],
+                           "layers": [row["label"] for row in cmap["rows"] if row["differs"]]}
+                          for cmap in entry["cast_maps"] if any(row["differs"] for row in cmap["rows"])],
             "low": [f"{name} {f.percent(c, 0)}" for name, c in sorted(entry["coverage"].items())
                     if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]})
-    return render("_profile.html.j2", entries=shown, coverage_low=f.percent(1 - COVERAGE_TOLERANCE, 0),
-                  coverage_high=f.percent(1 + COVERAGE_TOLERANCE, 0))
-
-
-def _markdown(entries: list[dict]) -> str:
-    lines = ["## Where the time goes", ""]
-    for entry in entries:
-        for g in entry["growth"]:
-            lines.append(f"- {g['citation']}.")
-        for cmap in entry["cast_maps"]:
-            differs = [row["label"] for row in cmap["rows"] if row["differs"]]
-            if differs:
-                lines.append(f"- {entry['model']} {cmap['precision']}: frameworks computed these layers in different "
-                             f"dtypes: {', '.join(differs)} ({', '.join(cmap['columns'])}).")
-    return "\n".join(lines)
+    return shown

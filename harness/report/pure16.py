@@ -6,11 +6,12 @@ the loss curves, the share of updates swamped by rounding (from `amp-harness dia
 of fp32 training), weight memory, and one computed sentence per entry.
 
     section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
-    section["html"], section["markdown"], section["sentences"]
+    section.entries, section.sentences, section.shown (templates/_pure16.html.j2, _pure16.md.j2)
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from harness.report import format as f
 from harness.report.accuracy import Check, compare, num_classes, too_short
@@ -170,48 +171,37 @@ def _curves_svg(entry: dict) -> str:
     return charts.loss_curves({entry["framework"]: curves}, f"{entry['model']}: training loss, pure 16-bit vs fp32")
 
 
-def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> dict:
-    """{"entries": pure16_view(...), "sentences": [...], "html": str, "markdown": str}: the section for the
-    report ("" html and markdown when no model has a pure-16-bit arm beside fp32)."""
+@dataclass(frozen=True)
+class Pure16Section:
+    """The section as data: `entries` (pure16_view), their `sentences`, and `shown`: the entries with their
+    figures formatted and their charts drawn, as templates/_pure16.*.j2 render them."""
+    entries: list[dict]
+    sentences: list[str]
+    shown: list[dict]
+    header: tuple[str, ...] = ("precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)",
+                               "final train loss", "weights (+compensation) MB", "peak MB (measured)")
+
+
+def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> Pure16Section:
+    """The section for the report; empty (no entries, nothing shown) when no model has a pure-16-bit arm beside
+    fp32."""
     entries = pure16_view(records, diagnoses)
-    return {"entries": entries, "sentences": [e["sentence"] for e in entries],
-            "html": _html(entries, charts) if entries else "", "markdown": _markdown(entries) if entries else ""}
+    return Pure16Section(entries, [e["sentence"] for e in entries], _shown(entries, charts))
 
 
-def _row_cells(entry: dict, arm: dict) -> list[str]:
+def _row_cells(arm: dict) -> list[str]:
     check = arm["check"]
     change = "-" if check is None or check.delta is None else f"{f.points(check.delta)} ({check.verdict})"
     return [arm["precision"], f"{arm['ok']}/{arm['runs']}", f.percent(arm["accuracy"]), change,
             f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
-HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss",
-          "weights (+compensation) MB",
-          "peak MB (measured)"]
-
-
-def _html(entries: list[dict], charts: bool) -> str:
+def _shown(entries: list[dict], charts: bool) -> list[dict]:
     from markupsafe import Markup
 
-    from harness.report.jinja import render
-
-    shown = [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
-              "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
-              "rows": [_row_cells(entry, arm) for arm in entry["arms"]],
-              "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
-              "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
-             for entry in entries]
-    return render("_pure16.html.j2", entries=shown, header=HEADER)
-
-
-def _markdown(entries: list[dict]) -> str:
-    lines = ["## Pure 16-bit training", ""]
-    for entry in entries:
-        lines += [f"- {entry['sentence']}"]
-    lines.append("")
-    for entry in entries:
-        lines += [f"### {entry['model']} · {entry['framework']}", "", "| " + " | ".join(HEADER) + " |",
-                  "|" + "---|" * len(HEADER)]
-        lines += ["| " + " | ".join(_row_cells(entry, arm)) + " |" for arm in entry["arms"]]
-        lines.append("")
-    return "\n".join(lines)
+    return [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
+             "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
+             "rows": [_row_cells(arm) for arm in entry["arms"]],
+             "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
+             "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
+            for entry in entries]
