@@ -116,8 +116,9 @@ class Check:
             return f"{f.points(self.delta)} vs fp32 ({ONE_SEED})"
         words = {"unchanged": "unchanged", "lower": "lower", "higher": "higher",
                  "undecided": "not clearly unchanged"}[self.verdict]
-        return (f"{words} ({f.points(self.delta)}, {f.percent(CONFIDENCE, 0)} CI {f.percent_number(self.low, signed=True)} to "
-                f"{f.percent_number(self.high, signed=True)} over {self.pairs} seeds; {self.fp32.label})")
+        low, high = (f.percent_number(bound, signed=True) for bound in (self.low, self.high))
+        return (f"{words} ({f.points(self.delta)}, {f.percent(CONFIDENCE, 0)} CI {low} to {high} over {self.pairs} "
+                f"seeds; {self.fp32.label})")
 
 
 def compare(records: list[dict], fp32_records: list[dict], classes: int | None) -> Check:

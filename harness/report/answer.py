@@ -120,19 +120,26 @@ def _plain_entry(cells: list[Cell], why: str) -> Entry:
 
 def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dict]) -> list[Block]:
     """One block per device: columns (frameworks), rows (models), recommendations."""
+    by_place: dict[tuple, list[Cell]] = {}  # (device, model, column): its cells, grouped once
+    by_model: dict[tuple, list[Cell]] = {}  # (device, model)
+    for c in cells.values():
+        by_place.setdefault((c.device, c.model, c.column), []).append(c)
+        by_model.setdefault((c.device, c.model), []).append(c)
+    compared: dict[tuple, list[Comparison]] = {}
+    for s in summary:
+        compared.setdefault((s.cell.device, s.model, s.cell.column), []).append(s)
     blocks = []
     for device in sorted({c.device for c in cells.values()}):
-        dcells = {k: c for k, c in cells.items() if c.device == device}
-        columns = sorted({c.column for c in dcells.values()})
-        models = sorted({c.model for c in dcells.values()})
-        comparisons = [s for s in summary if s.cell.device == device]
+        places = [place for place in by_place if place[0] == device]
+        columns = sorted({column for _, _, column in places})
+        models = sorted({model for _, model, _ in places})
+        framework = {c.column: c.framework for (d, _, _), cs in by_place.items() if d == device for c in cs}
         rows, recommendations = [], []
         for model in models:
             row, chosen = [], []
             for column in columns:
-                mine = [c for c in dcells.values() if c.model == model and c.column == column]
-                candidates = chosen_among([s for s in comparisons if s.model == model
-                                           and s.cell.column == column])
+                mine = by_place.get((device, model, column), [])
+                candidates = chosen_among(compared.get((device, model, column), []))
                 chosen += candidates
                 if candidates:
                     kind, shown = choose(candidates)
@@ -142,13 +149,13 @@ def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dic
                     row.append(_plain_entry(mine, "fp32 only" if fp32 else "no fp32 run to compare"))
                 else:
                     row.append(None)
-                framework = next(c.framework for c in dcells.values() if c.column == column)
                 failed = sorted({f"{r['precision']} {r['status']}" for r in not_run if r.get("model") == model
-                                 and r.get("framework") == framework and r.get("device_key") in (device, None)})
+                                 and r.get("framework") == framework[column]
+                                 and r.get("device_key") in (device, None)})
                 if row[-1] is not None and failed:
                     row[-1].not_run = ", ".join(failed)
             rows.append(Row(model, row))
-            recommendations.append(recommend(model, chosen, [c for c in dcells.values() if c.model == model]))
+            recommendations.append(recommend(model, chosen, by_model[(device, model)]))
         blocks.append(Block(device, columns, rows, recommendations))
     return blocks
 

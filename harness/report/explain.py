@@ -41,7 +41,8 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
         slower = [s for s in comparisons if s.decision == "slower" and cited(s)]
         shares = [cast_shares[profile_key(s)] for s in slower if profile_key(s) in cast_shares]
         short = (f"Profiles of the slower 16-bit cells on {device} name the layers that lost the time"
-                 + (f" and put {f.percent_range(min(shares), max(shares))} of the 16-bit step in casts" if shares else ""))
+                 + (f" and put {f.percent_range(min(shares), max(shares))} of the 16-bit step in casts"
+                    if shares else ""))
         for framework in sorted({s.cell.framework for s in slower}):  # a paragraph per framework
             out.append(Why(title=f"Where 16-bit loses time in {framework} on {device}, by its profiles",
                         text="; ".join(f"{cited(s)} (timed: {s.precision} {_cell_ms(s)} ms vs fp32 "

@@ -93,8 +93,8 @@ def citation(model: str, framework: str, precision: str, p16: dict, p32: dict) -
     rows = grown(p16, p32, 1)
     step16, step32 = p16["step_mean_ms"], p32["step_mean_ms"]
     casts = p16["parts"]["casts"] / step16 if step16 else 0.0
-    head = (f"{framework} {precision} ({model}), profiled: {f.significant(step16)} ms per step against fp32's {f.significant(step32)} "
-            f"ms")
+    head = (f"{framework} {precision} ({model}), profiled: {f.significant(step16)} ms per step against fp32's "
+            f"{f.significant(step32)} ms")
     if not rows:
         return f"{head}; no layer took longer than in fp32; casts take {f.percent(casts, 0)} of the step"
     top = rows[0]
@@ -133,13 +133,17 @@ def profile_view(profiles: list[dict]) -> list[dict]:
     entries = []
     for model in sorted({k[0] for k in found}):
         mine = {k: r for k, r in found.items() if k[0] == model}
+        fp32: dict[tuple, dict] = {}  # per (framework, setting): its first fp32 profile
+        for k, r in mine.items():
+            if k[3] == "fp32":
+                fp32.setdefault(k[1:3], r)
         bars, growth = [], []
         for k, r in sorted(mine.items(), key=lambda kv: (named[kv[0]], charts._order(kv[0][3]))):
             p, framework, precision = r["profile"], k[1], k[3]
             bars.append({"label": f"{named[k]} {precision}", "segments": breakdown(p),
                          "overlap": -p["parts"]["other"] if p["parts"]["other"] < 0 else 0.0})
             # the fp32 profile of the same setting: another batch size, device or variant measures another thing
-            base = next((b for bk, b in mine.items() if bk[1:3] == k[1:3] and bk[3] == "fp32"), None)
+            base = fp32.get(k[1:3])
             if precision != "fp32" and base is not None:
                 growth.append({"framework": named[k], "precision": precision, "step_ms": p["step_mean_ms"],
                                "batch": r.get("batch_size"), "device": r.get("device"),
@@ -190,7 +194,8 @@ def _shown(entries: list[dict], charts_on: bool) -> list[dict]:
             "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f.percent(g["casts"], 0),
                         "step": f"{f.ms(g['step_ms'])} ({f.ms(g['fp32_step_ms'])})", "citation": g["citation"],
                         "rows": [{"label": row["label"], "phase": row["phase"],
-                                  "ms": f"{f.ms(row['ms'])} ({f.ms(row['fp32_ms'])})", "factor": f.factor(row["factor"]),
+                                  "ms": f"{f.ms(row['ms'])} ({f.ms(row['fp32_ms'])})",
+                                  "factor": f.factor(row["factor"]),
                                   "share": f.percent(row["share"], 0), "compute": row["compute"] or "-"}
                                  for row in g["rows"]]}
                        for g in entry["growth"]],

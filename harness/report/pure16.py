@@ -136,7 +136,8 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                 clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
                 continue
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({f.percent(near['accuracy'])} vs {check.fp32.label}"
+            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({f.percent(near['accuracy'])} vs "
+                           f"{check.fp32.label}"
                            + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
                            + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")

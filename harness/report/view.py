@@ -176,11 +176,12 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     cast_shares = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["casts"]
                    for e in profiled.entries for g in e["growth"]}
     why = explain(records, cells, summary, profiled.citations, cast_shares)
-    fastest = []  # per device: a GPU and a CPU are never ranked together
-    for (model, precision, device) in sorted({(k[0], k[3], c.device) for k, c in cells.items()}):
-        contenders = [c for k, c in cells.items() if (k[0], k[3], c.device) == (model, precision, device)]
-        best = min(contenders, key=lambda c: c.median_ms)
-        fastest.append(Fastest(model, precision, device, best.label, f.ms(best.median_ms), len(contenders)))
+    contenders: dict[tuple, list[Cell]] = {}  # per device: a GPU and a CPU are never ranked together
+    for c in cells.values():
+        contenders.setdefault((c.model, c.precision, c.device), []).append(c)
+    fastest = [Fastest(model, precision, device, best.label, f.ms(best.median_ms), len(cs))
+               for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])
+               for best in [min(cs, key=lambda c: c.median_ms)]]
 
     numerics, studies_shown, safe = numerics_view(diagnoses or [], studies, fp32_cells)
     return View(
@@ -258,9 +259,9 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         series = {k: v for k, v in series.items() if v["bins"]}
         low, high = diagnosis.get("loss_scale_window") or (None, None)
         shift = low if low and high is not None and low <= high else None
-        entry["chart"] = Markup(charts.gradient_histogram(series, shift, f"{d['model']} ({d['framework']}): gradients in fp32, "
-                                                                 f"{len(diagnosis['captured_steps'])} captured steps "
-                                                                 f"(0 to {diagnosis['captured_steps'][-1]})"))
+        title = (f"{d['model']} ({d['framework']}): gradients in fp32, {len(diagnosis['captured_steps'])} captured "
+                 f"steps (0 to {diagnosis['captured_steps'][-1]})")
+        entry["chart"] = Markup(charts.gradient_histogram(series, shift, title))
         verdicts = judge(diagnosis)
         entry["verdicts"] = [sentence for _, sentence in verdicts.values()]
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
@@ -279,8 +280,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
                                                             if k[:3] == (study, model, framework)))
         study_charts.append({"study": study, "model": model, "framework": framework_, "precision": precision,
                              "rows": (points := _study_points(rs, fp32)),
-                             "chart": Markup(charts.loss_scale_study(points, window, f"{model} ({framework_} "
-                                                                                    f"{precision}): loss-scale study"))})
+                             "chart": Markup(charts.loss_scale_study(
+                                 points, window, f"{model} ({framework_} {precision}): loss-scale study"))})
     return numerics, study_charts, list(safe.values())
 
 
