@@ -9,6 +9,7 @@ numbers; the tables' rows carry them formatted (harness.report.format), as the p
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,11 @@ from harness import stats
 from harness.report import format as f
 from harness.report.accuracy import Check
 from harness.report.setting import setting
+
+if TYPE_CHECKING:  # they build on the objects here
+    from harness.report.answer import Block
+    from harness.report.profile import ProfileSection
+    from harness.report.pure16 import Pure16Section
 
 #: a comparison's decision (stats.Ratio.decision) in words
 VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
@@ -244,6 +250,56 @@ class NotRun:
 
 
 @dataclass(frozen=True)
+class Diagnosis:
+    """One diagnosed (model, framework) of the Numerics section: its gradient histogram and verdicts, or a note
+    saying why there are none."""
+    model: str | None
+    framework: str | None
+    chart: str | None = None
+    verdicts: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Study:
+    """One loss-scale study: a point per loss-scale setting (the chart's input, means over its runs)."""
+    study: str
+    model: str | None
+    framework: str
+    precision: str
+    rows: list[dict]
+    chart: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One (framework, version, device) the runs used: what ran them, and the framework options they set."""
+    framework: str
+    version: str
+    device: str
+    details: str  # the device's details as JSON
+    cpu: str | None
+    flags: str
+    threads: int | None
+    python: str | None
+    os: str | None
+    options: list[str]
+
+
+@dataclass(frozen=True)
+class SpecHash:
+    hash: str
+    frameworks: str
+
+
+@dataclass(frozen=True)
+class SpecHashes:
+    """A model's spec hashes: one means every framework trained the same spec, seed and overrides."""
+    model: str
+    hashes: list[SpecHash]
+
+
+@dataclass(frozen=True)
 class Why:
     """An explanation the records support (harness.report.explain): `short` says its cause in one sentence, the
     same for every entry of that cause; `about` names the models and frameworks it concerns."""
@@ -262,7 +318,7 @@ class View:
     skipped: list[str]
     models: list[str]
     frameworks: list[str]
-    answer: list  # harness.report.answer.Block, per device
+    answer: list[Block]  # per device
     headline: list[str]
     any_range: bool
     min_repeats: int
@@ -282,11 +338,11 @@ class View:
     why: list[Why]
     why_short: list[str]
     not_run: list[NotRun]
-    environment: list[dict]
-    spec_hashes: list[dict]
+    environment: list[Environment]
+    spec_hashes: list[SpecHashes]
     parity: list | None
-    numerics: list[dict]
-    studies: list[dict]
+    numerics: list[Diagnosis]
+    studies: list[Study]
     sixteen_bit_safe: list[str]
-    pure16: object  # harness.report.pure16.Pure16Section
-    profile: object  # harness.report.profile.ProfileSection
+    pure16: Pure16Section
+    profile: ProfileSection

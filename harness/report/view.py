@@ -19,8 +19,8 @@ from markupsafe import Markup
 
 from harness.report import accuracy, answer, charts
 from harness.report import format as f
-from harness.report.data import (AccuracyRow, Cell, Comparison, Fastest, MemoryRow, NotRun, ScalingRow, Section,
-                                 SpeedRow, View, mean)
+from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Environment, Fastest, MemoryRow, NotRun,
+                                 ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean)
 from harness.report.explain import explain, in_short
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
@@ -238,7 +238,7 @@ def _flat_scale(records: list[dict]) -> str | None:
 
 
 def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell]
-                  ) -> tuple[list[dict], list[dict], list[str]]:
+                  ) -> tuple[list[Diagnosis], list[Study], list[str]]:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts; per
     loss-scale study its chart; a "16-bit safe?" line per model. Verdicts are judged here from the captured
     figures (harness.numerics.judge), not read from the record: a diagnosis made before a rule existed gets it."""
@@ -247,11 +247,9 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
     numerics, safe = [], {}
     for d in diagnoses:
         diagnosis = d.get("diagnosis") or {}
-        entry = {"model": d.get("model"), "framework": d.get("framework"), "chart": None, "verdicts": [],
-                 "note": None}
         if d.get("status") != "ok" or not diagnosis.get("available"):
-            entry["note"] = d.get("reason") or "not available: this adapter cannot capture tensors"
-            numerics.append(entry)
+            numerics.append(Diagnosis(d.get("model"), d.get("framework"), note=d.get("reason")
+                                      or "not available: this adapter cannot capture tensors"))
             continue
         groups = diagnosis["groups"]
         series = {"weight gradients": merge(list(groups["gradients"].values())),
@@ -261,12 +259,12 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         shift = low if low and high is not None and low <= high else None
         title = (f"{d['model']} ({d['framework']}): gradients in fp32, {len(diagnosis['captured_steps'])} captured "
                  f"steps (0 to {diagnosis['captured_steps'][-1]})")
-        entry["chart"] = Markup(charts.gradient_histogram(series, shift, title))
         verdicts = judge(diagnosis)
-        entry["verdicts"] = [sentence for _, sentence in verdicts.values()]
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
-        numerics.append(entry)
+        numerics.append(Diagnosis(d.get("model"), d.get("framework"),
+                                  Markup(charts.gradient_histogram(series, shift, title)),
+                                  [sentence for _, sentence in verdicts.values()]))
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}
     for r in studies:  # the loss scale is what a study varies; every other part of the setting stays apart
@@ -278,10 +276,9 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         fp32 = fp32_cells.get((model, framework, setting_))
         framework_ = framework + describe(setting_, varying(k[3] for k in by_study
                                                             if k[:3] == (study, model, framework)))
-        study_charts.append({"study": study, "model": model, "framework": framework_, "precision": precision,
-                             "rows": (points := _study_points(rs, fp32)),
-                             "chart": Markup(charts.loss_scale_study(
-                                 points, window, f"{model} ({framework_} {precision}): loss-scale study"))})
+        points = _study_points(rs, fp32)
+        study_charts.append(Study(study, model, framework_, precision, points, Markup(charts.loss_scale_study(
+            points, window, f"{model} ({framework_} {precision}): loss-scale study"))))
     return numerics, study_charts, list(safe.values())
 
 
@@ -335,8 +332,8 @@ def _memory_note(cells: dict) -> str:
 
 
 # ---- environment --------------------------------------------------------------------------------------
-def _environment(records: list[dict]) -> list[dict]:
-    rows = {}
+def _environment(records: list[dict]) -> list[Environment]:
+    rows: dict[tuple, dict] = {}
     for r in records:
         if not r.get("framework_version"):
             continue
@@ -351,15 +348,13 @@ def _environment(records: list[dict]) -> list[dict]:
                                     "os": env.get("os"), "options": set()})
         if r.get("options"):
             row["options"].add(", ".join(f"{k}={v}" for k, v in sorted(r["options"].items())))
-    for row in rows.values():
-        row["options"] = sorted(row["options"])
-    return list(rows.values())
+    return [Environment(**{**row, "options": sorted(row["options"])}) for row in rows.values()]
 
 
-def _spec_hashes(records: list[dict]) -> list[dict]:
+def _spec_hashes(records: list[dict]) -> list[SpecHashes]:
     by_model: dict[str, dict[str, set]] = {}
     for r in records:
         if r.get("spec_hash"):
             by_model.setdefault(r["model"], {}).setdefault(r["spec_hash"], set()).add(r["framework"])
-    return [{"model": m, "hashes": [{"hash": h, "frameworks": ", ".join(sorted(f))} for h, f in sorted(hs.items())]}
+    return [SpecHashes(m, [SpecHash(h, ", ".join(sorted(fs))) for h, fs in sorted(hs.items())])
             for m, hs in sorted(by_model.items())]

@@ -215,9 +215,9 @@ def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
         "m (fake diagnosis): amp_fp16 safe with a loss scale in 2^3..2^16 (layer outputs not checked); fp16 the "
         "optimizer's second moment underflows; bf16 stalls: updates lost to rounding; amp_bf16 safe (layer outputs "
         "not checked)"]
-    assert [n["note"] for n in view.numerics] == [None, "not available: this adapter cannot capture tensors"]
+    assert [n.note for n in view.numerics] == [None, "not available: this adapter cannot capture tensors"]
     (s,) = view.studies
-    assert [(p["label"], p["skipped"]) for p in s["rows"]] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
+    assert [(p["label"], p["skipped"]) for p in s.rows] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
     assert not view.speed  # study runs are not cells of the comparison
     page = render(view)
     assert 'data-chart="numerics"' in page and 'data-chart="study"' in page and "16-bit safe?" in page
