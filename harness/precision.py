@@ -1,7 +1,7 @@
 """Precision policies: each name is parsed once here, in the core, and handed to adapters as data."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from harness.errors import HarnessError
 from harness.rounding import DEFAULT_FRAC_BITS, Rounding
@@ -19,6 +19,10 @@ class Precision:
     #: how the optimizer writes updated weights (harness.rounding): None for the framework's own optimizer step
     #: in the weights' dtype; else the update is computed in float32 and written by this rule
     rounding: Rounding | None = None
+    #: how the report's charts draw this precision, the same in every chart (harness.report.charts): a colour
+    #: and a marker (matplotlib's letters, harness.report.svg.marker_path) of its own, asked of every entry
+    colour: str = field(kw_only=True)
+    marker: str = field(kw_only=True)
 
     @property
     def mixed(self) -> bool:
@@ -28,35 +32,41 @@ class Precision:
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
-        Precision("fp32", "float32", "float32", False, False, "none", "strict float32 (TF32 off)"),
-        Precision("tf32", "float32", "float32", True, True, "none", "float32 with TensorFloat-32 matmuls"),
+        Precision("fp32", "float32", "float32", False, False, "none", "strict float32 (TF32 off)",
+                  colour="#4c72b0", marker="o"),
+        Precision("tf32", "float32", "float32", True, True, "none", "float32 with TensorFloat-32 matmuls",
+                  colour="#64b5cd", marker="D"),
         Precision("amp_fp16", "float16", "float32", False, False, "dynamic",
-                  "mixed float16: fp32 weights, fp16 compute, dynamic loss scaling"),
+                  "mixed float16: fp32 weights, fp16 compute, dynamic loss scaling", colour="#dd8452", marker="s"),
         Precision("amp_bf16", "bfloat16", "float32", False, False, "none",
-                  "mixed bfloat16: fp32 weights, bf16 compute"),
+                  "mixed bfloat16: fp32 weights, bf16 compute", colour="#55a868", marker="^"),
         Precision("fp16", "float16", "float16", False, False, "none",
-                  "pure float16 weights and compute (the old floatx=float16 setup)"),
-        Precision("bf16", "bfloat16", "bfloat16", False, False, "none", "pure bfloat16 weights and compute"),
+                  "pure float16 weights and compute (the old floatx=float16 setup)", colour="#c44e52", marker="v"),
+        Precision("bf16", "bfloat16", "bfloat16", False, False, "none", "pure bfloat16 weights and compute",
+                  colour="#8172b3", marker="P"),
         # not a training choice: the parity check's reference, where rounding cannot hide a math difference
-        Precision("fp64", "float64", "float64", False, False, "none", "float64 weights and compute"),
+        Precision("fp64", "float64", "float64", False, False, "none", "float64 weights and compute",
+                  colour="#937860", marker="X"),
         # pure 16-bit training that converges without float32 master weights (harness.rounding,
         # docs/stochastic-rounding.md): the update in float32, written back by the rounding rule
         Precision("bf16_sr", "bfloat16", "bfloat16", False, False, "none",
                   "pure bfloat16; float32 update written back with stochastic rounding",
-                  Rounding("stochastic", "bfloat16")),
+                  Rounding("stochastic", "bfloat16"), colour="#da8bc3", marker="<"),
         Precision("fp16_sr", "float16", "float16", False, False, "none",
                   "pure float16; float32 update written back with stochastic rounding",
-                  Rounding("stochastic", "float16")),
+                  Rounding("stochastic", "float16"), colour="#ccb974", marker=">"),
         Precision("bf16_kahan", "bfloat16", "bfloat16", False, False, "none",
                   "pure bfloat16; float32 update added with Kahan summation (bfloat16 compensation buffer)",
-                  Rounding("kahan", "bfloat16")),
+                  Rounding("kahan", "bfloat16"), colour="#1b7f79", marker="d"),
         # Gupta et al.'s setting: float32 compute and storage holding values of the fixed-point grid only
         Precision("fixed16_sr", "float32", "float32", False, False, "none",
                   f"weights on a 16-bit fixed-point grid ({DEFAULT_FRAC_BITS} fractional bits; fixed16_sr:F for F), "
-                  "float32 compute, stochastic rounding", Rounding("stochastic", "fixed16")),
+                  "float32 compute, stochastic rounding", Rounding("stochastic", "fixed16"),
+                  colour="#a6761d", marker="p"),
         Precision("fixed16_rn", "float32", "float32", False, False, "none",
                   f"weights on a 16-bit fixed-point grid ({DEFAULT_FRAC_BITS} fractional bits; fixed16_rn:F for F), "
-                  "float32 compute, round-to-nearest", Rounding("nearest", "fixed16")),
+                  "float32 compute, round-to-nearest", Rounding("nearest", "fixed16"),
+                  colour="#555555", marker="h"),
     )
 }
 

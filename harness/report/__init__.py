@@ -1,6 +1,7 @@
-"""The report: `view` turns records into a view model (statistics in `stats`, what an accuracy figure can say in
-`accuracy`, the first screen's matrix and recommendations in `answer`, prose rules in `explain`, charts in
-`charts`); `render` writes the page, and `markdown` the first screen as Markdown beside it."""
+"""The report: `view` turns records into the typed objects of `data` (statistics in `stats`, what an accuracy
+figure can say in `accuracy`, the first screen's matrix and recommendations in `answer`, prose rules in
+`explain`, charts in `charts`, every figure's format in `format`); `render` writes the page and the Markdown
+summary beside it from the templates, a partial per section."""
 from harness.report.render import render, write_report
 from harness.report.view import build_view
 

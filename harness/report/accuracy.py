@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.report import format as f
+
 CHANCE_MARGIN = 0.05  # eval accuracy within 5 points of chance: the run learned nothing (too short, or stalled)
 TOO_SHORT = "too short to judge"
 ONE_SEED = "one seed: no spread to judge against"
@@ -69,8 +71,8 @@ class Spread:
     @property
     def label(self) -> str:
         if self.seeds < 2:
-            return f"fp32 one seed: {100 * self.low:.1f}%"
-        return f"fp32 over {self.seeds} seeds: {100 * self.low:.1f}-{100 * self.high:.1f}%"
+            return f"fp32 one seed: {f.percent(self.low)}"
+        return f"fp32 over {self.seeds} seeds: {f.percent_span(self.low, self.high)}"
 
 
 def spread(fp32_records: list[dict]) -> Spread | None:
@@ -109,13 +111,14 @@ class Check:
         if self.verdict == "none":
             return "no accuracy to compare"
         if self.verdict == "stalls":
-            return f"stalls at chance level ({100 * self.accuracy:.1f}%; {self.fp32.label})"
+            return f"stalls at chance level ({f.percent(self.accuracy)}; {self.fp32.label})"
         if self.verdict == "one seed":
-            return f"{100 * self.delta:+.1f} pt vs fp32 ({ONE_SEED})"
+            return f"{f.points(self.delta)} vs fp32 ({ONE_SEED})"
         words = {"unchanged": "unchanged", "lower": "lower", "higher": "higher",
                  "undecided": "not clearly unchanged"}[self.verdict]
-        return (f"{words} ({100 * self.delta:+.1f} pt, 95% CI {100 * self.low:+.1f} to {100 * self.high:+.1f} over "
-                f"{self.pairs} seeds; {self.fp32.label})")
+        low, high = (f.percent_number(bound, signed=True) for bound in (self.low, self.high))
+        return (f"{words} ({f.points(self.delta)}, {f.percent(CONFIDENCE, 0)} CI {low} to {high} over {self.pairs} "
+                f"seeds; {self.fp32.label})")
 
 
 def compare(records: list[dict], fp32_records: list[dict], classes: int | None) -> Check:

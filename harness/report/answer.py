@@ -12,164 +12,194 @@ MIN_REPEATS repeats give no verdict, and an interval too wide to decide says so 
 """
 from __future__ import annotations
 
-from harness import stats
-from harness.report.explain import fp32_cell, ms
+from dataclasses import dataclass
 
-VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
-            "undecided": "too noisy here to decide", "too few": "not enough repeats for a verdict",
-            "none": "no comparison"}
+from harness import stats
+from harness.report import format as f
+from harness.report.data import VERDICTS, Cell, Comparison
+
 RERUN_FEW = f"rerun with --repeats {stats.MIN_REPEATS} or more, or --repeats auto"
 RERUN_NOISY = "rerun with more repeats (--repeats auto with a larger --budget) or on a quieter machine"
 
 
-def verdict(s: dict) -> str:
+@dataclass
+class Entry:
+    """One matrix cell as the first screen words it: `verdict` is what the cell says ("faster", "keep", "too few",
+    "undecided", or "none" without a comparison), `decision` its comparison's own."""
+    precision: str
+    setting: str
+    verdict: str
+    decision: str | None
+    verdict_text: str
+    speed: str | None
+    interval: str | None
+    advice: str | None
+    accuracy: str | None
+    accuracy_flag: bool
+    ms: str
+    unstable: bool
+    not_run: str | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    cells: list[Entry | None]  # one per column; None: no runs
+
+
+@dataclass(frozen=True)
+class Block:
+    """The first screen on one device: a matrix of models x frameworks and a recommendation per model."""
+    device: str
+    columns: list[str]
+    rows: list[Row]
+    recommendations: list[str]
+
+
+def verdict(s: Comparison) -> str:
     """The comparison's Ratio.decision: too few, faster, slower, same (within +/-5%) or undecided."""
-    return s["decision"]
+    return s.decision
 
 
-def acceptable(s: dict) -> bool:
+def acceptable(s: Comparison) -> bool:
     """Accuracy does not rule this precision out: only a measured loss against fp32's seed-to-seed spread
     (lower, or stalled at chance level) does (accuracy.Check)."""
-    return s["accuracy_check"].acceptable
+    return s.accuracy_check.acceptable
 
 
-def chosen_among(candidates: list[dict], cells: dict) -> list[dict]:
+def chosen_among(candidates: list[Comparison]) -> list[Comparison]:
     """One matrix cell's comparisons with their intervals computed for being chosen among len(candidates)
     (Bonferroni, stats.ratio's `comparisons`): the best of k must not look surer than one comparison would."""
     if len(candidates) < 2:
         return candidates
-    out = []
-    for s in candidates:
-        r = stats.ratio(fp32_cell(cells, s["key"]).repeat_ms, cells[s["key"]].repeat_ms,
-                        comparisons=len(candidates))
-        out.append({**s, "lo": r.low, "hi": r.high, "ci": r.label, "decision": r.decision})
-    return out
+    return [s.among(len(candidates)) for s in candidates]
 
 
-def choose(candidates: list[dict]) -> tuple[str, dict]:
+def choose(candidates: list[Comparison]) -> tuple[str, Comparison]:
     """(what the cell says, the comparison it shows): "faster" (the fastest precision decided faster and not
     ruled out by accuracy), "too few" or "undecided" (no verdict yet), else "keep" (fp32, with the closest)."""
     faster = [s for s in candidates if verdict(s) == "faster" and acceptable(s)]
     if faster:
-        return "faster", max(faster, key=lambda s: s["ratio"])
+        return "faster", max(faster, key=lambda s: s.ratio)
     for pending in ("too few", "undecided"):
         open_ = [s for s in candidates if verdict(s) == pending]
         if open_:
-            return pending, max(open_, key=lambda s: s["ratio"])
-    return "keep", max(candidates, key=lambda s: s["ratio"])
+            return pending, max(open_, key=lambda s: s.ratio)
+    return "keep", max(candidates, key=lambda s: s.ratio)
 
 
-def _speed(s: dict) -> str:
+def _speed(s: Comparison) -> str:
     if verdict(s) not in ("faster", "slower"):  # no direction claimed without a decision
-        return f"x{s['ratio']:.2f} vs fp32"
-    if s["ratio"] >= 1:
-        return f"{s['ratio']:.2f}x faster"
-    return f"{1 / s['ratio']:.2f}x slower"
+        return f"{f.ratio(s.ratio)} vs fp32"
+    return f.faster(s.ratio)
 
 
-def spread(s: dict, cells: dict) -> str:
+def spread(s: Comparison) -> str:
     """The cells' coefficients of variation over repeats, the spread an undecided interval comes from."""
-    cv = [(p, c.cv) for p, c in (("fp32", fp32_cell(cells, s["key"])), (s["precision"], cells[s["key"]]))]
-    return "repeats spread " + " and ".join(f"{100 * v:.0f}% ({p})" for p, v in cv if v is not None)
+    cv = [(p, c.cv) for p, c in (("fp32", s.fp32), (s.precision, s.cell))]
+    return "repeats spread " + " and ".join(f"{f.percent(v, 0)} ({p})" for p, v in cv if v is not None)
 
 
-def _entry(kind: str, s: dict, cell, cells: dict) -> dict:
+def _entry(kind: str, s: Comparison) -> Entry:
     v = verdict(s)
     if kind == "keep":
         text = f"{VERDICTS[v]} but less accurate" if v == "faster" else VERDICTS[v]
     else:
         text = VERDICTS[kind]
-    return {"precision": s["precision"] + cell.scale_note, "setting": cell.setting_note.strip(" []"),
-            "verdict": kind, "decision": v, "verdict_text": text, "speed": _speed(s), "interval": s["ci"],
-            "advice": f"{spread(s, cells)}: {RERUN_NOISY}" if kind == "undecided" else None,
-            "accuracy": s["accuracy_check"].phrase, "accuracy_flag": not acceptable(s),
-            "ms": f"{ms(cell.median_ms)} ms/step", "unstable": s["unstable"]}
+    cell = s.cell
+    return Entry(s.precision + cell.scale_note, cell.setting_note.strip(" []"), kind, v, text, _speed(s), s.ci,
+                 f"{spread(s)}: {RERUN_NOISY}" if kind == "undecided" else None, s.accuracy_check.phrase,
+                 not acceptable(s), f"{f.ms(cell.median_ms)} ms/step", s.unstable)
 
 
-def _plain_entry(cells: list, why: str) -> dict:
+def _plain_entry(cells: list[Cell], why: str) -> Entry:
     fastest = min(cells, key=lambda c: c.median_ms)
-    return {"precision": fastest.precision + fastest.scale_note, "setting": fastest.setting_note.strip(" []"),
-            "verdict": "none", "decision": None, "verdict_text": why, "speed": None, "interval": None, "advice": None,
-            "accuracy": None, "accuracy_flag": False, "ms": f"{ms(fastest.median_ms)} ms/step", "unstable": False}
+    return Entry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
+                 None, None, None, None, False, f"{f.ms(fastest.median_ms)} ms/step", False)
 
 
-def build(cells: dict, summary: list[dict], not_run: list[dict]) -> list[dict]:
+def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dict]) -> list[Block]:
     """One block per device: columns (frameworks), rows (models), recommendations."""
+    by_place: dict[tuple, list[Cell]] = {}  # (device, model, column): its cells, grouped once
+    by_model: dict[tuple, list[Cell]] = {}  # (device, model)
+    for c in cells.values():
+        by_place.setdefault((c.device, c.model, c.column), []).append(c)
+        by_model.setdefault((c.device, c.model), []).append(c)
+    compared: dict[tuple, list[Comparison]] = {}
+    for s in summary:
+        compared.setdefault((s.cell.device, s.model, s.cell.column), []).append(s)
     blocks = []
     for device in sorted({c.device for c in cells.values()}):
-        dcells = {k: c for k, c in cells.items() if c.device == device}
-        columns = sorted({c.column for c in dcells.values()})
-        models = sorted({c.model for c in dcells.values()})
-        comparisons = [s for s in summary if s["key"] in dcells]
+        places = [place for place in by_place if place[0] == device]
+        columns = sorted({column for _, _, column in places})
+        models = sorted({model for _, model, _ in places})
+        framework = {c.column: c.framework for (d, _, _), cs in by_place.items() if d == device for c in cs}
         rows, recommendations = [], []
         for model in models:
             row, chosen = [], []
             for column in columns:
-                mine = [c for c in dcells.values() if c.model == model and c.column == column]
-                candidates = chosen_among([s for s in comparisons if dcells[s["key"]].model == model
-                                           and dcells[s["key"]].column == column], dcells)
+                mine = by_place.get((device, model, column), [])
+                candidates = chosen_among(compared.get((device, model, column), []))
                 chosen += candidates
                 if candidates:
                     kind, shown = choose(candidates)
-                    row.append(_entry(kind, shown, dcells[shown["key"]], dcells))
+                    row.append(_entry(kind, shown))
                 elif mine:
                     fp32 = all(c.precision == "fp32" for c in mine)
                     row.append(_plain_entry(mine, "fp32 only" if fp32 else "no fp32 run to compare"))
                 else:
                     row.append(None)
-                framework = next(c.framework for c in dcells.values() if c.column == column)
                 failed = sorted({f"{r['precision']} {r['status']}" for r in not_run if r.get("model") == model
-                                 and r.get("framework") == framework and r.get("device_key") in (device, None)})
+                                 and r.get("framework") == framework[column]
+                                 and r.get("device_key") in (device, None)})
                 if row[-1] is not None and failed:
-                    row[-1]["not_run"] = ", ".join(failed)
-            rows.append({"model": model, "cells": row})
-            recommendations.append(recommend(model, chosen, [c for c in dcells.values() if c.model == model],
-                                             dcells))
-        blocks.append({"device": device, "columns": columns, "rows": rows, "recommendations": recommendations})
+                    row[-1].not_run = ", ".join(failed)
+            rows.append(Row(model, row))
+            recommendations.append(recommend(model, chosen, by_model[(device, model)]))
+        blocks.append(Block(device, columns, rows, recommendations))
     return blocks
 
 
-def recommend(model: str, comparisons: list[dict], mcells: list, cells: dict) -> str:
+def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell]) -> str:
     """One line: the precision and framework to use for this model on this device, and the fastest cell; or why
     there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons."""
     fastest = min(mcells, key=lambda c: c.median_ms)
     of = f", best of {len(mcells)} cells" if len(mcells) > 1 else ""
     tail = (f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} "
-            f"{ms(fastest.median_ms)} ms/step")
+            f"{f.ms(fastest.median_ms)} ms/step")
     if not comparisons:
         return f"{model}: no framework ran both fp32 and another precision, so no speed-up to compare; {tail}."
 
-    def name(s: dict) -> str:
-        c = cells[s["key"]]
-        return f"{c.name} {s['precision']}{c.scale_note}"
+    def name(s: Comparison) -> str:
+        return f"{s.cell.name} {s.precision}{s.cell.scale_note}"
 
     good = [s for s in comparisons if verdict(s) == "faster" and acceptable(s)]
     ruled_out = [s for s in comparisons if verdict(s) == "faster" and not acceptable(s)]
-    caveat = "".join(f" ({name(s)} was {s['ratio']:.2f}x faster but {s['accuracy_check'].phrase})"
+    caveat = "".join(f" ({name(s)} was {f.faster(s.ratio)} but {s.accuracy_check.phrase})"
                      for s in ruled_out[:2])
     if good:
-        s = max(good, key=lambda s: s["ratio"])
-        c = cells[s["key"]]
-        unstable = " [unstable timings]" if s["unstable"] else ""
+        s = max(good, key=lambda s: s.ratio)
+        c = s.cell
+        unstable = " [unstable timings]" if s.unstable else ""
         among = f", the largest of {len(good)} decided speed-ups" if len(good) > 1 else ""
-        return (f"{model}: {name(s)}, {s['ratio']:.2f}x faster than {c.name} fp32 ({s['ci']}){unstable}{among}, "
-                f"{s['accuracy_check'].phrase}{caveat}; {tail}.")
+        return (f"{model}: {name(s)}, {f.faster(s.ratio)} than {c.name} fp32 ({s.ci}){unstable}{among}, "
+                f"{s.accuracy_check.phrase}{caveat}; {tail}.")
     few = [s for s in comparisons if verdict(s) == "too few"]
     if few:
-        cases = ", ".join(f"{name(s)} x{s['ratio']:.2f} ({s['ci']})" for s in few[:3])
+        cases = ", ".join(f"{name(s)} {f.ratio(s.ratio)} ({s.ci})" for s in few[:3])
         # no "fastest overall" either: with this few repeats it would be the same unfounded verdict in other words
         return (f"{model}: not enough repeats for a verdict (fewer than {stats.MIN_REPEATS} in {cases}"
                 f"{' and more' if len(few) > 3 else ''}); {RERUN_FEW}{caveat}.")
     noisy = [s for s in comparisons if verdict(s) == "undecided"]
     if noisy:
-        s = max(noisy, key=lambda s: s["ratio"])
-        return (f"{model}: too noisy here to decide (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, "
-                f"{spread(s, cells)}); {RERUN_NOISY}{caveat}; {tail}.")
+        s = max(noisy, key=lambda s: s.ratio)
+        return (f"{model}: too noisy here to decide (closest: {name(s)} {f.ratio(s.ratio)}, {s.ci}, "
+                f"{spread(s)}); {RERUN_NOISY}{caveat}; {tail}.")
     rest = [s for s in comparisons if s not in ruled_out]
     closest = ""
     if rest:
-        s = max(rest, key=lambda s: s["ratio"])
-        where = f"within {stats.PRECISE:.0%} of 1" if verdict(s) == "same" else "clearly slower"
-        closest = f" (closest: {name(s)} x{s['ratio']:.2f}, {s['ci']}, {where})"
+        s = max(rest, key=lambda s: s.ratio)
+        where = f"within {f.percent(stats.PRECISE, 0)} of 1" if verdict(s) == "same" else "clearly slower"
+        closest = f" (closest: {name(s)} {f.ratio(s.ratio)}, {s.ci}, {where})"
     return (f"{model}: no precision is clearly faster than fp32 in any framework here{closest}{caveat}; "
             f"keep fp32; {tail}.")

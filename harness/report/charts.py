@@ -20,12 +20,6 @@ from harness.report.svg import (
 
 from harness.precision import PRECISIONS
 
-# One colour and one marker per precision of the registry, in its order (harness.precision.PRECISIONS), the same
-# in every chart: a precision added there needs one more of each here (tests/core/test_charts.py says so).
-COLOURS = ("#4c72b0", "#64b5cd", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#ccb974",
-           "#1b7f79", "#a6761d", "#555555")
-SHAPES = ("o", "D", "s", "^", "v", "P", "X", "<", ">", "d", "p", "h")
-STYLES = {name: (c, shape) for name, c, shape in zip(PRECISIONS, COLOURS, SHAPES)}
 UNKNOWN_STYLE = ("#999999", "o")  # a name the registry does not hold (an edited record)
 CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
          "#17becf")  # lines without a precision of their own (the loss scales), in label order
@@ -35,9 +29,10 @@ TITLE_SIZE = 13
 
 
 def style(precision: str) -> tuple[str, str]:
-    """(colour, marker) of a precision in every chart; "fixed16_sr:12" and "fp16 (loss scale ...)" are drawn as
-    fixed16_sr and fp16."""
-    return STYLES.get(_base(precision), UNKNOWN_STYLE)
+    """(colour, marker) of a precision in every chart, from its registry entry (harness.precision.PRECISIONS);
+    "fixed16_sr:12" and "fp16 (loss scale ...)" are drawn as fixed16_sr and fp16."""
+    entry = PRECISIONS.get(_base(precision))
+    return (entry.colour, entry.marker) if entry else UNKNOWN_STYLE
 
 
 def _base(precision: str) -> str:

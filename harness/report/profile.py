@@ -4,7 +4,8 @@ precision, the share of the step spent in casts, and the cast map: the dtype eac
 framework, as the profiler saw it run.
 
     section = profile_section(profiles)   # profiles.jsonl records
-    section["html"], section["markdown"], section["citations"][(model, framework, precision, batch, device)]
+    section.entries, section.shown (templates/_profile.html.j2, _profile.md.j2),
+    section.citations[(model, framework, precision, batch, device)]
 
 A profiled step carries the profiler's overhead and comes from one run of a few steps: the section compares
 profiles with profiles only, and the timed comparison stays the measurement of speed. A 16-bit profile is
@@ -13,8 +14,10 @@ version, batch size): profiles under different settings are labelled by what dif
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from harness.report import charts
-from harness.report.explain import ms
+from harness.report import format as f
 from harness.report.setting import cell_key, describe, varying
 from harness.results import SHAPES
 from harness.run.profile import COVERAGE_TOLERANCE
@@ -85,23 +88,19 @@ def grown(p16: dict, p32: dict, most: int = GROWN) -> list[dict]:
     return sorted(rows, key=lambda row: -row["added_ms"])[:most]
 
 
-def _x(factor) -> str:
-    return "-" if factor is None else (f"{factor:.1f}x" if factor < 10 else f"{factor:.0f}x")
-
-
 def citation(model: str, framework: str, precision: str, p16: dict, p32: dict) -> str:
     """One sentence for the Why section: what the profile says made this precision slower than fp32."""
     rows = grown(p16, p32, 1)
     step16, step32 = p16["step_mean_ms"], p32["step_mean_ms"]
     casts = p16["parts"]["casts"] / step16 if step16 else 0.0
-    head = (f"{framework} {precision} ({model}), profiled: {step16:.3g} ms per step against fp32's {step32:.3g} "
-            f"ms")
+    head = (f"{framework} {precision} ({model}), profiled: {f.significant(step16)} ms per step against fp32's "
+            f"{f.significant(step32)} ms")
     if not rows:
-        return f"{head}; no layer took longer than in fp32; casts take {casts:.0%} of the step"
+        return f"{head}; no layer took longer than in fp32; casts take {f.percent(casts, 0)} of the step"
     top = rows[0]
-    return (f"{head}; layer {top['label']} {top['phase']} takes {top['share']:.0%} of the step, {_x(top['factor'])} "
-            f"its fp32 time ({top['ms']:.3g} vs {top['fp32_ms']:.3g} ms, computing in {top['compute'] or '-'}); "
-            f"casts take {casts:.0%}")
+    return (f"{head}; layer {top['label']} {top['phase']} takes {f.percent(top['share'], 0)} of the step, "
+            f"{f.factor(top['factor'])} its fp32 time ({f.significant(top['ms'])} vs {f.significant(top['fp32_ms'])} "
+            f"ms, computing in {top['compute'] or '-'}); casts take {f.percent(casts, 0)}")
 
 
 def cast_maps(model: str, found: dict, named: dict[tuple, str]) -> list[dict]:
@@ -134,13 +133,17 @@ def profile_view(profiles: list[dict]) -> list[dict]:
     entries = []
     for model in sorted({k[0] for k in found}):
         mine = {k: r for k, r in found.items() if k[0] == model}
+        fp32: dict[tuple, dict] = {}  # per (framework, setting): its first fp32 profile
+        for k, r in mine.items():
+            if k[3] == "fp32":
+                fp32.setdefault(k[1:3], r)
         bars, growth = [], []
         for k, r in sorted(mine.items(), key=lambda kv: (named[kv[0]], charts._order(kv[0][3]))):
             p, framework, precision = r["profile"], k[1], k[3]
             bars.append({"label": f"{named[k]} {precision}", "segments": breakdown(p),
                          "overlap": -p["parts"]["other"] if p["parts"]["other"] < 0 else 0.0})
             # the fp32 profile of the same setting: another batch size, device or variant measures another thing
-            base = next((b for bk, b in mine.items() if bk[1:3] == k[1:3] and bk[3] == "fp32"), None)
+            base = fp32.get(k[1:3])
             if precision != "fp32" and base is not None:
                 growth.append({"framework": named[k], "precision": precision, "step_ms": p["step_mean_ms"],
                                "batch": r.get("batch_size"), "device": r.get("device"),
@@ -160,18 +163,26 @@ def profile_view(profiles: list[dict]) -> list[dict]:
     return entries
 
 
-def profile_section(profiles: list[dict], charts_on: bool = True) -> dict:
-    """{"entries", "citations", "html", "markdown"}: "" html and markdown without an ok profile."""
+@dataclass(frozen=True)
+class ProfileSection:
+    """The section as data: `entries` (profile_view), `citations` for the Why section, and `shown`: the
+    entries with their figures formatted and their charts drawn, as templates/_profile.*.j2 render them."""
+    entries: list[dict]
+    citations: dict[tuple, str]
+    shown: list[dict]
+    coverage_low: str = f.percent(1 - COVERAGE_TOLERANCE, 0)
+    coverage_high: str = f.percent(1 + COVERAGE_TOLERANCE, 0)
+
+
+def profile_section(profiles: list[dict], charts_on: bool = True) -> ProfileSection:
+    """The section; empty (no entries, nothing shown) without an ok profile."""
     entries = profile_view(profiles or [])
     citations = {g["cites"]: g["citation"] for e in entries for g in e["growth"]}
-    return {"entries": entries, "citations": citations,
-            "html": _html(entries, charts_on) if entries else "", "markdown": _markdown(entries) if entries else ""}
+    return ProfileSection(entries, citations, _shown(entries, charts_on))
 
 
-def _html(entries: list[dict], charts_on: bool) -> str:
+def _shown(entries: list[dict], charts_on: bool) -> list[dict]:
     from markupsafe import Markup
-
-    from harness.report.jinja import render
 
     shown = []
     for entry in entries:
@@ -179,28 +190,18 @@ def _html(entries: list[dict], charts_on: bool) -> str:
             if charts_on else ""
         shown.append({
             **entry, "chart": Markup(chart),  # svg.py escapes the chart's text
-            "overlaps": [f"{b['label']} ({ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
-            "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f"{g['casts']:.0%}",
-                        "step": f"{ms(g['step_ms'])} ({ms(g['fp32_step_ms'])})",
+            "overlaps": [f"{b['label']} ({f.ms(b['overlap'])} ms)" for b in entry["bars"] if b["overlap"] > 0],
+            "growth": [{"framework": g["framework"], "precision": g["precision"], "casts": f.percent(g["casts"], 0),
+                        "step": f"{f.ms(g['step_ms'])} ({f.ms(g['fp32_step_ms'])})", "citation": g["citation"],
                         "rows": [{"label": row["label"], "phase": row["phase"],
-                                  "ms": f"{ms(row['ms'])} ({ms(row['fp32_ms'])})", "factor": _x(row["factor"]),
-                                  "share": f"{row['share']:.0%}", "compute": row["compute"] or "-"}
+                                  "ms": f"{f.ms(row['ms'])} ({f.ms(row['fp32_ms'])})",
+                                  "factor": f.factor(row["factor"]),
+                                  "share": f.percent(row["share"], 0), "compute": row["compute"] or "-"}
                                  for row in g["rows"]]}
                        for g in entry["growth"]],
-            "low": [f"{name} {c:.0%}" for name, c in sorted(entry["coverage"].items())
+            "differing": [{"precision": cmap["precision"], "columns": cmap["columns"],
+                           "layers": [row["label"] for row in cmap["rows"] if row["differs"]]}
+                          for cmap in entry["cast_maps"] if any(row["differs"] for row in cmap["rows"])],
+            "low": [f"{name} {f.percent(c, 0)}" for name, c in sorted(entry["coverage"].items())
                     if isinstance(c, (int, float)) and abs(c - 1) > COVERAGE_TOLERANCE]})
-    return render("_profile.html.j2", entries=shown, coverage_low=f"{1 - COVERAGE_TOLERANCE:.0%}",
-                  coverage_high=f"{1 + COVERAGE_TOLERANCE:.0%}")
-
-
-def _markdown(entries: list[dict]) -> str:
-    lines = ["## Where the time goes", ""]
-    for entry in entries:
-        for g in entry["growth"]:
-            lines.append(f"- {g['citation']}.")
-        for cmap in entry["cast_maps"]:
-            differs = [row["label"] for row in cmap["rows"] if row["differs"]]
-            if differs:
-                lines.append(f"- {entry['model']} {cmap['precision']}: frameworks computed these layers in different "
-                             f"dtypes: {', '.join(differs)} ({', '.join(cmap['columns'])}).")
-    return "\n".join(lines)
+    return shown

@@ -6,12 +6,14 @@ the loss curves, the share of updates swamped by rounding (from `amp-harness dia
 of fp32 training), weight memory, and one computed sentence per entry.
 
     section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
-    section["html"], section["markdown"], section["sentences"]
+    section.entries, section.sentences, section.shown (templates/_pure16.html.j2, _pure16.md.j2)
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from harness.report import format as f
 from harness.report.accuracy import Check, compare, num_classes, too_short
 from harness.report.setting import compatible, describe, loss_scale_setting, setting, varying
 
@@ -96,16 +98,12 @@ def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> lis
             if name != "fp32":
                 arm["check"] = compare(arm["records"], rows["fp32"]["records"], classes)
         ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
-        fields = varying(s for (m, f, s) in groups if f == framework)
+        fields = varying(s for (_, fw, s) in groups if fw == framework)
         label = f"{framework}{describe(setting_, fields)}"
         out.append({"model": model, "framework": label, "arms": ordered, "judged": judged,
                     "swamped": swamped.get(model, {}),
                     "sentence": sentence(model, label, rows, judged, swamped.get(model, {}))})
     return out
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 NEAREST_VERBS = {"stalls": "stalls", "lower": "falls behind", "unchanged": "keeps up", "higher": "does better",
@@ -124,7 +122,7 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
     if fp32["accuracy"] is None:
         return head + "no fp32 accuracy to compare against"
     if not judged:
-        return head + f"fp32 scores at chance level ({_pct(fp32['accuracy'])}): too short to judge"
+        return head + f"fp32 scores at chance level ({f.percent(fp32['accuracy'])}): too short to judge"
     parts = []
     for family, (nearest, remedies) in NEAREST.items():
         arms = {p: a for p, a in rows.items() if _base(p) in (nearest, *remedies)}
@@ -138,8 +136,9 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                 clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
                 continue
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({_pct(near['accuracy'])} vs {check.fp32.label}"
-                           + (f"; {_pct(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
+            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({f.percent(near['accuracy'])} vs "
+                           f"{check.fp32.label}"
+                           + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
                            + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
@@ -155,10 +154,10 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
             if a.get("weights_mb") and fp32.get("weights_mb"):
                 ratio = a["weights_mb"] / fp32["weights_mb"]
                 memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
-                    (f" with {ratio:.2g}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
+                    (f" with {f.rough(ratio)}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
             caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
-            clauses.append(f"{remedy} ({p}) {verb} {_pct(a['accuracy'])}{memory}{caveat}")
+            clauses.append(f"{remedy} ({p}) {verb} {f.percent(a['accuracy'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
 
@@ -173,50 +172,37 @@ def _curves_svg(entry: dict) -> str:
     return charts.loss_curves({entry["framework"]: curves}, f"{entry['model']}: training loss, pure 16-bit vs fp32")
 
 
-def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> dict:
-    """{"entries": pure16_view(...), "sentences": [...], "html": str, "markdown": str}: the section for the
-    report ("" html and markdown when no model has a pure-16-bit arm beside fp32)."""
+@dataclass(frozen=True)
+class Pure16Section:
+    """The section as data: `entries` (pure16_view), their `sentences`, and `shown`: the entries with their
+    figures formatted and their charts drawn, as templates/_pure16.*.j2 render them."""
+    entries: list[dict]
+    sentences: list[str]
+    shown: list[dict]
+    header: tuple[str, ...] = ("precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)",
+                               "final train loss", "weights (+compensation) MB", "peak MB (measured)")
+
+
+def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> Pure16Section:
+    """The section for the report; empty (no entries, nothing shown) when no model has a pure-16-bit arm beside
+    fp32."""
     entries = pure16_view(records, diagnoses)
-    return {"entries": entries, "sentences": [e["sentence"] for e in entries],
-            "html": _html(entries, charts) if entries else "", "markdown": _markdown(entries) if entries else ""}
+    return Pure16Section(entries, [e["sentence"] for e in entries], _shown(entries, charts))
 
 
-def _row_cells(entry: dict, arm: dict) -> list[str]:
+def _row_cells(arm: dict) -> list[str]:
     check = arm["check"]
-    change = "-" if check is None or check.delta is None else f"{100 * check.delta:+.1f} pt ({check.verdict})"
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", _pct(arm["accuracy"]), change,
-            "-" if arm["final_loss"] is None else f"{arm['final_loss']:.4g}",
-            "-" if arm["weights_mb"] is None else f"{arm['weights_mb']:.3g}",
-            "-" if arm["peak_mb"] is None else f"{arm['peak_mb']:.1f}"]
+    change = "-" if check is None or check.delta is None else f"{f.points(check.delta)} ({check.verdict})"
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", f.percent(arm["accuracy"]), change,
+            f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
-HEADER = ["precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)", "final train loss",
-          "weights (+compensation) MB",
-          "peak MB (measured)"]
-
-
-def _html(entries: list[dict], charts: bool) -> str:
+def _shown(entries: list[dict], charts: bool) -> list[dict]:
     from markupsafe import Markup
 
-    from harness.report.jinja import render
-
-    shown = [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
-              "swamped": {fmt: _pct(share) for fmt, share in entry["swamped"].items()},
-              "rows": [_row_cells(entry, arm) for arm in entry["arms"]],
-              "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
-              "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
-             for entry in entries]
-    return render("_pure16.html.j2", entries=shown, header=HEADER)
-
-
-def _markdown(entries: list[dict]) -> str:
-    lines = ["## Pure 16-bit training", ""]
-    for entry in entries:
-        lines += [f"- {entry['sentence']}"]
-    lines.append("")
-    for entry in entries:
-        lines += [f"### {entry['model']} · {entry['framework']}", "", "| " + " | ".join(HEADER) + " |",
-                  "|" + "---|" * len(HEADER)]
-        lines += ["| " + " | ".join(_row_cells(entry, arm)) + " |" for arm in entry["arms"]]
-        lines.append("")
-    return "\n".join(lines)
+    return [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
+             "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
+             "rows": [_row_cells(arm) for arm in entry["arms"]],
+             "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
+             "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
+            for entry in entries]

@@ -1,26 +1,28 @@
-"""Rendering: the view model -> one self-contained HTML page (jinja2, autoescape on), a Markdown summary beside it
-and the records as CSV."""
+"""Rendering: the view (harness.report.data.View) -> one self-contained HTML page and a Markdown summary beside
+it, each from its templates (templates/report.html.j2 and report.md.j2, a partial per section), and the records
+as CSV."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from harness.report import jinja
-from harness.report.markdown import render_markdown
+from harness.report.data import View
 from harness.report.view import build_view
 
 PER_STEP = ("step_times_ms", "loss", "loss_scale.history")  # lists with one value per step
 
 
-def render(view: dict) -> str:
-    from markupsafe import Markup
+def render(view: View) -> str:
+    """The page. Its charts are SVG markup already (harness.report.svg escapes their text)."""
+    return jinja.render("report.html.j2", **vars(view))
 
-    # the charts' SVG (harness/report/svg.py) escapes its text; mark it safe to inline it
-    for item in view["sections"] + view["numerics"] + view["studies"]:
-        for key in ("speed_chart", "loss_chart", "scale_chart", "chart"):
-            if item.get(key):
-                item[key] = Markup(item[key])
-    return jinja.render("report.html.j2", **view)
+
+def render_markdown(view: View) -> str:
+    """The first screen as Markdown (reports/index.md): per device the matrix and the recommendations, for a pull
+    request, a chat message or a terminal; then the causes in short, the pure 16-bit and profile findings and
+    the Why section."""
+    return jinja.render("report.md.j2", **vars(view)).rstrip("\n") + "\n"  # the sections' blank lines, one end
 
 
 def markdown_path(out: Path) -> Path:
@@ -36,7 +38,7 @@ def write_report(records: list[dict], out: Path, parity_records: list[dict] | No
 
     view = build_view(records, parity_records, diagnoses, profiles)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if markdown:  # before render(), which marks the charts up in place
+    if markdown:
         markdown_path(out).write_text(render_markdown(view))
     out.write_text(render(view))
     frame = to_frame(records)

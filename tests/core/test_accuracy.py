@@ -67,9 +67,9 @@ def seeded(framework, precision, accuracies, **kw):
 def test_report_accuracy_rows_cite_fp32s_spread_and_flag_a_loss():
     view = build_view(seeded("torch", "fp32", (0.912, 0.920, 0.916)) + seeded("torch", "amp_fp16", (0.88, 0.89, 0.885))
                       + seeded("torch", "amp_bf16", (0.911, 0.919, 0.915)))
-    rows = {r["precision"]: r for r in view["accuracy"]}
-    assert rows["fp32"]["delta"] == "fp32 over 3 seeds: 91.2-92.0%"
-    assert rows["amp_bf16"]["delta"].startswith("unchanged (-0.1 pt, 95% CI") and not rows["amp_bf16"]["flag"]
-    assert rows["amp_fp16"]["delta"].startswith("lower (-3.1 pt, 95% CI -3.3 to -2.9 over 3 seeds") and rows["amp_fp16"]["flag"]
-    check = {s["precision"]: s["accuracy_check"] for s in view["summary"]}
+    rows = {r.precision: r for r in view.accuracy}
+    assert rows["fp32"].delta == "fp32 over 3 seeds: 91.2-92.0%"
+    assert rows["amp_bf16"].delta.startswith("unchanged (-0.1 pt, 95% CI") and not rows["amp_bf16"].flag
+    assert rows["amp_fp16"].delta.startswith("lower (-3.1 pt, 95% CI -3.3 to -2.9 over 3 seeds") and rows["amp_fp16"].flag
+    check = {s.precision: s.accuracy_check for s in view.summary}
     assert check["amp_fp16"].verdict == "lower" and check["amp_bf16"].verdict == "unchanged"

@@ -282,7 +282,7 @@ def test_every_precision_of_the_registry_has_its_own_colour_and_marker_in_its_or
 
     styles = [charts.style(p) for p in PRECISIONS]
     assert len({c for c, _ in styles}) == len({m for _, m in styles}) == len(PRECISIONS), \
-        "a precision added to harness.precision needs a colour and a marker of its own in charts.COLOURS/SHAPES"
+        "a precision added to harness.precision needs a colour and a marker of its own (its colour= and marker=)"
     assert charts.UNKNOWN_STYLE not in styles
     assert charts.style("fixed16_sr:12") == charts.style("fixed16_sr") == charts.style("fixed16_sr (loss scale x)")
     assert sorted(reversed(PRECISIONS), key=charts._order) == list(PRECISIONS)

@@ -115,4 +115,4 @@ def test_resume_runs_failed_runs_again_and_the_report_keeps_the_new_record(tmp_p
     assert again.returncode == 0 and "resume: 1 of 2 runs already recorded" in again.stderr, again.stderr
     assert sorted(r["status"] for r in results.read_records([tmp_path])) == ["failed", "ok", "ok"]
     view = build_view(results.read_records([tmp_path]))
-    assert not view["not_run"] and "1 record skipped: failed, then run again by --resume" in view["skipped"]
+    assert not view.not_run and "1 record skipped: failed, then run again by --resume" in view.skipped

@@ -45,9 +45,9 @@ def test_report_covers_every_status_and_section(results_dir, tmp_path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page) and "<link" not in page  # offline
     assert len(csv.read_text().splitlines()) == len(records) + 1
     view = build_view(records)
-    assert {(s["framework"], s["precision"]) for s in view["summary"]} == {("fake", "amp_bf16"), ("fake", "amp_fp16")}
+    assert {(s.framework, s.precision) for s in view.summary} == {("fake", "amp_bf16"), ("fake", "amp_fp16")}
     # no figure from a failed run: only ok runs feed the speed table
-    assert {r["precision"] for r in view["speed"]} == {"fp32", "amp_bf16", "amp_fp16"}
+    assert {r.precision for r in view.speed} == {"fp32", "amp_bf16", "amp_fp16"}
 
 
 def test_speedup_is_computed_from_raw_step_times(results_dir):
@@ -60,10 +60,10 @@ def test_speedup_is_computed_from_raw_step_times(results_dir):
         return np.exp(np.mean([np.log(np.median(r["step_times_ms"])) for r in rs]))
 
     expected = geometric_mean(fp32) / geometric_mean(bf16)
-    (row,) = [s for s in build_view(records)["summary"] if s["precision"] == "amp_bf16"]
-    assert row["ratio"] == pytest.approx(expected) and row["lo"] <= row["ratio"] <= row["hi"]
+    (row,) = [s for s in build_view(records).summary if s.precision == "amp_bf16"]
+    assert row.ratio == pytest.approx(expected) and row.lo <= row.ratio <= row.hi
     # two repeats: too few for an interval, and the page must not call the range one
-    assert not row["interval"] and row["ci"].startswith("range of 2 repeats")
+    assert not row.interval and row.ci.startswith("range of 2 repeats")
 
 
 def test_names_are_escaped(results_dir, tmp_path):
@@ -78,8 +78,8 @@ def test_duplicate_and_foreign_records_are_skipped_and_said(results_dir):
     records = read_records([results_dir, results_dir])  # the same file twice
     newer = {**records[0], "run_id": "future", "schema": 99}
     view = build_view(records + [newer])
-    assert view["n_records"] == len(records) // 2
-    assert set(view["skipped"]) == {f"{len(records) // 2} records skipped: duplicate run_id",
+    assert view.n_records == len(records) // 2
+    assert set(view.skipped) == {f"{len(records) // 2} records skipped: duplicate run_id",
                                     "1 record skipped: written by a newer amp-harness (schema 99)"}
     assert "records skipped: duplicate run_id" in render(view)
 
@@ -181,11 +181,11 @@ def test_runs_under_different_settings_are_never_pooled(tmp_path):
                   "--warmup", "0", "--threads", threads, "--out", str(tmp_path / threads))
         assert out.returncode == 0, out.stderr
     view = build_view(read_records([tmp_path / "1", tmp_path / "2"]))
-    assert sorted({(r["framework"], r["precision"]) for r in view["speed"]}) == [
+    assert sorted({(r.framework, r.precision) for r in view.speed}) == [
         ("fake [threads 1]", "amp_bf16"), ("fake [threads 1]", "fp32"),
         ("fake [threads 2]", "amp_bf16"), ("fake [threads 2]", "fp32")]
-    assert sorted(s["framework"] for s in view["summary"]) == ["fake [threads 1]", "fake [threads 2]"]
-    assert all(r["repeats"] == 1 for r in view["speed"])
+    assert sorted(s.framework for s in view.summary) == ["fake [threads 1]", "fake [threads 2]"]
+    assert all(r.repeats == 1 for r in view.speed)
 
 
 def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
@@ -211,13 +211,13 @@ def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
                  ({"mode": "fixed", "initial": 2.0**32}, "ok", 0.1, 20),
                  ({"mode": "dynamic", "initial": 65536.0, "growth_interval": 2000}, "ok", 0.9, 1)])]
     view = build_view(study, None, [diagnosed, unavailable])
-    assert view["sixteen_bit_safe"] == [
+    assert view.sixteen_bit_safe == [
         "m (fake diagnosis): amp_fp16 safe with a loss scale in 2^3..2^16 (layer outputs not checked); fp16 the "
         "optimizer's second moment underflows; bf16 stalls: updates lost to rounding; amp_bf16 safe (layer outputs "
         "not checked)"]
-    assert [n["note"] for n in view["numerics"]] == [None, "not available: this adapter cannot capture tensors"]
-    (s,) = view["studies"]
-    assert [(p["label"], p["skipped"]) for p in s["rows"]] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
-    assert not view["speed"]  # study runs are not cells of the comparison
+    assert [n.note for n in view.numerics] == [None, "not available: this adapter cannot capture tensors"]
+    (s,) = view.studies
+    assert [(p["label"], p["skipped"]) for p in s.rows] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
+    assert not view.speed  # study runs are not cells of the comparison
     page = render(view)
     assert 'data-chart="numerics"' in page and 'data-chart="study"' in page and "16-bit safe?" in page

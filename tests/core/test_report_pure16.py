@@ -1,7 +1,8 @@
 """The report's pure-16-bit section (harness/report/pure16.py): figures and sentences computed from records."""
 from __future__ import annotations
 
-from harness.report.pure16 import pure16_section, pure16_view, swamped_shares
+from harness.report.jinja import render
+from harness.report.pure16 import Pure16Section, pure16_section, pure16_view, swamped_shares
 
 
 def _record(precision, accuracy, repeat=0, framework="torch", model="swamped_mlp", status="ok", weights=0.02,
@@ -74,17 +75,17 @@ def test_swamped_share_from_diagnoses_and_failed_arms():
     records = _records(node="a") + _records(node="b") + [_record("bf16_sr", 0.0, 3, status="diverged", node="b"),
                                                            crashed]
     section = pure16_section(records, diagnoses, charts=False)
-    on_a, on_b = section["sentences"]
+    on_a, on_b = section.sentences
     assert "75.0% of fp32's updates are swamped in bfloat16" in on_a and on_b.startswith("swamped_mlp (torch [node b])")
-    runs = {e["framework"]: {a["precision"]: (a["ok"], a["runs"]) for a in e["arms"]} for e in section["entries"]}
+    runs = {e["framework"]: {a["precision"]: (a["ok"], a["runs"]) for a in e["arms"]} for e in section.entries}
     assert runs["torch [node a]"]["bf16_sr"] == (3, 3) and runs["torch [node b]"]["bf16_sr"] == (3, 5)
-    assert "3/5" in section["markdown"] and "diverged: loss became nan" in section["html"]
-    assert section["html"].startswith('<section id="pure16">')
+    html = render("_pure16.html.j2", pure16=section)
+    assert "3/5" in render("_pure16.md.j2", pure16=section) and "diverged: loss became nan" in html
+    assert html.startswith('<section id="pure16">')
 
 
 def test_too_short_and_no_pure_arm():
     chance = [_record("fp32", 0.11), _record("bf16", 0.1)]
     (entry,) = pure16_view(chance)
     assert "too short to judge" in entry["sentence"]
-    assert pure16_section([_record("fp32", 0.9), _record("amp_bf16", 0.9)]) == {
-        "entries": [], "sentences": [], "html": "", "markdown": ""}
+    assert pure16_section([_record("fp32", 0.9), _record("amp_bf16", 0.9)]) == Pure16Section([], [], [])

@@ -14,10 +14,10 @@ def on(node_: str, records: list[dict]) -> list[dict]:
 def test_two_nodes_are_not_pooled():
     view = build_view(on("a", cell("torch", "fp32", 12.0) + cell("torch", "amp_bf16", 10.0))
                       + on("b", cell("torch", "fp32", 30.0) + cell("torch", "amp_bf16", 15.0)))
-    speed = {(r["framework"], r["precision"]): r["repeats"] for r in view["speed"]}
+    speed = {(r.framework, r.precision): r.repeats for r in view.speed}
     assert speed == {("torch [node a]", "fp32"): 3, ("torch [node a]", "amp_bf16"): 3,
                      ("torch [node b]", "fp32"): 3, ("torch [node b]", "amp_bf16"): 3}
-    ratios = {s["framework"]: s["ratio"] for s in view["summary"]}  # each against its own node's fp32
+    ratios = {s.framework: s.ratio for s in view.summary}  # each against its own node's fp32
     assert 1.1 < ratios["torch [node a]"] < 1.3 and 1.8 < ratios["torch [node b]"] < 2.2
 
 
@@ -37,18 +37,18 @@ def test_variants_chosen_by_auto_compare_each_precision_at_its_fastest():
         return [{**r, "variant": variant, "variant_choice": {"chosen": variant}} for r in records]
 
     view = build_view(chose("compile", cell("torch", "fp32", 12.0)) + chose("channels_last", cell("torch", "amp_bf16", 10.0)))
-    (s,) = view["summary"]  # one comparison: the two chosen variants are one setting, "auto"
-    assert 1.1 < s["ratio"] < 1.3
+    (s,) = view.summary  # one comparison: the two chosen variants are one setting, "auto"
+    assert 1.1 < s.ratio < 1.3
     forced = build_view([{**r, "variant": "compile"} for r in cell("torch", "fp32", 12.0)]
                         + [{**r, "variant": "eager"} for r in cell("torch", "amp_bf16", 10.0)])
-    assert not forced["summary"]  # variants asked for by name are settings of their own
+    assert not forced.summary  # variants asked for by name are settings of their own
 
 
 def test_memory_is_called_comparable_only_for_figures_of_one_kind():
     same = build_view(cell("torch", "fp32", 12.0) + cell("jax", "fp32", 10.0))
-    assert same["memory_note"] == "Every peak figure is of one kind, comparable across frameworks and precisions: rss."
+    assert same.memory_note == "Every peak figure is of one kind, comparable across frameworks and precisions: rss."
     xla = [{**r, "memory_kind": "XLA GPU allocator peak"} for r in cell("jax", "fp32", 10.0)]
-    differs = build_view(cell("torch", "fp32", 12.0) + xla)["memory_note"]
+    differs = build_view(cell("torch", "fp32", 12.0) + xla).memory_note
     assert "comparable" not in differs
     assert differs == ("Peak figures are of 2 kinds, and only figures of one kind compare: jax: XLA GPU allocator "
                        "peak; torch: rss.")
@@ -59,5 +59,5 @@ def test_a_loss_scale_study_is_held_against_the_fp32_of_its_own_setting():
     study = [{**r, "study": "ls", "precision": "amp_fp16",
               "loss_scale": {"settings": {"mode": "fixed", "initial": 2.0 ** k}}} for k, r in
              enumerate(on("b", cell("torch", "amp_fp16", 10.0, repeats=2)))]
-    (s,) = build_view(fp32 + study)["studies"]
-    assert {p["fp32_accuracy"] for p in s["rows"]} == {0.5}
+    (s,) = build_view(fp32 + study).studies
+    assert {p["fp32_accuracy"] for p in s.rows} == {0.5}

@@ -9,7 +9,7 @@ import numpy as np
 
 from harness import stats
 from harness.report import build_view, render
-from harness.report.markdown import render_markdown
+from harness.report.render import render_markdown
 from tests.core.test_report_answer import cell
 from tests.core.test_report_profile import profile_record
 
@@ -32,34 +32,34 @@ def test_one_repeat_gives_no_verdict_no_colour_and_no_recommendation():
     be called faster."""
     records = cell("torch", "fp32", 10.0, repeats=1) + cell("torch", "amp_bf16", 9.9, repeats=1)
     view = build_view(records)
-    (e,) = view["answer"][0]["rows"][0]["cells"]
-    assert (e["verdict"], e["decision"]) == ("too few", "too few")
-    assert e["verdict_text"] == "not enough repeats for a verdict" and e["speed"] == "x1.01 vs fp32"
-    assert e["interval"].startswith("range of 1 repeat")
+    (e,) = view.answer[0].rows[0].cells
+    assert (e.verdict, e.decision) == ("too few", "too few")
+    assert e.verdict_text == "not enough repeats for a verdict" and e.speed == "x1.01 vs fp32"
+    assert e.interval.startswith("range of 1 repeat")
     body = _matrix_body(render(view))
     assert "v-faster" not in body and "<strong>" not in body and 'class="verdict"' not in body
     assert "not enough repeats for a verdict" in body
-    (line,) = view["answer"][0]["recommendations"]
+    (line,) = view.answer[0].recommendations
     assert line.startswith("m: not enough repeats for a verdict (fewer than 3 in torch amp_bf16 x1.01")
     assert line.endswith("rerun with --repeats 3 or more, or --repeats auto.") and "fast" not in line
-    (s,) = view["summary"]
-    assert s["decision"] == "too few" and "faster" not in view["headline"][0]
+    (s,) = view.summary
+    assert s.decision == "too few" and "faster" not in view.headline[0]
     assert "**" not in render_markdown(view).split("| m |")[1].split("\n")[0]  # no bold name in the matrix row
-    assert not view["why"]  # no rule draws a cause from a range
+    assert not view.why  # no rule draws a cause from a range
 
 
 def test_an_interval_too_wide_to_decide_says_so_names_the_spread_and_what_to_do():
     records = cell("torch", "fp32", 11.0, spread=0.15) + cell("torch", "amp_bf16", 10.0, spread=0.15)
     view = build_view(records)
-    (e,) = view["answer"][0]["rows"][0]["cells"]
-    assert (e["verdict"], e["verdict_text"]) == ("undecided", "too noisy here to decide")
-    assert e["interval"].startswith("95% CI") and e["speed"] == "x1.10 vs fp32"
+    (e,) = view.answer[0].rows[0].cells
+    assert (e.verdict, e.verdict_text) == ("undecided", "too noisy here to decide")
+    assert e.interval.startswith("95% CI") and e.speed == "x1.10 vs fp32"
     assert re.fullmatch(r"repeats spread 1[45]% \(fp32\) and 1[45]% \(amp_bf16\): rerun with more repeats "
-                        r"\(--repeats auto with a larger --budget\) or on a quieter machine", e["advice"])
+                        r"\(--repeats auto with a larger --budget\) or on a quieter machine", e.advice)
     body = _matrix_body(render(view))
     assert "v-faster" not in body and "<strong>" not in body and "too noisy here to decide" in body
-    assert e["advice"] in body
-    (line,) = view["answer"][0]["recommendations"]
+    assert e.advice in body
+    (line,) = view.answer[0].recommendations
     assert line.startswith("m: too noisy here to decide (closest: torch amp_bf16 x1.10, 95% CI")
     assert "quieter machine" in line and "keep fp32" not in line
 
@@ -70,18 +70,18 @@ def test_the_best_of_k_precisions_has_its_interval_adjusted_for_k():
     fp32 = cell("torch", "fp32", 10.0 * np.exp(0.11), spread=0.04)
     bf16 = cell("torch", "amp_bf16", 10.0, spread=0.04)
     alone = build_view(fp32 + bf16)
-    (e,) = alone["answer"][0]["rows"][0]["cells"]
-    assert e["verdict"] == "faster" and "adjusted" not in e["interval"]
+    (e,) = alone.answer[0].rows[0].cells
+    assert e.verdict == "faster" and "adjusted" not in e.interval
     records = fp32 + bf16 + cell("torch", "amp_fp16", 20.0) + cell("torch", "bf16", 25.0)
     view = build_view(records)
-    (e,) = view["answer"][0]["rows"][0]["cells"]
+    (e,) = view.answer[0].rows[0].cells
     adjusted = stats.ratio(_repeat_figures(records, "torch", "fp32"), _repeat_figures(records, "torch", "amp_bf16"),
                            comparisons=3)
     assert adjusted.low < 1 < adjusted.high and adjusted.decision == "undecided"
-    assert e["precision"] == "amp_bf16" and e["verdict"] == "undecided"
-    assert e["interval"] == adjusted.label and adjusted.label.endswith(", adjusted for 3 comparisons (Bonferroni)")
-    (s,) = [s for s in view["summary"] if s["precision"] == "amp_bf16"]
-    assert s["decision"] == "faster" and s["lo"] > adjusted.low  # the Comparisons table: one comparison, at 95%
+    assert e.precision == "amp_bf16" and e.verdict == "undecided"
+    assert e.interval == adjusted.label and adjusted.label.endswith(", adjusted for 3 comparisons (Bonferroni)")
+    (s,) = [s for s in view.summary if s.precision == "amp_bf16"]
+    assert s.decision == "faster" and s.lo > adjusted.low  # the Comparisons table: one comparison, at 95%
     assert "adjusted for 3 comparisons (Bonferroni)" in _matrix_body(render(view))
     assert "adjusted for 3 comparisons (Bonferroni)" in render_markdown(view)
 
@@ -89,14 +89,14 @@ def test_the_best_of_k_precisions_has_its_interval_adjusted_for_k():
 def test_no_precision_faster_keeps_fp32_and_never_names_a_slower_one_the_best():
     records = cell("torch", "fp32", 10.0) + cell("torch", "amp_bf16", 19.0) + cell("torch", "amp_fp16", 25.0)
     view = build_view(records)
-    (e,) = view["answer"][0]["rows"][0]["cells"]
-    assert (e["verdict"], e["decision"], e["precision"], e["speed"]) == ("keep", "slower", "amp_bf16", "1.90x slower")
+    (e,) = view.answer[0].rows[0].cells
+    assert (e.verdict, e.decision, e.precision, e.speed) == ("keep", "slower", "amp_bf16", "1.90x slower")
     body = _matrix_body(render(view))
     assert body.count("<td") == 1 and 'class="v-none">keep fp32' in body and "closest: amp_bf16" in body
     assert "<strong>" not in body and "v-faster" not in body and 'class="verdict"' not in body
     md_row = render_markdown(view).split("| m |")[1].split("\n")[0]
     assert md_row.startswith(" keep fp32; closest: amp_bf16 1.90x slower (95% CI") and "**" not in md_row
-    (line,) = view["answer"][0]["recommendations"]
+    (line,) = view.answer[0].recommendations
     assert "keep fp32" in line and "clearly slower" in line
 
 
@@ -109,12 +109,12 @@ def test_why_names_the_measured_peaks_once_for_every_model_and_framework():
             records += cell(framework, "fp32", 10.0, model=model, peaks=NO_BF16) \
                 + cell(framework, "amp_bf16", 20.0, model=model, peaks=NO_BF16)
     view = build_view(records)
-    bf16 = [s for s in view["why_short"] if "bfloat16" in s]
+    bf16 = [s for s in view.why_short if "bfloat16" in s]
     assert bf16 == ["bfloat16 matmuls run at 0.12x float32's speed on this CPU (measured peak jax 15 vs 120, torch 15 "
                     "vs 120 GFLOP/s; no avx512_bf16/amx_bf16 among its flags): bfloat16 is slower than fp32 for "
                     "every model here."]
-    (rule,) = [w for w in view["why"] if w["title"].startswith("bfloat16 ran slower")]
-    assert "likely emulated" in rule["text"] and "peak is 0.12x float32's" in rule["text"]
+    (rule,) = [w for w in view.why if w.title.startswith("bfloat16 ran slower")]
+    assert "likely emulated" in rule.text and "peak is 0.12x float32's" in rule.text
     page = render(view)
     short = page[page.index('id="why-short"'):page.index("</span>", page.index('id="why-short"'))]
     assert short.count("bfloat16 matmuls run at") == 1 and "likely" in short
@@ -126,21 +126,21 @@ def test_too_small_for_precision_is_never_said_of_a_clearly_slower_step():
     slow = cell("torch", "fp32", 5.0, model="tiny", flops=10**7, peaks=NO_BF16) \
         + cell("torch", "amp_bf16", 10.0, model="tiny", flops=10**7, peaks=NO_BF16)
     view = build_view(slow)
-    assert not [w for w in view["why"] if "too small" in w["title"]]
-    assert any("bfloat16 matmuls run at 0.12x" in s for s in view["why_short"])
+    assert not [w for w in view.why if "too small" in w.title]
+    assert any("bfloat16 matmuls run at 0.12x" in s for s in view.why_short)
     same = cell("torch", "fp32", 5.0, model="tiny", flops=10**7, spread=0.01, peaks=NO_BF16) \
         + cell("torch", "amp_bf16", 5.0, model="tiny", flops=10**7, spread=0.01, peaks=NO_BF16)
-    (rule,) = [w for w in build_view(same)["why"] if "too small" in w["title"]]
-    assert rule["title"].startswith("Likely too small") and "1.7% of its measured float32 matmul peak" in rule["text"]
+    (rule,) = [w for w in build_view(same).why if "too small" in w.title]
+    assert rule.title.startswith("Likely too small") and "1.7% of its measured float32 matmul peak" in rule.text
 
 
 def test_a_very_slow_step_is_likely_a_missing_kernel_not_a_fact():
     records = cell("torch", "fp32", 5.0) + cell("torch", "amp_fp16", 40.0)
-    (rule,) = [w for w in build_view(records)["why"] if "5x or more" in w["title"]]
-    assert "m torch amp_fp16: 8x slower" in rule["text"] and "the likely cause is" in rule["text"]
-    assert "not conversion overhead but" not in rule["text"]
+    (rule,) = [w for w in build_view(records).why if "5x or more" in w.title]
+    assert "m torch amp_fp16: 8x slower" in rule.text and "the likely cause is" in rule.text
+    assert "not conversion overhead but" not in rule.text
     few = cell("torch", "fp32", 5.0) + cell("torch", "amp_fp16", 80.0, repeats=2)
-    assert not build_view(few)["why"]  # a range of 2 repeats, all of it under 0.2, draws no cause
+    assert not build_view(few).why  # a range of 2 repeats, all of it under 0.2, draws no cause
 
 
 def test_in_short_says_each_cause_once_with_what_it_concerns():
@@ -154,11 +154,11 @@ def test_in_short_says_each_cause_once_with_what_it_concerns():
                 for r in cell("jax", "fp16", 5.0, model="m00", repeats=1) + cell("torch", "fp16", 5.0, model="m00",
                                                                                    repeats=1)]
     view = build_view(records + diverged)
-    assert view["why_short"] == [
+    assert view.why_short == [
         "Under 1 GFLOP per step, 16-bit measured within 5% of fp32 on cpu (test cpu): likely too small for "
         "precision to matter (m00, m01, m02, m03 and 8 more).",
         "fp16 diverged (jax m00, torch m00)."]
-    assert "A likely cause: pure float16" in next(w["text"] for w in view["why"] if "diverged" in w["title"])
+    assert "A likely cause: pure float16" in next(w.text for w in view.why if "diverged" in w.title)
 
 
 def test_in_short_names_the_profiles_cast_share():
@@ -168,5 +168,5 @@ def test_in_short_names_the_profiles_cast_share():
     profiles = [profile_record("fake", "fp32", (2, 3), "float32", batch=32),
                 profile_record("fake", "amp_fp16", (2, 72), "float16", cast_ms=4, batch=32)]
     view = build_view(records, profiles=profiles)
-    assert view["why_short"] == ["Profiles of the slower 16-bit cells on cpu (test cpu) name the layers that lost the "
+    assert view.why_short == ["Profiles of the slower 16-bit cells on cpu (test cpu) name the layers that lost the "
                                  "time and put 5% of the 16-bit step in casts (fake)."]

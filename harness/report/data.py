@@ -1,0 +1,348 @@
+"""The report as data: typed objects for what the page and the Markdown summary show. `view.build_view` makes
+them from records; the templates (harness/report/templates) render them; `answer` and `explain` read them.
+
+A Cell is every ok repeat of one (model, framework, setting, precision, loss-scale setting); it knows the fp32
+cell of its setting (`fp32`, found once when the cells are made). A Comparison is a non-fp32 cell against that
+fp32 cell: it holds both, so nothing looks the baseline up again. Cells and comparisons keep their figures as
+numbers; the tables' rows carry them formatted (harness.report.format), as the page and the Markdown show them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from harness import stats
+from harness.report import format as f
+from harness.report.accuracy import Check
+from harness.report.setting import setting
+
+if TYPE_CHECKING:  # they build on the objects here
+    from harness.report.answer import Block
+    from harness.report.profile import ProfileSection
+    from harness.report.pure16 import Pure16Section
+
+#: a comparison's decision (stats.Ratio.decision) in words
+VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
+            "undecided": "too noisy here to decide", "too few": "not enough repeats for a verdict",
+            "none": "no comparison"}
+
+
+class Cell:
+    """All ok repeats of one (model, framework, setting, precision, loss-scale setting)."""
+
+    def __init__(self, key: tuple, records: list[dict], label: str, setting_note: str = "", scale_note: str = ""):
+        # label: framework and what differs, for tables; setting_note: what differs besides the device (the
+        # first screen has a matrix per device, a column per framework); scale_note: the loss-scale setting
+        # where it varies
+        self.key, self.records, self.label = key, records, label
+        self.setting_note, self.scale_note = setting_note, scale_note
+        r0 = records[0]
+        self.model, self.framework, self.precision = r0["model"], r0["framework"], r0["precision"]
+        self.column = self.framework
+        self.name = f"{self.framework}{setting_note}"  # how the first screen names this cell's framework
+        self.setting = setting(r0)
+        self.device = self.setting.device or "-"
+        self.fp32: Cell | None = None  # the fp32 cell of the same setting (itself for an fp32 cell), set by view
+        self.judged = True  # False: fp32 scored at chance level, accuracy figures mean nothing (see accuracy.py)
+        self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
+        # one figure per repeat (fresh processes are independent; steps of one process are not)
+        self.repeat_ms = [float(np.median(t)) for t in self.repeats]
+        self.median_ms = stats.geometric_mean(self.repeat_ms)
+        pooled = np.concatenate(self.repeats)
+        self.p10_ms, self.p90_ms = (float(np.percentile(pooled, q)) for q in (10, 90))
+        self.cv = stats.spread(self.repeat_ms)
+        self.unstable = self.cv is not None and self.cv > stats.UNSTABLE_CV
+        self.first_step_ms = median(r.get("first_step_ms") for r in records)
+        self.samples_per_s = r0["batch_size"] / (self.median_ms / 1e3)
+        self.gflops = r0["flops_per_step"] / (self.median_ms / 1e3) / 1e9 if r0.get("flops_per_step") else None
+        self.efficiency = median(r.get("efficiency") for r in records)
+        self.peak_mb = median(r.get("peak_memory_mb") for r in records)
+        self.memory_kind = r0.get("memory_kind")
+        self.state_mb = r0.get("state_memory_mb") or {}
+        self.eval_accuracy = mean(r.get("eval_accuracy") for r in records)
+        self.eval_loss = mean(r.get("eval_loss") for r in records)
+        self.batch_size = r0["batch_size"]
+        self.flops_per_step = r0.get("flops_per_step")
+
+    @property
+    def baseline(self) -> Cell | None:
+        """The fp32 cell this one is compared with: None for an fp32 cell and where no fp32 ran."""
+        return self.fp32 if self.fp32 is not self else None
+
+    def loss_curve(self) -> list:
+        curves = [r["loss"] for r in self.records if r.get("loss")]
+        length = min(len(c) for c in curves)
+        arr = np.array([[np.nan if v is None else v for v in c[:length]] for c in curves], dtype=float)
+        return [None if np.isnan(v) else float(v) for v in np.nanmean(arr, axis=0)] if arr.size else []
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A non-fp32 cell against the fp32 cell of its setting: speed (fp32's step time over this one's), memory
+    saved and the accuracy change, paired by seed (accuracy.Check)."""
+    cell: Cell
+    fp32: Cell
+    speed: stats.Ratio  # > 1: faster than fp32
+    accuracy_check: Check
+    accuracy: str  # the change in words, as the accuracy table shows it
+    memory: str  # peak memory saved against fp32, formatted
+
+    @property
+    def key(self) -> tuple:
+        return self.cell.key
+
+    @property
+    def model(self) -> str:
+        return self.cell.model
+
+    @property
+    def framework(self) -> str:
+        return self.cell.label
+
+    @property
+    def precision(self) -> str:
+        return self.cell.precision
+
+    @property
+    def ratio(self) -> float:
+        return self.speed.estimate
+
+    @property
+    def lo(self) -> float:
+        return self.speed.low
+
+    @property
+    def hi(self) -> float:
+        return self.speed.high
+
+    @property
+    def interval(self) -> bool:
+        return self.speed.is_interval
+
+    @property
+    def ci(self) -> str:
+        return self.speed.label
+
+    @property
+    def decision(self) -> str:
+        return self.speed.decision
+
+    @property
+    def unstable(self) -> bool:
+        return self.cell.unstable or self.fp32.unstable
+
+    @property
+    def flag(self) -> bool:
+        return not self.accuracy_check.acceptable
+
+    @property
+    def text(self) -> str:
+        """The comparison in words, by its decision: a direction only where one was decided."""
+        return f.faster(self.ratio) if self.decision in ("faster", "slower") else VERDICTS[self.decision]
+
+    def among(self, k: int) -> Comparison:
+        """This comparison with its interval computed for being chosen among k (Bonferroni, stats.ratio's
+        `comparisons`): the best of k must not look surer than one comparison would."""
+        return replace(self, speed=stats.ratio(self.fp32.repeat_ms, self.cell.repeat_ms, comparisons=k))
+
+
+@dataclass
+class Section:
+    """Per model: its step-time chart, its loss chart (or the sentence that stands in for it) and its loss-scale
+    chart and notes. Charts are SVG markup (harness.report.svg escapes its text)."""
+    model: str
+    speed_chart: str
+    speed_caption: str
+    loss_chart: str | None = None
+    loss_caption: str | None = None
+    loss_note: str | None = None
+    scale_chart: str | None = None
+    scale_caption: str | None = None
+    scale_notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    model: str
+    framework: str
+    precision: str
+    batch: int
+    median: str
+    spread: str
+    samples: str
+    first: str
+    gflops: str
+    efficiency: str
+    repeats: int
+    cv: str
+    unstable: bool
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    model: str
+    framework: str
+    precision: str
+    peak: str
+    kind: str | None
+    state: str
+    optimizer: str
+    saved: str
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    model: str
+    framework: str
+    precision: str
+    accuracy: str
+    loss: str
+    judged: bool
+    delta: str  # the change against fp32 in words; fp32's own row: its seed-to-seed spread
+    flag: bool
+    check: Check | None
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    model: str
+    framework: str
+    precision: str
+    repeat: int
+    mode: str | None
+    initial: str
+    final: str
+    skipped: int | None
+    first_overflow: int | str
+
+
+@dataclass(frozen=True)
+class Fastest:
+    """Per model, precision and device, the framework with the lowest median step time."""
+    model: str
+    precision: str
+    device: str
+    framework: str
+    median: str
+    of: int
+
+
+@dataclass(frozen=True)
+class NotRun:
+    model: str
+    framework: str | None
+    precision: str | None
+    repeat: int | None
+    status: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One diagnosed (model, framework) of the Numerics section: its gradient histogram and verdicts, or a note
+    saying why there are none."""
+    model: str | None
+    framework: str | None
+    chart: str | None = None
+    verdicts: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Study:
+    """One loss-scale study: a point per loss-scale setting (the chart's input, means over its runs)."""
+    study: str
+    model: str | None
+    framework: str
+    precision: str
+    rows: list[dict]
+    chart: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One (framework, version, device) the runs used: what ran them, and the framework options they set."""
+    framework: str
+    version: str
+    device: str
+    details: str  # the device's details as JSON
+    cpu: str | None
+    flags: str
+    threads: int | None
+    python: str | None
+    os: str | None
+    options: list[str]
+
+
+@dataclass(frozen=True)
+class SpecHash:
+    hash: str
+    frameworks: str
+
+
+@dataclass(frozen=True)
+class SpecHashes:
+    """A model's spec hashes: one means every framework trained the same spec, seed and overrides."""
+    model: str
+    hashes: list[SpecHash]
+
+
+@dataclass(frozen=True)
+class Why:
+    """An explanation the records support (harness.report.explain): `short` says its cause in one sentence, the
+    same for every entry of that cause; `about` names the models and frameworks it concerns."""
+    title: str
+    text: str
+    short: str
+    about: tuple[str, ...] = ()
+
+
+@dataclass
+class View:
+    """Everything the report shows, made by view.build_view and rendered by render (HTML) and markdown."""
+    generated: str
+    n_records: int
+    n_ok: int
+    skipped: list[str]
+    models: list[str]
+    frameworks: list[str]
+    answer: list[Block]  # per device
+    headline: list[str]
+    any_range: bool
+    min_repeats: int
+    unstable_cv: float
+    precise: float
+    chance_margin: float
+    summary: list[Comparison]
+    fastest: list[Fastest]
+    speed: list[SpeedRow]
+    memory: list[MemoryRow]
+    memory_note: str
+    accuracy: list[AccuracyRow]
+    accuracy_rule: str
+    any_too_short: bool
+    scaling: list[ScalingRow]
+    sections: list[Section]
+    why: list[Why]
+    why_short: list[str]
+    not_run: list[NotRun]
+    environment: list[Environment]
+    spec_hashes: list[SpecHashes]
+    parity: list | None
+    numerics: list[Diagnosis]
+    studies: list[Study]
+    sixteen_bit_safe: list[str]
+    pure16: Pure16Section
+    profile: ProfileSection
