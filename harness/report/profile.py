@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from harness.report import charts
 from harness.report.explain import ms
-from harness.report.setting import cell_key, describe, varying
-from harness.results import SHAPES
+from harness.identity import cell_key, describe, varying
+from harness.records import is_profile
 from harness.run.profile import COVERAGE_TOLERANCE
 
 GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
@@ -53,7 +53,7 @@ def names(found: dict[tuple, dict]) -> dict[tuple, str]:
 
 def _well_formed(p) -> bool:
     """A profile as harness.run.profile writes it (an edited or foreign record is left out, not a traceback)."""
-    return p is not None and SHAPES["profile"](p)
+    return p is not None and is_profile(p)
 
 
 def breakdown(p: dict) -> list[tuple[str, float]]:

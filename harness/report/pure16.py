@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from harness.report.accuracy import Check, compare, num_classes, too_short
-from harness.report.setting import compatible, describe, loss_scale_setting, setting, varying
+from harness.identity import compatible, describe, loss_scale_setting, setting, varying
 
 #: the arms in the order the table shows them; fp32 is the reference
 ARMS = ("fp32", "amp_bf16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr")

@@ -20,7 +20,7 @@ from harness.report.explain import fmt as _fmt
 from harness.report.explain import ms as _ms
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
-from harness.report.setting import cell_key, describe, device_key, loss_scale_setting, setting, varying
+from harness.identity import cell_key, describe, device_key, loss_scale_setting, setting, varying
 
 
 class Cell:
