@@ -340,7 +340,7 @@ def cmd_parity(args) -> int:
 
 
 def _malformed_records(dirs: list[str], exc: Exception) -> HarnessError:
-    """Records that passed the field checks (harness.results.SHAPES) but hold something deeper that is not what
+    """Records that passed the field checks (harness.records) but hold something deeper that is not what
     amp-harness writes: one line, not a traceback."""
     return HarnessError(f"{', '.join(dirs)}: a record holds a value amp-harness does not write there "
                         f"({type(exc).__name__}: {clip(exc, 80)}); was the file edited?")

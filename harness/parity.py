@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.identity import fingerprint_group
+
 # (initial outputs, loss trajectory, outputs after K steps): max error relative to the reference's scale.
 # fp32 must agree to rounding. Mixed precisions differ by design (each framework picks which ops run in
 # 16 bits), so they get looser bounds, set from the spread seen between PyTorch, Keras and MXNet here.
@@ -131,11 +133,11 @@ def _loss_error(a: list, b: list) -> float:
 
 
 def latest(records: list[dict]) -> dict[tuple, dict]:
-    """The last fingerprint per (model, spec_hash, precision, framework or variant: runner_names): later runs
-    replace earlier ones."""
+    """The last fingerprint per (model, spec_hash, precision: harness.identity.fingerprint_group; framework or
+    variant: runner_names): later runs replace earlier ones."""
     names, out = runner_names(records), {}
     for r in records:
-        out[(r.get("model"), r.get("spec_hash"), r.get("precision"), names[id(r)])] = r
+        out[(*fingerprint_group(r), names[id(r)])] = r
     return out
 
 

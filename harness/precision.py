@@ -171,14 +171,3 @@ def parse_loss_scale(text: str | None, precision: Precision, growth_interval: in
         raise HarnessError(f"--loss-scale '{text}': expected dynamic, dynamic:INITIAL, none or a positive number "
                            f"(2^K works too)") from None
 
-
-def loss_scale_key(settings: dict | None) -> str:
-    """One string per loss-scale setting, e.g. 'none', 'fixed:16', 'dynamic:65536/2000': what tells runs of a
-    loss-scale study apart (for --resume and the report)."""
-    settings = settings or {}
-    mode = settings.get("mode", "none")
-    if mode == "none":
-        return "none"
-    if mode == "fixed":
-        return f"fixed:{settings['initial']:g}"
-    return f"dynamic:{settings['initial']:g}/{settings.get('growth_interval')}"

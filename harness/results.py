@@ -1,49 +1,51 @@
-"""The result record: the only interface between the runner and the reporter.
+"""Records files: the only interface between the runner and the reporter.
 
-One JSON object per run, one per line in ``results.jsonl``. ``load`` turns any number of such files into a
-pandas DataFrame with nested fields flattened to dotted columns (``step_time_ms.median``).
+One JSON object per run, one per line in ``results.jsonl`` (and in the fingerprints, diagnoses and profiles files).
+What a record holds is harness.records' model of its kind; what identifies a run, harness.identity. ``load`` turns
+any number of results files into a pandas DataFrame with nested fields flattened to dotted columns
+(``step_time_ms.median``).
 """
 from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from pydantic import ValidationError
+
 from harness.errors import HarnessError
+from harness.identity import run_key
+from harness.records import (
+    OLDEST_SCHEMA,
+    SCHEMA_VERSION,
+    DiagnosisRecord,
+    FingerprintRecord,
+    ProfileRecord,
+    Record,
+    RunRecord,
+    problem,
+)
 
 MAX_RECORD_BYTES = 64 << 20  # a record with a diagnosis is at most a few MB; a longer line is not a record
 RESULTS_FILE = "results.jsonl"
 FINGERPRINTS_FILE = "fingerprints.jsonl"  # records of `amp-harness fingerprint`, for `amp-harness parity`
 DIAGNOSES_FILE = "diagnoses.jsonl"  # records of `amp-harness diagnose`
 PROFILES_FILE = "profiles.jsonl"  # records of `amp-harness profile`
-SCHEMA_VERSION = 4  # 2: variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3: num_classes;
-# 4: seed (a timed run's repeat r trains from the spec's seed + r)
-STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 NO_RESULT = ("failed", "timeout")  # a run that gave no result: --resume runs it again
-
-#: every record carries these keys (None where a figure does not apply or was not reached)
-FIELDS = (
-    "schema", "run_id", "framework", "framework_version", "model", "spec_hash", "num_classes", "precision",
-    "variant", "device",
-    "status", "reason", "batch_size", "steps", "warmup_steps", "repeat", "seed", "step_time_ms", "step_times_ms",
-    "samples_per_s", "first_step_ms", "input_ms", "peak_memory_mb", "memory_kind", "state_memory_mb", "loss",
-    "final_train_loss", "eval_loss", "eval_accuracy", "loss_scale", "flops_per_step", "achieved_gflops",
-    "device_peak_gflops", "efficiency", "param_count", "options", "env", "started_at", "wall_s", "study",
-    "fingerprint", "diagnosis",
-    "variant_choice",  # --variant auto: which variant was chosen and why (harness.run.variants)
-)
+#: the model of each records file's records
+KINDS: dict[str, type[Record]] = {RESULTS_FILE: RunRecord, FINGERPRINTS_FILE: FingerprintRecord,
+                                  DIAGNOSES_FILE: DiagnosisRecord, PROFILES_FILE: ProfileRecord}
 
 
 def empty_record(**known) -> dict:
-    record = dict.fromkeys(FIELDS)
+    """A record with every field a record is written with (harness.records.Record) None but `known`."""
+    record = dict.fromkeys(Record.fields())
     record.update(schema=SCHEMA_VERSION, **known)
-    unknown = set(record) - set(FIELDS)
+    unknown = set(record) - set(Record.fields())
     if unknown:
         raise ValueError(f"unknown record fields: {sorted(unknown)}")
     return record
@@ -167,169 +169,40 @@ def _records(f, file: Path) -> list[dict]:
             raise HarnessError(f"{file}: line {number}: not a JSON record ({exc.msg})") from None
         if not isinstance(record, dict) or "run_id" not in record:
             raise HarnessError(f"{file}: line {number}: not a result record (no run_id)")
+        version = record.get("schema")
+        if isinstance(version, int) and not isinstance(version, bool) \
+                and not OLDEST_SCHEMA <= version <= SCHEMA_VERSION:
+            raise HarnessError(f"{file}: line {number}: schema {version}: "
+                               + ("written by a newer amp-harness" if version > SCHEMA_VERSION else "not a schema")
+                               + f"; this one reads records of schemas {OLDEST_SCHEMA} to {SCHEMA_VERSION}")
         records.append(record)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _text(v) -> bool:
-    return isinstance(v, str)
-
-
-def _maybe(check):
-    return lambda v: v is None or check(v)
-
-
-def _listed(check, v) -> bool:
-    return isinstance(v, list) and all(check(x) for x in v)
-
-
-def _mapped(check, v) -> bool:
-    return isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
-
-
-def _rows(v) -> bool:
-    """Outputs as a fingerprint holds them: a row of numbers (None where not finite) per sample."""
-    return _listed(lambda row: _listed(_maybe(_number), row), v)
-
-
-def _histogram(h) -> bool:
-    """harness.numerics.histogram: counts per power-of-two exponent (JSON keys are strings), zeros, ..."""
-    bins = h.get("bins") if isinstance(h, dict) else None
-    return isinstance(bins, dict) and all(_exponent(e) and _count(c) for e, c in bins.items()) \
-        and all(_count(h.get(k)) for k in ("zeros", "nonfinite", "count")) and _number(h.get("max_abs"))
-
-
-def _exponent(e) -> bool:
-    """A histogram's bin: a float's power-of-two exponent, an int in memory and a string once in JSON."""
-    return isinstance(e, int) and not isinstance(e, bool) and abs(e) < 100_000 \
-        or isinstance(e, str) and re.fullmatch(r"-?[0-9]{1,5}", e) is not None
-
-
-def _diagnosis(d) -> bool:
-    """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge)."""
-    if not isinstance(d, dict) or not isinstance(d.get("available"), bool):
-        return False
-    if not d["available"]:
-        return True
-    window = d.get("loss_scale_window")
-    return _listed(_count, d.get("captured_steps")) and bool(d["captured_steps"]) and _maybe(_count)(d.get("every")) \
-        and _mapped(lambda group: _mapped(_histogram, group), d.get("groups")) \
-        and _maybe(lambda u: _mapped(lambda c: _mapped(_number, c), u))(d.get("updates")) \
-        and _maybe(_text)(d.get("optimizer")) and _maybe(lambda v: _mapped(_text, v))(d.get("verdicts")) \
-        and (window is None or isinstance(window, list) and len(window) == 2
-             and all(_maybe(_number)(x) for x in window))
-
-
-def _fingerprint(f) -> bool:
-    """What a fingerprint run writes (harness.run.worker._fingerprint) and `parity` compares."""
-    return isinstance(f, dict) and _rows(f.get("initial_outputs")) and _rows(f.get("final_outputs")) \
-        and _maybe(lambda v: _listed(_count, v))(f.get("skipped_steps")) \
-        and _maybe(lambda v: _listed(_number, v))(f.get("loss_scales")) \
-        and _maybe(lambda g: _mapped(lambda v: _listed(_number, v), g))(f.get("gradients")) \
-        and _maybe(lambda v: isinstance(v, dict))(f.get("spec"))
-
-
-def _profile(p) -> bool:
-    """A profile as harness.run.profile writes it and the report's "Where the time goes" reads it."""
-    return isinstance(p, dict) and _number(p.get("step_mean_ms")) and p["step_mean_ms"] > 0 \
-        and _count(p.get("steps")) and all(_maybe(_text)(p.get(k)) for k in ("tool", "note")) \
-        and _maybe(_number)(p.get("coverage")) \
-        and _mapped(_number, p.get("parts")) and all(k in p["parts"] for k in ("casts", "other")) \
-        and _listed(_profiled_layer, p.get("layers"))
-
-
-def _profiled_layer(layer) -> bool:
-    return isinstance(layer, dict) and all(_text(layer.get(k)) for k in ("path", "label", "type")) \
-        and _number(layer.get("forward_ms")) and _number(layer.get("backward_ms")) \
-        and _maybe(_text)(layer.get("compute"))
-
-
-#: what a field must be when present (not None) for a report to read it; a record breaking one is skipped
-SHAPES = {
-    "run_id": lambda v: isinstance(v, str), "framework": lambda v: isinstance(v, str),
-    "precision": lambda v: isinstance(v, str), "status": lambda v: v in STATUSES,
-    "model": lambda v: isinstance(v, str), "spec_hash": lambda v: isinstance(v, str),
-    "variant": lambda v: isinstance(v, str), "device": lambda v: isinstance(v, str),
-    "reason": lambda v: isinstance(v, str), "study": lambda v: isinstance(v, str),
-    "schema": lambda v: isinstance(v, int), "repeat": lambda v: isinstance(v, int),
-    "seed": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "batch_size": lambda v: isinstance(v, int) and v > 0, "steps": lambda v: isinstance(v, int),
-    "num_classes": lambda v: isinstance(v, int),
-    "step_times_ms": lambda v: isinstance(v, list) and all(_number(t) and t > 0 for t in v),
-    "loss": lambda v: isinstance(v, list) and all(t is None or _number(t) for t in v),
-    **{k: _number for k in ("first_step_ms", "peak_memory_mb", "eval_accuracy", "eval_loss", "flops_per_step",
-                            "efficiency", "samples_per_s", "achieved_gflops", "final_train_loss", "input_ms",
-                            "param_count", "wall_s")},
-    **{k: lambda v: isinstance(v, dict) for k in ("options", "step_time_ms")},
-    "fingerprint": _fingerprint, "diagnosis": _diagnosis, "profile": _profile,  # the records of the other files
-    **{k: lambda v: isinstance(v, dict) and all(x is None or _number(x) for x in v.values())
-       for k in ("state_memory_mb", "device_peak_gflops")},
-    "env": lambda v: isinstance(v, dict) and isinstance(v.get("device") or {}, dict)
-    and (v.get("threads") is None or isinstance(v["threads"], int)),
-    "loss_scale": lambda v: isinstance(v, dict) and _loss_scale_settings(v.get("settings")),
-}
-
-
-def _loss_scale_settings(s) -> bool:
-    return s is None or isinstance(s, dict) and s.get("mode") in (None, "none", "fixed", "dynamic") \
-        and all(s.get(k) is None or _number(s[k]) for k in ("initial", "growth_interval", "growth_factor",
-                                                               "backoff_factor"))
-
-
-def _malformed(r: dict) -> str | None:
-    """The first field a report cannot read, or None."""
-    return next((k for k, ok in SHAPES.items() if r.get(k) is not None and not ok(r[k])), None)
-
-
-def record_key(r: dict) -> tuple:
-    """What identifies a run across attempts (--resume): framework, spec hash, precision, variant, loss-scale
-    setting (harness.precision.loss_scale_key) and repeat."""
-    from harness.precision import loss_scale_key
-
-    return (r["framework"], r.get("spec_hash"), r["precision"], r.get("variant"),
-            loss_scale_key((r.get("loss_scale") or {}).get("settings")), r.get("repeat"))
-
-
-#: per records file, what its ok records hold besides what identifies a run: what the report and `parity` read
-OK_HOLDS = {RESULTS_FILE: ("model", "batch_size"), FINGERPRINTS_FILE: ("model", "fingerprint", "loss"),
-            DIAGNOSES_FILE: ("model", "diagnosis"), PROFILES_FILE: ("model", "profile")}
 
 
 def usable(records: list[dict], filename: str = RESULTS_FILE) -> tuple[list[dict], list[str]]:
     """Records of `filename` (results, fingerprints, diagnoses or profiles) a report can use, and why the others
-    were skipped: duplicates (the same run_id twice, e.g. a file given twice), records of a newer schema, records
-    missing the fields that identify a run (or, when ok, what such a file's ok record holds: OK_HOLDS), and
-    records whose fields are not of the kind a record holds (SHAPES)."""
+    were skipped: records that are not what the file's kind of record holds (harness.records: a missing field
+    that identifies a run, an ok record missing what the report reads, a field of the wrong kind), duplicates
+    (the same run_id twice, e.g. a file given twice), and failed runs that --resume ran again with a result
+    (harness.identity.run_key)."""
+    kind = KINDS[filename]
     kept, seen, skipped = [], set(), {}
     for r in records:
-        if any(r.get(k) is None for k in ("run_id", "framework", "precision", "status")):
-            why = "missing run_id, framework, precision or status"
-        elif r["status"] == "ok" and (missing := [k for k in OK_HOLDS[filename] if r.get(k) is None]):
-            why = f"ok but missing {', '.join(missing)}"
-        elif field := _malformed(r):
-            why = f"{field} is not what a record holds there"
-        elif (r.get("schema") or SCHEMA_VERSION) > SCHEMA_VERSION:
-            why = f"written by a newer amp-harness (schema {r.get('schema')})"
-        elif r["run_id"] in seen:
-            why = "duplicate run_id"
+        try:
+            kind.model_validate(r)
+        except ValidationError as exc:
+            why = problem(exc, kind)
         else:
-            seen.add(r["run_id"])
-            kept.append(r)
-            continue
+            if r["run_id"] not in seen:
+                seen.add(r["run_id"])
+                kept.append(r)
+                continue
+            why = "duplicate run_id"
         skipped[why] = skipped.get(why, 0) + 1
-    retried = {record_key(r) for r in kept if r["status"] not in NO_RESULT}
-    fresh = [r for r in kept if not (r["status"] in NO_RESULT and record_key(r) in retried)]
+    retried = {run_key(r) for r in kept if r["status"] not in NO_RESULT}
+    fresh = [r for r in kept if not (r["status"] in NO_RESULT and run_key(r) in retried)]
     if len(fresh) < len(kept):  # --resume ran them again and they gave a result
         skipped["failed, then run again by --resume"] = len(kept) - len(fresh)
-    kept = fresh
-    return kept, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]
+    return fresh, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]
 
 
 def _flatten(record: dict, prefix: str = "") -> dict:

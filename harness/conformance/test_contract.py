@@ -24,6 +24,7 @@ from harness.model.graph import infer
 from harness.model.weights import initial_weights
 from harness.parity import TOLERANCES
 from harness.precision import PRECISIONS, LossScale, LossScaler, parse_precision
+from harness.records import Record
 from harness.run.metrics import loss_and_correct
 
 
@@ -230,7 +231,7 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework, ada
         assert r["status"] == "ok", (precision, r["reason"])
         optional = ("reason", "study", "fingerprint", "diagnosis", "variant_choice") + (
             ("efficiency",) if adapter.matmul(2, "float32", adapter.device("cpu")) is None else ())  # no peak known
-        missing = [k for k in results.FIELDS if r[k] is None and k not in optional]
+        missing = [k for k in Record.fields() if r[k] is None and k not in optional]
         assert not missing, f"{precision}: record fields left empty: {missing}"
         assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30
         assert r["framework"] == framework and r["framework_version"]

@@ -16,7 +16,7 @@ import numpy as np
 from harness import stats
 from harness.report import format as f
 from harness.report.accuracy import Check
-from harness.report.setting import setting
+from harness.identity import setting
 
 if TYPE_CHECKING:  # they build on the objects here
     from harness.report.answer import Block

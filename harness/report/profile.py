@@ -9,7 +9,7 @@ framework, as the profiler saw it run.
 
 A profiled step carries the profiler's overhead and comes from one run of a few steps: the section compares
 profiles with profiles only, and the timed comparison stays the measurement of speed. A 16-bit profile is
-compared with the fp32 profile of the same setting only (harness.report.setting: device, node, threads, variant,
+compared with the fp32 profile of the same setting only (harness.identity: device, node, threads, variant,
 version, batch size): profiles under different settings are labelled by what differs, never paired.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from harness.report import charts
 from harness.report import format as f
-from harness.report.setting import cell_key, describe, varying
-from harness.results import SHAPES
+from harness.identity import cell_key, describe, varying
+from harness.records import is_profile
 from harness.run.profile import COVERAGE_TOLERANCE
 
 GROUPS = {"conv2d": "convolutions", "dense": "dense layers", "batchnorm": "normalisation",
@@ -56,7 +56,7 @@ def names(found: dict[tuple, dict]) -> dict[tuple, str]:
 
 def _well_formed(p) -> bool:
     """A profile as harness.run.profile writes it (an edited or foreign record is left out, not a traceback)."""
-    return p is not None and SHAPES["profile"](p)
+    return p is not None and is_profile(p)
 
 
 def breakdown(p: dict) -> list[tuple[str, float]]:

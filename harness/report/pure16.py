@@ -1,6 +1,6 @@
 """The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
 rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32,
-per model, framework and setting (harness.report.setting: device, node, threads, variant, version, batch; and
+per model, framework and setting (harness.identity: device, node, threads, variant, version, batch; and
 each arm's loss-scale setting): eval accuracy judged against fp32's seed-to-seed spread (harness.report.accuracy),
 the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`, per model: the numerics
 of fp32 training), weight memory, and one computed sentence per entry.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from harness.report import format as f
 from harness.report.accuracy import Check, compare, num_classes, too_short
-from harness.report.setting import compatible, describe, loss_scale_setting, setting, varying
+from harness.identity import compatible, describe, loss_scale_setting, setting, varying
 
 #: the arms in the order the table shows them; fp32 is the reference
 ARMS = ("fp32", "amp_bf16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr")

@@ -1,7 +1,7 @@
 """The report's view model: records -> the typed objects of harness.report.data, every figure computed here from
 raw measurements.
 
-A cell is every ok repeat of one (model, framework, precision) under one setting (harness.report.setting:
+A cell is every ok repeat of one (model, framework, precision) under one setting (harness.identity:
 device, node, threads, the adapter's variant, the framework's version, batch size) and loss-scale setting.
 Records that differ in any of these are never pooled; they become rows of their own, labelled by what differs.
 """
@@ -24,7 +24,7 @@ from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Envir
 from harness.report.explain import explain, in_short
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
-from harness.report.setting import cell_key, describe, device_key, loss_scale_setting, setting, varying
+from harness.identity import cell_key, describe, device_key, loss_scale_setting, setting, varying
 
 
 def _label_models(records: list[dict]) -> list[dict]:

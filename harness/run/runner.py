@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness import results, stats
-from harness.precision import loss_scale_key, parse_loss_scale, parse_precision
+from harness.identity import request_key, run_key
 from harness.run.executors import Executor, LocalExecutor
 from harness.run.plan import Plan, run_id, stamp_now
 from harness.run.worker import RunRequest
@@ -23,15 +23,6 @@ AUTO = "auto"  # the variant `--variant auto` asks for (harness.run.variants.AUT
 DECIDED = ("faster", "slower", "same")  # the decisions (stats.Ratio.decision) that stop --repeats auto
 
 
-def _request_key(q: RunRequest) -> tuple:
-    settings = parse_loss_scale(q.loss_scale, parse_precision(q.precision), q.growth_interval).to_dict()
-    return q.framework, q.resolved_spec().spec_hash(), q.precision, q.variant, loss_scale_key(settings), q.repeat
-
-
-def _recorded_key(r: dict) -> tuple:
-    """results.record_key as a request has it: a variant that `--variant auto` chose was asked for as "auto"."""
-    key = results.record_key(r)
-    return key[:3] + (AUTO,) + key[4:] if r.get("variant_choice") else key
 
 
 def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[RunRequest]:
@@ -39,9 +30,9 @@ def pending(requests: list[RunRequest], out_dir: Path, filename: str) -> list[Ru
     out (run again; the report keeps the latest record of a run)."""
     if not (out_dir / filename).exists():
         return requests
-    done = {_recorded_key(r) for r in results.read_records([out_dir], filename)
+    done = {run_key(r) for r in results.read_records([out_dir], filename)
             if r.get("status") not in results.NO_RESULT}
-    return [q for q in requests if _request_key(q) not in done]
+    return [q for q in requests if request_key(q) not in done]
 
 
 def run_matrix(requests: list[RunRequest], out_dir: Path, timeout_s: float, show_progress: bool,
@@ -89,7 +80,7 @@ class UntilDecided:
         self.template: dict[tuple, RunRequest] = {}  # cell -> a request of it, in the matrix's order
         self.next_repeat: dict[tuple, int] = {}
         for q in requests:
-            cell = _request_key(q)[:-1]
+            cell = request_key(q)[:-1]
             self.template.setdefault(cell, q)
             self.next_repeat[cell] = min(self.next_repeat.get(cell, q.repeat), q.repeat)
         self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
@@ -103,7 +94,7 @@ class UntilDecided:
 
     def add(self, records: list[dict], earlier: bool = False) -> None:
         for r in records:
-            key = _recorded_key(r)
+            key = run_key(r)
             if key[:-1] in self.records:
                 self.records[key[:-1]][key[-1]] = r
                 self.next_repeat[key[:-1]] = max(self.next_repeat[key[:-1]], key[-1] + 1)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from harness import results
+from harness import identity, results
 from tests.cluster.conftest import amp, grow
 
 SLOW = "tests/specs/pitfall_batchnorm.yaml"  # each step sleeps 0.4 s (the fake adapter's `slow`)
@@ -25,7 +25,7 @@ def outcomes(out_dir, filename=results.RESULTS_FILE) -> dict:
     """run key -> status: what identifies a run across executors (run ids carry a timestamp and a uuid)."""
     found = {}
     for r in results.read_records([out_dir], filename):
-        key = results.record_key(r)
+        key = identity.run_key(r)
         assert key not in found, f"{key} recorded twice"
         found[key] = r["status"]
     return found

@@ -76,11 +76,11 @@ def test_names_are_escaped(results_dir, tmp_path):
 
 def test_duplicate_and_foreign_records_are_skipped_and_said(results_dir):
     records = read_records([results_dir, results_dir])  # the same file twice
-    newer = {**records[0], "run_id": "future", "schema": 99}
-    view = build_view(records + [newer])
+    foreign = {**records[0], "run_id": "foreign", "loss_scale": {"settings": {"mode": "fixed"}}}  # no initial scale
+    view = build_view(records + [foreign])
     assert view.n_records == len(records) // 2
     assert set(view.skipped) == {f"{len(records) // 2} records skipped: duplicate run_id",
-                                    "1 record skipped: written by a newer amp-harness (schema 99)"}
+                                    "1 record skipped: loss_scale.settings is not what a record holds there"}
     assert "records skipped: duplicate run_id" in render(view)
 
 

@@ -1,9 +1,9 @@
-"""One setting key for every section of the report (harness.report.setting): runs on two nodes, at two batch
+"""One setting key for every section of the report (harness.identity): runs on two nodes, at two batch
 sizes, are never pooled; memory figures are called comparable only when they are of one kind."""
 from __future__ import annotations
 
 from harness.report import build_view
-from harness.report.setting import Setting, compatible, node, setting
+from harness.identity import Setting, compatible, node, setting
 from tests.core.test_report_answer import cell
 
 

@@ -115,7 +115,7 @@ def _report(tmp_path, kinds: dict[str, list[dict]]) -> tuple[int, list[str], str
 
 def _hostile(value, key=None):
     """Every string made to carry raw HTML, but the two a record must hold as written to be read: its status and
-    its loss scale's mode (harness.results.SHAPES)."""
+    its loss scale's mode (harness.records)."""
     if isinstance(value, str) and key not in ("status", "mode"):
         return value + HOSTILE
     if isinstance(value, list):

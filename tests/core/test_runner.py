@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness import results
+from harness.records import Record
 from tests.conftest import ROOT
 
 FAKE_SITE = ROOT / "tests" / "fake_adapter"  # a dist-info registering the 'fake' adapter entry point
@@ -52,7 +53,7 @@ def test_every_record_has_every_field(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
-    assert set(record) == set(results.FIELDS)
+    assert set(record) == set(Record.fields())
     assert record["status"] == "ok" and record["eval_accuracy"] is not None
     assert record["memory_kind"].startswith("process peak RSS") and record["peak_memory_mb"] >= 0
     assert record["env"]["threads"] >= 1 and "cpu_flags" in record["env"]

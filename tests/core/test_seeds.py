@@ -108,5 +108,5 @@ def test_a_matrix_whose_last_seed_passes_2_32_is_refused_before_any_run(tmp_path
 @pytest.mark.parametrize("seed, kept", [(7, True), (None, True), ("7", False), (-1, False), (True, False)])
 def test_a_record_s_seed_is_a_non_negative_int_or_none(seed, kept):
     record = results.empty_record(run_id="a", framework="fake", precision="fp32", status="ok", seed=seed, model="m",
-                                  batch_size=4)  # what an ok record holds (results.OK_HOLDS)
+                                  batch_size=4)  # what an ok record holds (harness.records: RunRecord.OK_HOLDS)
     assert bool(results.usable([record])[0]) == kept

@@ -1,0 +1,262 @@
+"""The records amp-harness writes, one pydantic model per kind: a timed run (results.jsonl), a fingerprint
+(fingerprints.jsonl), a diagnosis (diagnoses.jsonl) and a profile (profiles.jsonl). Every kind carries what
+`Record` holds (what ran, how it ended, where), its `schema_version` (written as "schema") and its own payload.
+
+The models say what a report or `parity` can read: a record that breaks one (an edited file, a foreign tool's
+line) is skipped with a note naming the field (harness.results.usable), never a traceback. Records stay plain
+JSON dicts in memory; the models validate them, strictly (no coercion: a number written as a string is not a
+number), and do not convert them.
+
+Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3 num_classes;
+4 seed (a timed run's repeat r trains from the spec's seed + r). Every field added since 1 is optional, so a
+record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused (harness.results.read_records).
+"""
+from __future__ import annotations
+
+import re
+import typing
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+SCHEMA_VERSION = 4
+OLDEST_SCHEMA = 1
+STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
+
+Number = Annotated[float, Field(allow_inf_nan=False)]  # strict: an int is a number too, a bool is not
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Rows = list[list[Number | None]]  # outputs as a fingerprint holds them: a row per sample, None where not finite
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+
+
+def _exponent(e: int | str) -> int | str:
+    """A histogram's bin: a float's power-of-two exponent, an int in memory and a string once in JSON."""
+    if isinstance(e, int) and abs(e) < 100_000 or isinstance(e, str) and re.fullmatch(r"-?[0-9]{1,5}", e):
+        return e
+    raise ValueError("not a power-of-two exponent")
+
+
+class Histogram(_Strict):
+    """harness.numerics.histogram: counts per power-of-two exponent, zeros, non-finite values, their count."""
+    bins: dict[Annotated[int | str, AfterValidator(_exponent)], Count]
+    zeros: Count
+    nonfinite: Count
+    count: Count
+    max_abs: Number
+
+
+class Diagnosis(_Strict):
+    """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge); a diagnosis
+    that could not capture holds nothing else to read."""
+    available: bool
+    captured_steps: Annotated[list[Count], Field(min_length=1)] | None = None
+    every: Count | None = None
+    groups: dict[str, dict[str, Histogram]] | None = None
+    updates: dict[str, dict[str, Number]] | None = None
+    optimizer: str | None = None
+    verdicts: dict[str, str] | None = None
+    loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nothing_to_read_unless_available(cls, data: Any) -> Any:
+        return {"available": False} if isinstance(data, dict) and data.get("available") is False else data
+
+    @model_validator(mode="after")
+    def _captured(self) -> Diagnosis:
+        if self.available and (self.captured_steps is None or self.groups is None):
+            raise PydanticCustomError("diagnosis", "an available diagnosis holds captured_steps and groups")
+        return self
+
+
+class Fingerprint(_Strict):
+    """What a fingerprint run writes (harness.run.worker._fingerprint) and `parity` compares."""
+    initial_outputs: Rows
+    final_outputs: Rows
+    skipped_steps: list[Count] | None = None
+    loss_scales: list[Number] | None = None
+    gradients: dict[str, list[Number]] | None = None
+    spec: dict | None = None
+
+
+class ProfiledLayer(_Strict):
+    path: str
+    label: str
+    type: str
+    forward_ms: Number
+    backward_ms: Number
+    compute: str | None = None
+
+
+class Profile(_Strict):
+    """A profile as harness.run.profile writes it and the report's "Where the time goes" reads it."""
+    step_mean_ms: Positive
+    steps: Count
+    tool: str | None = None
+    note: str | None = None
+    coverage: Number | None = None
+    parts: dict[str, Number]
+    layers: list[ProfiledLayer]
+
+    @model_validator(mode="after")
+    def _parts(self) -> Profile:
+        if not {"casts", "other"} <= set(self.parts):
+            raise PydanticCustomError("profile", "a profile's parts hold casts and other")
+        return self
+
+
+class LossScaleSettings(_Strict):
+    """harness.precision.LossScale as written: a scaled run states where its scale starts."""
+    mode: Literal["none", "fixed", "dynamic"] | None = None
+    initial: Number | None = None
+    growth_interval: Number | None = None
+    growth_factor: Number | None = None
+    backoff_factor: Number | None = None
+
+    @model_validator(mode="after")
+    def _scaled_from(self) -> LossScaleSettings:
+        if self.mode in ("fixed", "dynamic") and self.initial is None:
+            raise PydanticCustomError("loss_scale", "a fixed or dynamic loss scale has an initial scale")
+        return self
+
+
+class LossScale(_Strict):
+    """The settings a run asked for, and what its scaler did (harness.run.worker._train)."""
+    settings: LossScaleSettings | None = None
+    initial: Number | None = None
+    final: Number | None = None
+    skipped_steps: Count | None = None
+    first_overflow_step: Count | None = None
+    history: list[Number] | None = None
+
+
+class Env(_Strict):
+    """Where a run ran (harness.run.measure.environment; the executor adds node and placement)."""
+    threads: int | None = None
+    device: dict | None = None
+    hostname: str | None = None
+    node: str | None = None
+
+
+class Record(_Strict):
+    """What every record holds, in the order it is written (None where a figure does not apply or was not
+    reached): what ran, how it ended, what it measured and where."""
+    schema_version: int | None = Field(None, alias="schema")
+    run_id: str
+    framework: str
+    framework_version: str | None = None
+    model: str | None = None
+    spec_hash: str | None = None
+    num_classes: int | None = None
+    precision: str
+    variant: str | None = None
+    device: str | None = None
+    status: Literal[STATUSES]
+    reason: str | None = None
+    batch_size: Annotated[int, Field(gt=0)] | None = None
+    steps: int | None = None
+    warmup_steps: Count | None = None
+    repeat: int | None = None
+    seed: Count | None = None
+    step_time_ms: dict[str, Number | None] | None = None
+    step_times_ms: list[Positive] | None = None
+    samples_per_s: Number | None = None
+    first_step_ms: Number | None = None
+    input_ms: Number | None = None
+    peak_memory_mb: Number | None = None
+    memory_kind: str | None = None
+    state_memory_mb: dict[str, Number | None] | None = None
+    loss: list[Number | None] | None = None
+    final_train_loss: Number | None = None
+    eval_loss: Number | None = None
+    eval_accuracy: Number | None = None
+    loss_scale: LossScale | None = None
+    flops_per_step: Number | None = None
+    achieved_gflops: Number | None = None
+    device_peak_gflops: dict[str, Number | None] | None = None
+    efficiency: Number | None = None
+    param_count: Number | None = None
+    options: dict | None = None
+    env: Env | None = None
+    started_at: str | None = None
+    wall_s: Number | None = None
+    study: str | None = None
+    fingerprint: Fingerprint | None = None
+    diagnosis: Diagnosis | None = None
+    variant_choice: dict | None = None  # --variant auto: which variant was chosen and why (harness.run.variants)
+
+    #: what an ok record of this kind holds besides what identifies a run: what the report and `parity` read
+    OK_HOLDS: ClassVar[tuple[str, ...]] = ("model",)
+
+    @model_validator(mode="after")
+    def _ok_holds(self) -> Record:
+        if self.status == "ok" and (missing := [k for k in self.OK_HOLDS if getattr(self, k) is None]):
+            raise PydanticCustomError("ok_holds", "ok but missing {missing}", {"missing": ", ".join(missing)})
+        return self
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        """The keys every record is written with, as written."""
+        return tuple(f.alias or name for name, f in Record.model_fields.items())
+
+
+class RunRecord(Record):
+    """A timed run's record (`amp-harness run`, results.jsonl)."""
+    OK_HOLDS: ClassVar = ("model", "batch_size")
+
+
+class FingerprintRecord(Record):
+    """An `amp-harness fingerprint` record (fingerprints.jsonl), for `parity`."""
+    OK_HOLDS: ClassVar = ("model", "fingerprint", "loss")
+
+
+class DiagnosisRecord(Record):
+    """An `amp-harness diagnose` record (diagnoses.jsonl)."""
+    OK_HOLDS: ClassVar = ("model", "diagnosis")
+
+
+class ProfileRecord(Record):
+    """An `amp-harness profile` record (profiles.jsonl)."""
+    profile: Profile | None = None
+    OK_HOLDS: ClassVar = ("model", "profile")
+
+
+def problem(exc: ValidationError, kind: type[Record]) -> str:
+    """What is wrong with a record, in a few words naming the field: "missing framework", "loss_scale.settings
+    is not what a record holds there", "ok but missing model"."""
+    error = exc.errors(include_url=False)[0]
+    if error["type"] == "ok_holds":
+        return error["msg"]
+    where = ".".join(_field_path(kind, error["loc"])) or "the record"
+    if error["type"] == "missing" or error.get("input", 0) is None and len(error["loc"]) == 1:
+        return f"missing {where}"
+    return f"{where} is not what a record holds there"
+
+
+def _field_path(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The model fields along an error's location, down to the first part that is not one (a list index, a
+    dict key: what a record holds, not what it is called)."""
+    path = []
+    for part in loc:
+        fields = {f.alias or name: f for name, f in model.model_fields.items()} if model else {}
+        if part not in fields:
+            break
+        path.append(part)
+        annotation = fields[part].annotation
+        model = next((a for a in (annotation, *typing.get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return path
+
+
+def is_profile(p) -> bool:
+    """Whether `p` is a profile as harness.run.profile writes it."""
+    try:
+        Profile.model_validate(p)
+    except ValidationError:
+        return False
+    return True
