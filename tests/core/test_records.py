@@ -21,7 +21,8 @@ import pytest
 from harness import identity, results
 from harness.cli import main
 from harness.records import OLDEST_SCHEMA, SCHEMA_VERSION, RunRecord
-from harness.run.runner import matrix, pending
+from harness.run.plan import cells, matrix
+from harness.run.runner import pending
 from tests.core.test_runner import amp
 
 SCHEMA4 = Path(__file__).parent / "data" / "schema4"
@@ -123,10 +124,10 @@ def test_the_requests_of_recorded_runs_are_not_run_again_by_resume(tmp_path):
     """--resume: the request of each recorded run has its record's identity (the loss scale as one string; the
     variant auto chose, as "auto"); another repeat or loss scale does not."""
     shutil.copy(SCHEMA4 / results.RESULTS_FILE, tmp_path)
-    common = dict(steps=3, warmup=1, batch_size=None, input_size=None, device="auto", threads=1)
-    recorded = matrix("torch", [("mnist_mlp", {})], ["fp32", "amp_fp16"], 1, ["auto"], ["dynamic"], **common)
+    common = dict(warmup=1, device="auto", threads=1)
+    recorded = matrix("torch", cells([("mnist_mlp", {"steps": 3})]), ["fp32", "amp_fp16"], 1, ["auto"], ["dynamic"], **common)
     assert pending(recorded, tmp_path, results.RESULTS_FILE) == []
-    others = matrix("torch", [("mnist_mlp", {})], ["amp_fp16"], 2, ["auto"], ["dynamic:1024", "dynamic"], **common)
+    others = matrix("torch", cells([("mnist_mlp", {"steps": 3})]), ["amp_fp16"], 2, ["auto"], ["dynamic:1024", "dynamic"], **common)
     assert [(q.loss_scale, q.repeat) for q in pending(others, tmp_path, results.RESULTS_FILE)] == [
         ("dynamic:1024", 0), ("dynamic:1024", 1), ("dynamic", 1)]
 
