@@ -177,7 +177,7 @@ class Module:
 
 
 def modules(xspace: bytes, backward_mark: str) -> dict[tuple[str, int], Module]:
-    """The HLO modules in a serialized XSpace's metadata plane, by (module name, program id); `backward_mark`:
+    """The HLO modules in a serialized XSpace's metadata plane, by (module name, program id or -1); `backward_mark`:
     what the framework's backward ops' op_names contain."""
     modules = {}
     for number, plane in _fields(xspace):
@@ -193,9 +193,11 @@ def modules(xspace: bytes, backward_mark: str) -> dict[tuple[str, int], Module]:
             for stat in (value for n, value in _fields(_scalar(_fields(entry), 2, b"")) if n == 5):
                 stat = _fields(stat)  # XStat: metadata_id = 1, then its value's field
                 stats[stat_names.get(_scalar(stat, 1, 0))] = next((v for n, v in stat if n != 1), None)
-            if "Hlo Proto" in stats and "program_id" in stats:
+            if "Hlo Proto" in stats:
                 module = _scalar(_fields(stats["Hlo Proto"]), 1, b"")  # HloProto.hlo_module
-                modules[_scalar(_fields(module), 1, b"").decode(), stats["program_id"]] = Module(module, backward_mark)
+                # JAX's profiler names each executable's program id; TensorFlow's, none (-1)
+                key = _scalar(_fields(module), 1, b"").decode(), stats.get("program_id", -1)
+                modules[key] = Module(module, backward_mark)
     return modules
 
 
