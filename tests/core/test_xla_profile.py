@@ -42,10 +42,15 @@ def test_a_fusion_goes_to_the_scope_most_of_its_arithmetic_carries(step):
 
 def test_an_instruction_xla_made_goes_to_the_layer_using_its_result(step):
     # XLA:CPU computes the bfloat16 dot in float32: the converts around it are its own, with no op_name
-    made = step.by_name["convert_convert_fusion.1"]
-    assert step.by_id[made].op_name == ""
-    assert step.owner(made, WEIGHTS) == ("layer.0", False)
-    assert step.is_cast(made)
+    made = step.by_name["convert.9"]  # inside the fusion computing the kernel's gradient
+    assert step.by_id[made].op_name == "" and step.is_cast(made)
+    assert step.owner(made, WEIGHTS) == ("layer.0", True)  # its user: transpose(jvp(layer.0))
+    # a fusion XLA made of its own converts goes where its fused instructions' names say
+    fusion = step.by_name["convert_convert_fusion.1"]
+    assert step.by_id[fusion].op_name == "" and step.is_cast(fusion)
+    assert step.owner(fusion, WEIGHTS) == ("layer.0", False)
+    # with no use, to the nearest named operand: the step's outputs, the loss's first
+    assert step.owner(step.by_name["tuple.1"], WEIGHTS) == ("part.loss", False)
 
 
 def test_dtypes_and_casts_are_read_from_the_compiled_hlo(step):
