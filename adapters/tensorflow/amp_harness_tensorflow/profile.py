@@ -51,8 +51,9 @@ REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
 GRADIENT = "gradient_tape"  # GradientTape's scope for backward ops
 BACKWARD_MARK = f"{GRADIENT}/"  # in the op_name of an XLA instruction a backward op became
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
-# the xla variant's profile (measured, resnet8 at batch 16: layers and parts held 84% of the fp32 step with one
-# intra-op thread, 52% with two; 52% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32)
+# the xla variant's profile (measured, resnet8 at batch 4 on 32x32 inputs, two intra-op threads: layers and parts
+# held 43% of the fp32 step and 51% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32; 36% and
+# 26% when the instructions XLA made were left unattributed)
 XLA_NOTE = ("XLA's own trace of the same compiled step, thunk by thunk: a fusion goes to the layer most of its ops "
             "come from, an instruction XLA created to the layer using its result, and with more than one intra-op "
             "thread part of the work finishes outside any traced thunk, so the layers hold only part of the step.")
