@@ -283,7 +283,7 @@ class JaxTrainer(Trainer):
         for owner, name, scope in patched:
             setattr(owner, name, annotated(getattr(owner, name), scope))
         try:
-            return profile_steps(run_steps, self.net.infos.values())
+            return profile_steps(self, run_steps)
         finally:
             for owner, name, _ in patched:
                 delattr(owner, name)  # the class's method again

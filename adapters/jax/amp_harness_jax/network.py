@@ -9,6 +9,7 @@ precision), and every other layer computes in the dtype it receives.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from jax import lax
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.model.graph import Graph, avgpool_divisors, window_padding
+from harness.model.layers import LayerBuilders
 
 CONV_DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 
@@ -51,6 +53,162 @@ def _add_bias_bwd(_, grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+@dataclass
+class Run:
+    """What one call of the network gives its layers: the weights, the batchnorm statistics (updated in place in
+    training), the dropout masks by path, whether it trains, and the taps and record of Network.apply."""
+
+    params: dict
+    state: dict
+    masks: dict | None
+    training: bool
+    taps: dict | None
+    record: dict | None
+
+
+LAYERS = LayerBuilders("jax")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
+
+
+@LAYERS.builder("dense")
+def dense(info, net):
+    kernel, bias = f"{info.path}.kernel", f"{info.path}.bias"
+
+    def apply(x, run):
+        x = x.astype(net.compute) @ run.params[kernel].astype(net.compute)
+        return add_bias(x, run.params[bias].astype(net.compute)) if info.spec.use_bias else x
+
+    return apply
+
+
+@LAYERS.builder("conv2d")
+def conv2d(info, net):
+    spec, kernel, bias = info.spec, f"{info.path}.kernel", f"{info.path}.bias"
+    strides, pads = (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding)
+
+    def apply(x, run):
+        x = lax.conv_general_dilated(x.astype(net.compute), run.params[kernel].astype(net.compute), strides, pads,
+                                     dimension_numbers=CONV_DIMENSIONS)
+        return add_bias(x, run.params[bias].astype(net.compute)) if spec.use_bias else x
+
+    return apply
+
+
+@LAYERS.builder("maxpool2d", "avgpool2d")
+def pool2d(info, net):
+    spec = info.spec
+    k, s = spec.pool_size, spec.strides or spec.pool_size
+    window, strides = (1, k, k, 1), (1, s, s, 1)
+    pads = [(0, 0), *_pads(info, k, s, spec.padding), (0, 0)]
+    # TF's 'same' average pooling divides by the real (unpadded) pixels of each window
+    divisors = avgpool_divisors(info.in_shape, k, s, spec.padding)[None, :, :, None]
+
+    # Python-scalar identities: lax then picks its differentiable max/sum window primitives
+    def maxpool(x, run):  # padded pixels never win: they hold -inf
+        return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
+
+    def avgpool(x, run):
+        sums = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
+        return sums / jnp.asarray(divisors, x.dtype)
+
+    return maxpool if spec.type == "maxpool2d" else avgpool
+
+
+@LAYERS.builder("global_avgpool2d")
+def global_avgpool2d(info, net):
+    return lambda x, run: x.mean(axis=(1, 2))
+
+
+@LAYERS.builder("flatten")
+def flatten(info, net):
+    return lambda x, run: x.reshape(x.shape[0], -1)  # NHWC: H, W, C order, as the spec's
+
+
+@LAYERS.builder("relu")
+def relu(info, net):
+    return lambda x, run: jax.nn.relu(x)  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
+
+
+@LAYERS.builder("tanh")
+def tanh(info, net):
+    return lambda x, run: jnp.tanh(x)
+
+
+@LAYERS.builder("sigmoid")
+def sigmoid(info, net):
+    return lambda x, run: jax.nn.sigmoid(x)
+
+
+@LAYERS.builder("softmax")
+def softmax(info, net):
+    return lambda x, run: jax.nn.softmax(x, axis=-1)
+
+
+@LAYERS.builder("gelu")
+def gelu(info, net):
+    # written out: Python constants take x's dtype (float64 in a float64 run)
+    if info.spec.approximate:
+        return lambda x, run: 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+    return lambda x, run: 0.5 * x * (1.0 + lax.erf(x / math.sqrt(2.0)))
+
+
+@LAYERS.builder("batchnorm")
+def batchnorm(info, net):
+    spec, path = info.spec, info.path
+
+    def apply(x, run):
+        gamma, beta = run.params[f"{path}.gamma"], run.params[f"{path}.beta"]
+        x = x.astype(gamma.dtype)
+        axes = tuple(range(x.ndim - 1))
+        if run.training:
+            mean, var = x.mean(axis=axes), x.var(axis=axes)  # the biased variance, as the spec's
+            m = spec.momentum
+            for name, batch in (("moving_mean", mean), ("moving_variance", var)):
+                running = run.state[f"{path}.{name}"]
+                run.state[f"{path}.{name}"] = m * running + (1 - m) * lax.stop_gradient(batch).astype(running.dtype)
+        else:
+            mean, var = run.state[f"{path}.moving_mean"], run.state[f"{path}.moving_variance"]
+        return (x - mean) / jnp.sqrt(var + spec.epsilon) * gamma + beta
+
+    return apply
+
+
+@LAYERS.builder("layernorm")
+def layernorm(info, net):
+    gamma, beta, epsilon = f"{info.path}.gamma", f"{info.path}.beta", info.spec.epsilon
+
+    def apply(x, run):
+        x = x.astype(run.params[gamma].dtype)
+        mean, var = x.mean(axis=-1, keepdims=True), x.var(axis=-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(var + epsilon) * run.params[gamma] + run.params[beta]
+
+    return apply
+
+
+@LAYERS.builder("dropout")
+def dropout(info, net):
+    rate, path = info.spec.rate, info.path
+
+    def apply(x, run):
+        if not run.training or rate == 0:
+            return x
+        if run.masks is None or path not in run.masks:
+            raise HarnessError(f"dropout layer {path}: no mask was given with the batch")
+        return x * run.masks[path].astype(x.dtype) / (1 - rate)
+
+    return apply
+
+
+@LAYERS.builder("residual")
+def residual(info, net):
+    main = net.build(info.spec.layers, f"{info.path}.layers.")
+    projection = net.build(info.spec.projection, f"{info.path}.projection.") if info.spec.projection else None
+
+    def apply(x, run):
+        return net.run(main, x, run) + (net.run(projection, x, run) if projection else x)
+
+    return apply
+
+
 class Network:
     def __init__(self, spec, graph: Graph, compute_dtype: str):
         self.spec, self.compute = spec, jnp.dtype(compute_dtype)
@@ -58,6 +216,11 @@ class Network:
         #: the trainable weights' canonical names; batchnorm's moving statistics are state, not parameters
         self.trainable = [n for n in graph.param_shapes() if not n.rsplit(".", 1)[1].startswith("moving_")]
         self.statistics = [n for n in graph.param_shapes() if n.rsplit(".", 1)[1].startswith("moving_")]
+        self.layers = self.build(spec.layers, "")
+
+    def build(self, specs, prefix: str) -> list[tuple[str, object]]:
+        """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
+        return [(f"{prefix}{index}", LAYERS.build(self.infos[f"{prefix}{index}"], self)) for index in range(len(specs))]
 
     def apply(self, params: dict, state: dict, x, masks: dict | None, training: bool, taps: dict | None = None,
               record: dict | None = None):
@@ -65,90 +228,17 @@ class Network:
         dropout masks by path) applied; `taps` (zeros by layer path) are added to each layer's output, so that
         differentiating with respect to them gives the gradient of the loss with respect to that output;
         `record` receives each layer's output by path."""
-        new_state = dict(state)
-        out = self._layers(self.spec.layers, "", params, new_state, x, masks, training, taps, record)
-        return out, new_state
+        run = Run(params, dict(state), masks, training, taps, record)
+        return self.run(self.layers, x, run), run.state
 
-    def _layers(self, specs, prefix, p, state, x, masks, training, taps, record):
-        for index, spec in enumerate(specs):
-            path = f"{prefix}{index}"
+    @staticmethod
+    def run(layers, x, run: Run):
+        for path, layer in layers:
             # the scope only names the HLO ops' metadata (their op_name), by which a profile finds each layer's ops
             with jax.named_scope(layer_scope(path)):
-                x = self._layer(spec, path, p, state, x, masks, training, taps, record)
-            if taps is not None:
-                x = x + taps[path]
-            if record is not None:
-                record[path] = x
+                x = layer(x, run)
+            if run.taps is not None:
+                x = x + run.taps[path]
+            if run.record is not None:
+                run.record[path] = x
         return x
-
-    def _layer(self, spec, path, p, state, x, masks, training, taps, record):
-        t, info = spec.type, self.infos[path]
-        if t == "dense":
-            x = x.astype(self.compute) @ p[f"{path}.kernel"].astype(self.compute)
-            return add_bias(x, p[f"{path}.bias"].astype(self.compute)) if spec.use_bias else x
-        if t == "conv2d":
-            k, s = spec.kernel_size, spec.strides
-            x = lax.conv_general_dilated(x.astype(self.compute), p[f"{path}.kernel"].astype(self.compute), (s, s),
-                                         _pads(info, k, s, spec.padding), dimension_numbers=CONV_DIMENSIONS)
-            return add_bias(x, p[f"{path}.bias"].astype(self.compute)) if spec.use_bias else x
-        if t in ("maxpool2d", "avgpool2d"):
-            k, s = spec.pool_size, spec.strides or spec.pool_size
-            window, strides = (1, k, k, 1), (1, s, s, 1)
-            pads = [(0, 0), *_pads(info, k, s, spec.padding), (0, 0)]
-            # Python-scalar identities: lax then picks its differentiable max/sum window primitives
-            if t == "maxpool2d":  # padded pixels never win: they hold -inf
-                return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
-            # TF's 'same' average pooling divides by the real (unpadded) pixels of each window
-            divisors = avgpool_divisors(info.in_shape, k, s, spec.padding)[None, :, :, None]
-            sums = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
-            return sums / jnp.asarray(divisors, x.dtype)
-        if t == "global_avgpool2d":
-            return x.mean(axis=(1, 2))
-        if t == "flatten":
-            return x.reshape(x.shape[0], -1)  # NHWC: H, W, C order, as the spec's
-        if t == "relu":
-            return jax.nn.relu(x)  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
-        if t == "tanh":
-            return jnp.tanh(x)
-        if t == "sigmoid":
-            return jax.nn.sigmoid(x)
-        if t == "softmax":
-            return jax.nn.softmax(x, axis=-1)
-        if t == "gelu":  # written out: Python constants take x's dtype (float64 in a float64 run)
-            if spec.approximate:
-                return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
-            return 0.5 * x * (1.0 + lax.erf(x / math.sqrt(2.0)))
-        if t == "batchnorm":
-            return self._batchnorm(spec, path, p, state, x, training)
-        if t == "layernorm":
-            gamma, beta = p[f"{path}.gamma"], p[f"{path}.beta"]
-            x = x.astype(gamma.dtype)
-            mean, var = x.mean(axis=-1, keepdims=True), x.var(axis=-1, keepdims=True)
-            return (x - mean) / jnp.sqrt(var + spec.epsilon) * gamma + beta
-        if t == "dropout":
-            if not training or spec.rate == 0:
-                return x
-            if masks is None or path not in masks:
-                raise HarnessError(f"dropout layer {path}: no mask was given with the batch")
-            return x * masks[path].astype(x.dtype) / (1 - spec.rate)
-        if t == "residual":
-            main = self._layers(spec.layers, f"{path}.layers.", p, state, x, masks, training, taps, record)
-            shortcut = self._layers(spec.projection, f"{path}.projection.", p, state, x, masks, training, taps,
-                                    record) if spec.projection else x
-            return main + shortcut
-        raise AssertionError(f"no JAX layer for {t!r}")
-
-    def _batchnorm(self, spec, path, p, state, x, training):
-        gamma, beta = p[f"{path}.gamma"], p[f"{path}.beta"]
-        x = x.astype(gamma.dtype)
-        axes = tuple(range(x.ndim - 1))
-        if training:
-            mean, var = x.mean(axis=axes), x.var(axis=axes)  # the biased variance, as the spec's
-            m = spec.momentum
-            for name, batch in (("moving_mean", mean), ("moving_variance", var)):
-                running = state[f"{path}.{name}"]
-                state[f"{path}.{name}"] = m * running + (1 - m) * lax.stop_gradient(batch).astype(running.dtype)
-        else:
-            mean, var = state[f"{path}.moving_mean"], state[f"{path}.moving_variance"]
-        return (x - mean) / jnp.sqrt(var + spec.epsilon) * gamma + beta
-

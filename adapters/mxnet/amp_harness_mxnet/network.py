@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, replace
 
 import mxnet as mx
 import numpy as np
@@ -21,6 +22,7 @@ from amp_harness_mxnet.optimizers import loss_fn
 from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
+from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
 
 
@@ -37,6 +39,183 @@ def _scope(F, scope: str):
 def _pad_width(padding) -> tuple[int, ...]:
     top, bottom, left, right = padding.explicit
     return 0, 0, 0, 0, top, bottom, left, right  # NCHW
+
+
+@dataclass
+class Run:
+    """What one call of the network gives its layers: the symbol or ndarray namespace (F), the weights and
+    constants by key, the dropout masks by path, the list collecting float64 batchnorms' batch statistics, the
+    probe of layer_outputs (None in training) and the scope the layer is built in."""
+
+    F: object
+    params: dict
+    masks: dict
+    stats: list
+    probe: object = None
+    scope: str = ""
+
+    def weight(self, path: str, name: str):
+        return self.params[_key(f"{path}.{name}")]
+
+
+LAYERS = LayerBuilders("mxnet")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
+
+
+@LAYERS.builder("dense")
+def dense(info, net):
+    spec = info.spec
+
+    def apply(x, run):
+        bias = run.weight(info.path, "bias") if spec.use_bias else None
+        return run.F.FullyConnected(x, run.weight(info.path, "kernel"), bias, num_hidden=spec.units,
+                                    no_bias=not spec.use_bias, flatten=False)
+
+    return apply
+
+
+@LAYERS.builder("conv2d")
+def conv2d(info, net):
+    spec = info.spec
+    k, s = spec.kernel_size, spec.strides
+    padding = window_padding(info.in_shape, k, s, spec.padding)
+
+    def apply(x, run):
+        F = run.F
+        if padding.explicit:
+            x = F.pad(x, mode="constant", pad_width=_pad_width(padding))
+        bias = run.weight(info.path, "bias") if spec.use_bias else None
+        return F.Convolution(x, run.weight(info.path, "kernel"), bias, kernel=(k, k), stride=(s, s),
+                             pad=padding.symmetric, num_filter=spec.filters, no_bias=not spec.use_bias)
+
+    return apply
+
+
+@LAYERS.builder("maxpool2d")
+def maxpool2d(info, net):
+    k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
+    padding = window_padding(info.in_shape, k, s, info.spec.padding)
+
+    def apply(x, run):
+        if padding.explicit:
+            x = run.F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
+        return run.F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
+
+    return apply
+
+
+@LAYERS.builder("avgpool2d")
+def avgpool2d(info, net):
+    k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
+    padding = window_padding(info.in_shape, k, s, info.spec.padding)
+
+    def apply(x, run):
+        F = run.F
+        if padding.explicit:  # divided by the core's divisors (Network registers them): the real pixels' count
+            sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
+                             stride=(s, s), pool_type="sum")
+            return F.broadcast_div(sums, run.weight(info.path, "divisors"))
+        return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="avg",
+                         count_include_pad=False)
+
+    return apply
+
+
+@LAYERS.builder("global_avgpool2d")
+def global_avgpool2d(info, net):
+    return lambda x, run: run.F.mean(x, axis=(2, 3))
+
+
+@LAYERS.builder("flatten")
+def flatten(info, net):
+    if len(info.in_shape) == 3 and info.in_shape[2] > 1:  # H, W, C order; with one channel NCHW already is
+        return lambda x, run: run.F.flatten(run.F.transpose(x, axes=(0, 2, 3, 1)))
+    return lambda x, run: run.F.flatten(x)
+
+
+@LAYERS.builder("relu", "tanh", "sigmoid")
+def activation(info, net):  # the Activation operator has oneDNN kernels; F.relu is ~3x slower
+    return lambda x, run: run.F.Activation(x, act_type=info.type)
+
+
+@LAYERS.builder("softmax")
+def softmax(info, net):
+    return lambda x, run: run.F.softmax(x, axis=1)  # channels in NCHW, features in [N, F]
+
+
+@LAYERS.builder("gelu")
+def gelu(info, net):
+    def apply(x, run):
+        F = run.F
+        if info.spec.approximate:
+            return 0.5 * x * (1 + F.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+        if net.float64:
+            # MXNet's fused gelu is off by ~1e-7 in float64, and erf's backward by ~3e-8: the exact value,
+            # with the exact derivative Phi(x) + x*phi(x) attached as a straight-through gradient
+            value = 0.5 * x * (1 + F.erf(x / math.sqrt(2)))
+            slope = 0.5 * (1 + F.erf(x / math.sqrt(2))) + x * F.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+            return F.BlockGrad(value) + F.BlockGrad(slope) * (x - F.BlockGrad(x))
+        return F.LeakyReLU(x, act_type="gelu")  # the erf form
+
+    return apply
+
+
+@LAYERS.builder("batchnorm")
+def batchnorm(info, net):
+    spec = info.spec
+
+    def apply(x, run):
+        F = run.F
+        w = lambda name: run.weight(info.path, name)  # noqa: E731
+        if run.probe is not None:
+            # layer_outputs is the inference network: the running statistics, which MXNet's BatchNorm uses in
+            # its backward too only when told to
+            return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
+                               eps=spec.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
+        # Gluon's momentum form and biased running variance are the spec's
+        if net.float64:
+            # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
+            # statistics as they are (momentum 1) and update them in float64 from the batch statistics
+            out = F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
+                              eps=spec.epsilon, momentum=1.0, fix_gamma=False, axis=1, output_mean_var=True)
+            run.stats += [out[1], out[2]]
+            return out[0]
+        return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
+                           eps=spec.epsilon, momentum=spec.momentum, fix_gamma=False, axis=1)
+
+    return apply
+
+
+@LAYERS.builder("layernorm")
+def layernorm(info, net):
+    epsilon = info.spec.epsilon
+
+    def apply(x, run):
+        F, gamma, beta = run.F, run.weight(info.path, "gamma"), run.weight(info.path, "beta")
+        if net.float64:  # the operator takes epsilon as a float32 attribute
+            shape = (1, -1, 1, 1) if len(info.in_shape) == 3 else (1, -1)
+            centred = F.broadcast_sub(x, F.mean(x, axis=1, keepdims=True))
+            norm = F.broadcast_div(centred, F.sqrt(F.mean(F.square(centred), axis=1, keepdims=True) + epsilon))
+            return F.broadcast_add(F.broadcast_mul(norm, F.reshape(gamma, shape=shape)), F.reshape(beta, shape=shape))
+        return F.LayerNorm(x, gamma, beta, axis=1, eps=epsilon)
+
+    return apply
+
+
+@LAYERS.builder("dropout")
+def dropout(info, net):  # the core's mask, pre-divided by 1 - rate; ones in inference
+    return lambda x, run: x * run.masks[info.path] if info.path in run.masks else x
+
+
+@LAYERS.builder("residual")
+def residual(info, net):
+    main = net.build(info.spec.layers, f"{info.path}.layers.")
+    projection = net.build(info.spec.projection, f"{info.path}.projection.") if info.spec.projection else None
+
+    def apply(x, run):
+        inner = replace(run, scope=f"{run.scope}/")
+        return net.run(main, x, inner) + (net.run(projection, x, inner) if projection else x)
+
+    return apply
 
 
 class Network(gluon.HybridBlock):
@@ -68,6 +247,7 @@ class Network(gluon.HybridBlock):
                         divisors = avgpool_divisors(layer.in_shape, k, s, layer.spec.padding)[None, None]
                         key = _key(f"{layer.path}.divisors")
                         self._register(key, self.params.get_constant(key, mx.nd.array(divisors, dtype=dtype)))
+        self.layers = self.build(spec.layers, "")
 
     def _register(self, key: str, param):
         setattr(self, key, param)
@@ -85,104 +265,32 @@ class Network(gluon.HybridBlock):
     def canonical_gradients(grads: list, names: list[str]) -> dict[str, np.ndarray]:
         return {name: from_channels_first(_numpy(g)) for name, g in zip(names, grads)}
 
+    def build(self, specs, prefix: str) -> list[tuple[str, object]]:
+        """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
+        return [(f"{prefix}{index}", LAYERS.build(self.infos[f"{prefix}{index}"], self)) for index in range(len(specs))]
+
     def hybrid_forward(self, F, x, *masks, **params):
         stats = []  # float64 runs: each batchnorm's batch (mean, 1/sqrt(var + eps)), in batchnorm_paths order
-        out = self._layers(F, self.spec.layers, "", x, dict(zip(self.mask_paths, masks)), stats, params)
+        out = self.run(self.layers, x, Run(F, params, dict(zip(self.mask_paths, masks)), stats))
         return (out, *stats) if stats else out
 
     def layer_outputs(self, x, ctx, probe):
         """The network's output, run imperatively in inference mode with `probe(path, output)` applied to
         each layer's output (diagnose mode: the probe records it and returns what the next layer gets)."""
         params = {key: param.data(ctx) for key, param in self.registered.items()}
-        return self._layers(mx.nd, self.spec.layers, "", x, {}, [], params, probe)
+        return self.run(self.layers, x, Run(mx.nd, params, {}, [], probe))
 
-    def _layers(self, F, layers, prefix, x, masks, stats, params, probe=None, outer=""):
-        for index, layer in enumerate(layers):
-            path = f"{prefix}{index}"
+    @staticmethod
+    def run(layers, x, run: Run):
+        """The layers applied to x, each in its scope (a residual block's inner layers in the block's too)."""
+        outer = run.scope
+        for path, layer in layers:
             scope = f"{outer}{layer_scope(path)}"
-            with _scope(F, scope):
-                x = self._layer(F, layer, path, x, masks, stats, params, probe, scope)
-            if probe is not None:
-                x = probe(path, x)
+            with _scope(run.F, scope):
+                x = layer(x, replace(run, scope=scope))
+            if run.probe is not None:
+                x = run.probe(path, x)
         return x
-
-    def _layer(self, F, layer, path, x, masks, stats, p, probe, scope):
-        t, info = layer.type, self.infos[path]
-        w = lambda name: p[_key(f"{path}.{name}")]  # noqa: E731
-        if t == "dense":
-            return F.FullyConnected(x, w("kernel"), w("bias") if layer.use_bias else None, num_hidden=layer.units,
-                                    no_bias=not layer.use_bias, flatten=False)
-        if t == "conv2d":
-            k, s = layer.kernel_size, layer.strides
-            padding = window_padding(info.in_shape, k, s, layer.padding)
-            if padding.explicit:
-                x = F.pad(x, mode="constant", pad_width=_pad_width(padding))
-            return F.Convolution(x, w("kernel"), w("bias") if layer.use_bias else None, kernel=(k, k),
-                                 stride=(s, s), pad=padding.symmetric, num_filter=layer.filters,
-                                 no_bias=not layer.use_bias)
-        if t in ("maxpool2d", "avgpool2d"):
-            k, s = layer.pool_size, layer.strides or layer.pool_size
-            padding = window_padding(info.in_shape, k, s, layer.padding)
-            if t == "maxpool2d":
-                if padding.explicit:
-                    x = F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
-                return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
-            if padding.explicit:
-                sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
-                                 stride=(s, s), pool_type="sum")
-                return F.broadcast_div(sums, w("divisors"))
-            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="avg",
-                             count_include_pad=False)
-        if t == "global_avgpool2d":
-            return F.mean(x, axis=(2, 3))
-        if t == "flatten":  # H, W, C order; with one channel NCHW already is
-            return F.flatten(F.transpose(x, axes=(0, 2, 3, 1))) if len(info.in_shape) == 3 \
-                and info.in_shape[2] > 1 else F.flatten(x)
-        if t in ("relu", "tanh", "sigmoid"):  # the Activation operator has oneDNN kernels; F.relu is ~3x slower
-            return F.Activation(x, act_type=t)
-        if t == "softmax":
-            return F.softmax(x, axis=1)  # channels in NCHW, features in [N, F]
-        if t == "gelu":
-            if layer.approximate:
-                return 0.5 * x * (1 + F.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
-            if self.float64:
-                # MXNet's fused gelu is off by ~1e-7 in float64, and erf's backward by ~3e-8: the exact value,
-                # with the exact derivative Phi(x) + x*phi(x) attached as a straight-through gradient
-                value = 0.5 * x * (1 + F.erf(x / math.sqrt(2)))
-                slope = 0.5 * (1 + F.erf(x / math.sqrt(2))) + x * F.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-                return F.BlockGrad(value) + F.BlockGrad(slope) * (x - F.BlockGrad(x))
-            return F.LeakyReLU(x, act_type="gelu")  # the erf form
-        if t == "batchnorm" and probe is not None:
-            # layer_outputs is the inference network: the running statistics, which MXNet's BatchNorm uses in
-            # its backward too only when told to
-            return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                               eps=layer.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
-        if t == "batchnorm":  # Gluon's momentum form and biased running variance are the spec's
-            if self.float64:
-                # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
-                # statistics as they are (momentum 1) and update them in float64 from the batch statistics
-                out = F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                                  eps=layer.epsilon, momentum=1.0, fix_gamma=False, axis=1, output_mean_var=True)
-                stats += [out[1], out[2]]
-                return out[0]
-            return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                               eps=layer.epsilon, momentum=layer.momentum, fix_gamma=False, axis=1)
-        if t == "layernorm":
-            if self.float64:  # the operator takes epsilon as a float32 attribute
-                shape = (1, -1, 1, 1) if len(info.in_shape) == 3 else (1, -1)
-                centred = F.broadcast_sub(x, F.mean(x, axis=1, keepdims=True))
-                norm = F.broadcast_div(centred, F.sqrt(F.mean(F.square(centred), axis=1, keepdims=True) + layer.epsilon))
-                return F.broadcast_add(F.broadcast_mul(norm, F.reshape(w("gamma"), shape=shape)),
-                                       F.reshape(w("beta"), shape=shape))
-            return F.LayerNorm(x, w("gamma"), w("beta"), axis=1, eps=layer.epsilon)
-        if t == "dropout":  # the core's mask, pre-divided by 1 - rate; ones in inference
-            return x * masks[path] if path in masks else x
-        if t == "residual":
-            main = self._layers(F, layer.layers, f"{path}.layers.", x, masks, stats, p, probe, f"{scope}/")
-            shortcut = self._layers(F, layer.projection, f"{path}.projection.", x, masks, stats, p, probe,
-                                    f"{scope}/") if layer.projection else x
-            return main + shortcut
-        raise AssertionError(f"no MXNet op for {t!r}")
 
 
 class TrainingLoss(gluon.HybridBlock):

@@ -232,7 +232,7 @@ class TensorFlowTrainer(Trainer):
             return None
         from amp_harness_tensorflow.profile import profile_steps
 
-        return profile_steps(self._step, run_steps)
+        return profile_steps(self, run_steps)
 
     def loss_scale_state(self) -> LossScaleState | None:
         if self.loss_scale.mode == "none":

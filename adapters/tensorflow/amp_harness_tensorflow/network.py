@@ -14,6 +14,7 @@ from keras import ops
 from harness.adapter import layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
+from harness.model.layers import LayerBuilders
 
 # canonical parameter name -> attribute of the Keras layer holding that variable
 ATTRIBUTES = {"kernel": "kernel", "bias": "bias", "gamma": "gamma", "beta": "beta",
@@ -54,55 +55,95 @@ def _given(weights: dict[str, np.ndarray], name: str):
     return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
 
 
-def _layer(spec, path: str, weights: dict[str, np.ndarray]) -> keras.layers.Layer:
-    t = spec.type
-    # the layer's name is its name scope in the graph, which is how a profile finds a layer's ops (weights are
-    # mapped by variable, not by name)
-    kwargs = {"name": layer_scope(path)}
-    kwargs.update({f"{param}_initializer": _given(weights, f"{path}.{param}")
-                   for param in ("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance")
-                   if f"{path}.{param}" in weights})
-    if t == "dense":
-        return keras.layers.Dense(spec.units, use_bias=spec.use_bias, **kwargs)
-    if t == "conv2d":
-        return keras.layers.Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                                   use_bias=spec.use_bias, **kwargs)
-    if t == "maxpool2d":
-        return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **kwargs)
-    if t == "avgpool2d":  # TF's 'same' average pooling excludes padded pixels, as the spec says
-        return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **kwargs)
-    if t == "global_avgpool2d":
-        return keras.layers.GlobalAveragePooling2D(**kwargs)
-    if t == "flatten":
-        return keras.layers.Flatten(**kwargs)
-    if t in ("relu", "tanh", "sigmoid"):
-        return keras.layers.Activation(t, **kwargs)
-    if t == "softmax":
-        return keras.layers.Softmax(axis=-1, **kwargs)
-    if t == "gelu":
-        return GELU(spec.approximate, **kwargs)
-    if t == "batchnorm":  # Keras' momentum form and biased batch variance are the spec's
-        return keras.layers.BatchNormalization(momentum=spec.momentum, epsilon=spec.epsilon, **kwargs)
-    if t == "layernorm":
-        return keras.layers.LayerNormalization(axis=-1, epsilon=spec.epsilon, **kwargs)
-    if t == "dropout":
-        return MaskedDropout(spec.rate, **kwargs)
-    if t == "residual":
-        return keras.layers.Add(**kwargs)
-    raise AssertionError(f"no Keras layer for {t!r}")
+LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
 
 
-def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, weights: dict[str, np.ndarray],
-           record: dict | None = None):
+def _named(info, net) -> dict:
+    """A layer's name and weight initialisers. The name is its name scope in the graph, which is how a profile
+    finds a layer's ops (weights are mapped by variable, not by name)."""
+    return {"name": layer_scope(info.path)} | {f"{param}_initializer": _given(net.weights, f"{info.path}.{param}")
+                                               for param in info.params}
+
+
+@LAYERS.builder("dense")
+def dense(info, net):
+    return keras.layers.Dense(info.spec.units, use_bias=info.spec.use_bias, **_named(info, net))
+
+
+@LAYERS.builder("conv2d")
+def conv2d(info, net):
+    spec = info.spec
+    return keras.layers.Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
+                               use_bias=spec.use_bias, **_named(info, net))
+
+
+@LAYERS.builder("maxpool2d")
+def maxpool2d(info, net):
+    spec = info.spec
+    return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
+
+
+@LAYERS.builder("avgpool2d")
+def avgpool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as the spec says
+    spec = info.spec
+    return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding,
+                                         **_named(info, net))
+
+
+@LAYERS.builder("global_avgpool2d")
+def global_avgpool2d(info, net):
+    return keras.layers.GlobalAveragePooling2D(**_named(info, net))
+
+
+@LAYERS.builder("flatten")
+def flatten(info, net):
+    return keras.layers.Flatten(**_named(info, net))
+
+
+@LAYERS.builder("relu", "tanh", "sigmoid")
+def activation(info, net):
+    return keras.layers.Activation(info.type, **_named(info, net))
+
+
+@LAYERS.builder("softmax")
+def softmax(info, net):
+    return keras.layers.Softmax(axis=-1, **_named(info, net))
+
+
+@LAYERS.builder("gelu")
+def gelu(info, net):
+    return GELU(info.spec.approximate, **_named(info, net))
+
+
+@LAYERS.builder("batchnorm")
+def batchnorm(info, net):  # Keras' momentum form and biased batch variance are the spec's
+    return keras.layers.BatchNormalization(momentum=info.spec.momentum, epsilon=info.spec.epsilon,
+                                           **_named(info, net))
+
+
+@LAYERS.builder("layernorm")
+def layernorm(info, net):
+    return keras.layers.LayerNormalization(axis=-1, epsilon=info.spec.epsilon, **_named(info, net))
+
+
+@LAYERS.builder("dropout")
+def dropout(info, net):  # called as layer(x, mask): _apply passes the core's mask
+    return MaskedDropout(info.spec.rate, **_named(info, net))
+
+
+@LAYERS.builder("residual")
+def residual(info, net):  # called as layer([main, shortcut]): _apply runs the block's branches
+    return keras.layers.Add(**_named(info, net))
+
+
+def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict | None = None):
     """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference.
     With `record`, each layer's output is kept there by path (diagnose mode, run eagerly)."""
     for index, spec in enumerate(specs):
         path = f"{prefix}{index}"
-        if path not in layers:
-            layers[path] = _layer(spec, path, weights)
         if spec.type == "residual":
-            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, weights, record)
-            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, weights, record) \
+            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, record)
+            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, record) \
                 if spec.projection else x
             x = layers[path]([main, shortcut])
         elif spec.type == "dropout":
@@ -124,11 +165,11 @@ class Network:
         dropouts = DropoutMasks(graph, spec.seed).layers
         self.mask_paths = [path for path, _, _ in dropouts]
         masks = {path: keras.Input(shape=shape, dtype=input_dtype) for path, _, shape in dropouts}
-        self.spec, self.weights = spec, weights
-        self.layers = layers = {}  # by canonical path
-        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None, weights), name=spec.name)
+        self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
+        self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
+        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
         self.train_model = keras.Model([inputs, *masks.values()],
-                                       _apply(spec.layers, "", inputs, layers, masks, weights)) if masks else self.model
+                                       _apply(spec.layers, "", inputs, layers, masks)) if masks else self.model
         self.variables = {}
         for name in graph.param_shapes():
             path, param = name.rsplit(".", 1)
@@ -139,7 +180,7 @@ class Network:
         """(each layer's output by canonical path, the network's output): the inference network run eagerly,
         so that a GradientTape can differentiate the loss with respect to every output."""
         outputs: dict = {}
-        out = _apply(self.spec.layers, "", x, self.layers, None, self.weights, outputs)
+        out = _apply(self.spec.layers, "", x, self.layers, None, outputs)
         return outputs, out
 
     def canonical_weights(self) -> dict[str, np.ndarray]:

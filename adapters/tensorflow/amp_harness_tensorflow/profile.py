@@ -21,11 +21,11 @@ function was traced; the trace records none). Three kinds of time get their scop
 
 XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
 and the profile carries the program's HLO, whose instructions keep the TensorFlow op they came from (op_name, with
-its scopes) and their operands' and results' dtypes. An instruction XLA added (a layout transpose, the indices of a
-max-pool gradient, a float16 convolution redone in float32) names no op: it gets the scopes its fused body names,
-or none (it is unattributed, as guessing from its neighbours put weight gradients in the loss scaler's part). A
-thunk that only converts dtypes (and moves data) is a cast. XLA runs independent thunks at once (the caller's
-thread and the intra-op pool), so their times can add up to more than the step.
+its scopes; GradientTape's "gradient_tape/" marks a backward op) and their operands' and results' dtypes. The
+instructions' scopes, dtypes and casts are read by harness.run.xla_profile, by the rules JAX's profile follows too
+(fusions, the instructions XLA adds: a layout transpose, the indices of a max-pool gradient, a float16 convolution
+redone in float32). XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their
+times can add up to more than the step.
 """
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ import shutil
 import tempfile
 from bisect import bisect_left
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import tensorflow as tf
 
 from harness.adapter import RUNTIME_SCOPE, OpTime, ProfiledOps
 from harness.errors import HarnessError
+from harness.run import xla_profile
 
 OP_EVENT = re.compile(r"^([A-Za-z0-9.][\w./>-]*):(\w+)$")  # TraceMeOp's "node_name:OpType"
 PROCESS = "ExecutorState::Process"  # the executor running a batch of ready nodes, one after another
@@ -49,19 +49,20 @@ LOWERED = re.compile(r"^(.+?)/(then|else)/_\d+/(.+)$")  # a cond branch's node i
 # a node a Grappler optimizer rewrote: "<scope>/ArithmeticOptimizer/AddOpsRewrite_Leaf_1_<the node's name>"
 REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
 GRADIENT = "gradient_tape"  # GradientTape's scope for backward ops
+BACKWARD_MARK = f"{GRADIENT}/"  # in the op_name of an XLA instruction a backward op became
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
-XLA_FLOATS = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
-XLA_MOVES = {"convert", "bitcast", "copy", "reshape", "transpose", "tuple", "get-tuple-element"}  # a cast's work
-# the xla variant's profile (measured, resnet8 at batch 16: layers and parts held 84% of the fp32 step with one
-# intra-op thread, 52% with two; 52% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32)
-XLA_NOTE = ("XLA's own trace of the same compiled step, thunk by thunk: instructions XLA created name no TensorFlow "
-            "op and stay unattributed, and with more than one intra-op thread part of the work finishes outside any "
-            "traced thunk, so the layers hold only part of the step.")
+# the xla variant's profile (measured, resnet8 at batch 4 on 32x32 inputs, two intra-op threads: layers and parts
+# held 43% of the fp32 step and 51% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32; 36% and
+# 26% when the instructions XLA made were left unattributed)
+XLA_NOTE = ("XLA's own trace of the same compiled step, thunk by thunk: a fusion goes to the layer most of its ops "
+            "come from, an instruction XLA created to the layer using its result, and with more than one intra-op "
+            "thread part of the work finishes outside any traced thunk, so the layers hold only part of the step.")
 FUSED_HOPS = 4  # a fused pattern's start lies this many first-input hops back at most (MatMul, BiasAdd, Add, Relu)
 
 
-def profile_steps(step, run_steps) -> ProfiledOps:
+def profile_steps(trainer, run_steps) -> ProfiledOps:
     """Run the core's steps under the profiler and return every op (or XLA thunk) that ran on the host."""
+    step = trainer._step  # the tf.function: its traced graphs give the ops' dtypes
     logdir = tempfile.mkdtemp(prefix="amp-harness-tf-profile-")
     try:
         # host events only (this is the CPU path); Python calls are not traced
@@ -72,7 +73,7 @@ def profile_steps(step, run_steps) -> ProfiledOps:
             run_steps()
         finally:
             tf.profiler.experimental.stop()
-        space = _read_space(Path(logdir))
+        space, serialized = _read_space(Path(logdir))
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     host = next((plane for plane in space.planes if plane.name == "/host:CPU"), None)
@@ -84,11 +85,11 @@ def profile_steps(step, run_steps) -> ProfiledOps:
     if not graphs:
         raise HarnessError(f"TensorFlow's profile shows none of the step's functions running (it ran: "
                            f"{', '.join(sorted(ran)) or 'no function'})")
-    hlo = _hlo_instructions(space)
+    hlo = _hlo_modules(serialized)
     ops = []
     for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
         if key[0] == "hlo":
-            ops.append(replace(hlo[key[1:]], seconds=self_ps * 1e-12, calls=calls))
+            ops.append(_hlo_op(hlo[key[1]], key[2], self_ps * 1e-12, calls))
             continue
         _, name, op_type = key
         if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
@@ -136,9 +137,10 @@ def _read_space(logdir: Path):
     files = sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
     if len(files) != 1:
         raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
+    serialized = files[0].read_bytes()
     space = xplane_pb2.XSpace()
-    space.ParseFromString(files[0].read_bytes())
-    return space
+    space.ParseFromString(serialized)
+    return space, serialized
 
 
 def _stats(plane, event) -> dict:
@@ -173,7 +175,7 @@ def _event_times(plane, hlo: dict) -> dict[tuple, list[int]]:
             elif hlo and event.stats:
                 stats = _stats(plane, event)
                 key = (stats.get("hlo_module"), stats.get("hlo_op"))
-                if key in hlo:
+                if key[0] in hlo and key[1] in hlo[key[0]].by_name:
                     totals[("hlo", *key)][0] += event.duration_ps
                     totals[("hlo", *key)][1] += 1
         ops.sort(key=lambda e: (e[0], -e[1]))
@@ -254,49 +256,17 @@ def _fused_root(node, op_type: str):
     return None
 
 
-def _hlo_instructions(space) -> dict[tuple[str, str], OpTime]:
-    """{(module, instruction name): its op, timed at zero} for the XLA programs in the profile (none for a graph
-    step)."""
-    from tensorflow.compiler.xla.service import hlo_pb2
-
-    found = {}
-    for plane in space.planes:
-        if plane.name != "/host:metadata":
-            continue
-        for meta in plane.event_metadata.values():
-            for stat in meta.stats:
-                if plane.stat_metadata[stat.metadata_id].name == "Hlo Proto":
-                    module = hlo_pb2.HloProto.FromString(stat.bytes_value).hlo_module
-                    found.update({(module.name, name): op for name, op in _hlo_ops(module).items()})
-    return found
+def _hlo_modules(serialized: bytes) -> dict[str, xla_profile.Module]:
+    """The XLA programs in the profile by module name (none for a graph step)."""
+    return {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
 
 
-def _hlo_ops(module) -> dict[str, OpTime]:
-    """Each instruction of an HLO module as an op: named by XLA (the instruction's name without its number),
-    scoped by the TensorFlow op it came from, or by those its fused body came from."""
-    from tensorflow.compiler.xla import xla_data_pb2
-
-    computations = {c.id: c for c in module.computations}
-    by_id = {i.id: i for c in module.computations for i in c.instructions}
-
-    def body(i):
-        return [j for c in i.called_computation_ids for j in computations[c].instructions]
-
-    def dtypes(shape) -> tuple[str, ...]:
-        names = (xla_data_pb2.PrimitiveType.Name(s.element_type) for s in (shape.tuple_shapes or [shape]))
-        return tuple(XLA_FLOATS[n] for n in names if n in XLA_FLOATS)
-
-    ops = {}
-    for i in by_id.values():
-        named = [i] if i.metadata.op_name else [j for j in body(i) if j.metadata.op_name]
-        scope = "/".join(_shared([j.metadata.op_name.split("/")[:-1] for j in named]))
-        opcodes = {j.opcode for j in [i, *body(i)]} - {"fusion", "call", "parameter"}
-        ops[i.name] = OpTime(op=re.sub(r"\.\d+$", "", i.name), scope=scope, seconds=0.0,
-                             backward=GRADIENT in scope.split("/"),
-                             cast=i.metadata.op_type == "Cast" or ("convert" in opcodes and opcodes <= XLA_MOVES),
-                             inputs=tuple(d for o in i.operand_ids for d in dtypes(by_id[o].shape)),
-                             outputs=dtypes(i.shape))
-    return ops
+def _hlo_op(module: xla_profile.Module, name: str, seconds: float, calls: int) -> OpTime:
+    """An instruction that ran, as an op named by XLA (the instruction's name without its number)."""
+    i = module.by_name[name]
+    scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
+    return OpTime(op=re.sub(r"\.\d+$", "", name), scope=scope, seconds=seconds, backward=backward,
+                  cast=module.is_cast(i), calls=calls, inputs=module.inputs(i), outputs=module.by_id[i].dtypes)
 
 
 def _shared(scopes: list[list[str]]) -> list[str]:

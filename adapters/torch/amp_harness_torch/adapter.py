@@ -278,9 +278,7 @@ class TorchTrainer(Trainer):
 
         self.profiling = True
         try:
-            # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
-            with contextlib.nullcontext(set()) if self.compiled else self.net.scoped() as layer_scopes:
-                return profile_steps(run_steps, layer_scopes, self.compiled)
+            return profile_steps(self, run_steps)
         finally:
             self.profiling = False
 

@@ -15,31 +15,39 @@ from torch import nn
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
+from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
 
 
-class Layer(nn.Module):
-    """A spec layer; its weights are attributes named as in the canonical weights (kernel, gamma, ...)."""
+LAYERS = LayerBuilders("torch")  # each builder: (LayerInfo, Network) -> an nn.Module (here the Layer classes)
 
-    def __init__(self, info: LayerInfo, weights: dict[str, np.ndarray]):
+
+class Layer(nn.Module):
+    """A spec layer; its weights are attributes named as in the canonical weights (kernel, gamma, ...), taken
+    from the network being built (net.weights)."""
+
+    def __init__(self, info: LayerInfo, net: "Network"):
         super().__init__()
         self.info = info
         for name in info.params:
-            value = torch.from_numpy(np.ascontiguousarray(to_channels_first(weights[f"{info.path}.{name}"])))
+            value = torch.from_numpy(np.ascontiguousarray(to_channels_first(net.weights[f"{info.path}.{name}"])))
             if name.startswith("moving_"):
                 self.register_buffer(name, value)
             else:
                 self.register_parameter(name, nn.Parameter(value))
 
 
+@LAYERS.builder("dense")
 class Dense(Layer):
     def forward(self, x):
         return F.linear(x, self.kernel, getattr(self, "bias", None))
 
 
+@LAYERS.builder("conv2d")
 class Conv2D(Layer):
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        spec = info.spec
         self.stride = spec.strides
         self.padding = window_padding(info.in_shape, spec.kernel_size, spec.strides, spec.padding)
 
@@ -54,9 +62,11 @@ def _pad_arg(padding) -> tuple[int, int, int, int]:
     return left, right, top, bottom  # F.pad: last axis (W) first
 
 
+@LAYERS.builder("maxpool2d", "avgpool2d")
 class Pool2D(Layer):
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        spec = info.spec
         self.kind, self.k, self.s = spec.type, spec.pool_size, spec.strides or spec.pool_size
         self.padding = window_padding(info.in_shape, self.k, self.s, spec.padding)
         if self.kind == "avgpool2d" and self.padding.explicit:  # TF excludes padded pixels from the mean
@@ -74,20 +84,23 @@ class Pool2D(Layer):
         return F.avg_pool2d(x, self.k, self.s, self.padding.symmetric, count_include_pad=False)
 
 
+@LAYERS.builder("global_avgpool2d")
 class GlobalAvgPool2D(Layer):
     def forward(self, x):
         return x.mean(dim=(2, 3))
 
 
+@LAYERS.builder("flatten")
 class Flatten(Layer):
     def forward(self, x):
         return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
 
 
+@LAYERS.builder("relu", "gelu", "tanh", "sigmoid", "softmax")
 class Activation(Layer):
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
-        self.type, self.approximate = spec.type, "tanh" if getattr(spec, "approximate", False) else "none"
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.type, self.approximate = info.type, "tanh" if getattr(info.spec, "approximate", False) else "none"
 
     def forward(self, x):
         if self.type == "relu":
@@ -101,10 +114,11 @@ class Activation(Layer):
         return torch.softmax(x, dim=1)  # the channel/feature axis in NCHW and [N, F]
 
 
+@LAYERS.builder("batchnorm")
 class BatchNorm(Layer):
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
-        self.momentum, self.eps = spec.momentum, spec.epsilon
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.momentum, self.eps = info.spec.momentum, info.spec.epsilon
 
     def forward(self, x):
         if not self.training:
@@ -120,10 +134,11 @@ class BatchNorm(Layer):
         return F.batch_norm(x, None, None, self.gamma, self.beta, True, 0.0, self.eps)
 
 
+@LAYERS.builder("layernorm")
 class LayerNorm(Layer):
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
-        self.eps, self.channels = spec.epsilon, info.in_shape[-1]
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.eps, self.channels = info.spec.epsilon, info.in_shape[-1]
 
     def forward(self, x):
         if x.dim() == 4:
@@ -132,12 +147,13 @@ class LayerNorm(Layer):
         return F.layer_norm(x, (self.channels,), self.gamma, self.beta, self.eps)
 
 
+@LAYERS.builder("dropout")
 class Dropout(Layer):
     """Applies the core's mask for this step (set by Network.forward); torch's own RNG is never used."""
 
-    def __init__(self, spec, info, weights):
-        super().__init__(info, weights)
-        self.rate = spec.rate
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.rate = info.spec.rate
         self.mask = None
 
     def forward(self, x):
@@ -148,12 +164,13 @@ class Dropout(Layer):
         return x * self.mask.to(x.dtype) / (1 - self.rate)
 
 
+@LAYERS.builder("residual")
 class Residual(Layer):
-    def __init__(self, spec, info, weights, infos):
-        super().__init__(info, weights)
-        self.main = build_layers(spec.layers, f"{info.path}.layers.", weights, infos)
-        self.projection = build_layers(spec.projection, f"{info.path}.projection.", weights, infos) \
-            if spec.projection else None
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        spec = info.spec
+        self.main = net.build(spec.layers, f"{info.path}.layers.")
+        self.projection = net.build(spec.projection, f"{info.path}.projection.") if spec.projection else None
 
     def forward(self, x):
         shortcut = x
@@ -165,33 +182,20 @@ class Residual(Layer):
         return x + shortcut
 
 
-LAYERS = {"dense": Dense, "conv2d": Conv2D, "maxpool2d": Pool2D, "avgpool2d": Pool2D,
-          "global_avgpool2d": GlobalAvgPool2D, "flatten": Flatten, "relu": Activation, "gelu": Activation,
-          "tanh": Activation, "sigmoid": Activation, "softmax": Activation, "batchnorm": BatchNorm,
-          "layernorm": LayerNorm, "dropout": Dropout}
-
-
-def build_layers(specs, prefix: str, weights, infos: dict[str, LayerInfo]) -> nn.ModuleList:
-    layers = []
-    for index, spec in enumerate(specs):
-        info = infos[f"{prefix}{index}"]
-        if spec.type == "residual":
-            layers.append(Residual(spec, info, weights, infos))
-        elif spec.type in ("dense", "global_avgpool2d", "flatten"):
-            layers.append(LAYERS[spec.type](info, weights))
-        else:
-            layers.append(LAYERS[spec.type](spec, info, weights))
-    return nn.ModuleList(layers)
-
-
 class Network(nn.Module):
     def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray]):
         super().__init__()
-        infos = {info.path: info for info in graph.layers}
-        self.layers = build_layers(layer_specs, "", weights, infos)
+        # while building only: the layers copy their weights from the canonical ones (Layer.__init__)
+        self.infos, self.weights = {info.path: info for info in graph.layers}, weights
+        self.layers = self.build(layer_specs, "")
+        del self.infos, self.weights
         self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
                         for name in m.info.params}
         self._dropouts = {m.info.path: m for m in self.modules() if isinstance(m, Dropout) and m.rate > 0}
+
+    def build(self, specs, prefix: str) -> nn.ModuleList:
+        """The modules of `specs`, the layers at `prefix`0, `prefix`1..."""
+        return nn.ModuleList(LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs)))
 
     def forward(self, x, masks=None):
         for path, dropout in self._dropouts.items():

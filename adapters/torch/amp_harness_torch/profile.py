@@ -19,6 +19,7 @@ back from its events.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 import torch
@@ -44,11 +45,14 @@ COMPILED_NOTE = ("torch.compile runs the network as one compiled graph whose fus
                  "scaling and the autograd engine run eagerly in their scopes")
 
 
-def profile_steps(run_steps, scopes: set[str], compiled: bool) -> ProfiledOps:
-    """Run the core's steps under the profiler and return every op that ran, with the ranges named in `scopes`
+def profile_steps(trainer, run_steps) -> ProfiledOps:
+    """Run the core's steps under the profiler and return every op that ran, with the ranges the trainer opened
     (the layers' and the parts') as its scope."""
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        run_steps()
+    compiled = trainer.compiled
+    # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
+    with contextlib.nullcontext(set()) if compiled else trainer.net.scoped() as scopes:
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            run_steps()
     events = prof.events()
     ours = scopes | PARTS
     scope: dict[int, tuple[str, ...]] = {}  # by id(event): the ranges it ran in

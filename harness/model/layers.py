@@ -1,0 +1,74 @@
+"""How every adapter builds the spec's network: a registry of layer builders, one per spec layer type.
+
+Each adapter's network.py holds one `LayerBuilders` and registers a builder for each type the spec defines
+(harness.model.spec.LAYER_TYPES):
+
+    LAYERS = LayerBuilders("torch")
+
+    @LAYERS.builder("dense")
+    def dense(info: LayerInfo, net: Network):
+        ...
+
+A builder takes the layer's LayerInfo (its canonical path, shapes and parameter shapes from harness.model.graph;
+`info.spec` is the spec's layer, with its hyper-parameters) and the adapter's network under construction (what
+the adapter's layers need of it: the canonical weights, the compute dtype, `net.build(layers, prefix)` for a
+residual block's inner layers), and returns the framework's layer: whatever the network then calls. The shape is
+the same in every adapter, so a new layer type is the core's definition (spec.py, graph.py) plus one builder per
+adapter (docs/plugins.md, "Adding a layer type"); the conformance kit checks that each adapter builds every type
+(harness/conformance/test_layers.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from harness.errors import HarnessError
+from harness.model.spec import LAYER_TYPES
+
+_REGISTRIES: dict[str, "LayerBuilders"] = {}  # by framework: filled when an adapter's network module is imported
+
+
+class LayerBuilders:
+    """One adapter's builders, by spec layer type."""
+
+    def __init__(self, framework: str):
+        if framework in _REGISTRIES:
+            raise HarnessError(f"two layer-builder registries for framework '{framework}'")
+        self.framework = framework
+        self._builders: dict[str, Callable] = {}
+        _REGISTRIES[framework] = self
+
+    def builder(self, *types: str):
+        """Register the decorated function (or class) as the builder of these spec layer types."""
+        for t in types:
+            if t not in LAYER_TYPES:  # a typo would otherwise leave the real type without a builder, silently
+                raise HarnessError(f"{self.framework}: '{t}' is not a spec layer type ({', '.join(LAYER_TYPES)})")
+            if t in self._builders:
+                raise HarnessError(f"{self.framework}: two builders for layer type '{t}'")
+
+        def register(build: Callable) -> Callable:
+            self._builders.update(dict.fromkeys(types, build))
+            return build
+
+        return register
+
+    def build(self, info, net):
+        """The framework's layer for `info` (a LayerInfo), by its type's builder."""
+        build = self._builders.get(info.type)
+        if build is None:
+            raise HarnessError(f"the {self.framework} adapter has no builder for layer type '{info.type}' "
+                               f"(layer {info.path}); it builds: {', '.join(self.types())}")
+        return build(info, net)
+
+    def types(self) -> list[str]:
+        """The layer types this adapter builds, in the spec's order."""
+        return [t for t in LAYER_TYPES if t in self._builders]
+
+    def missing(self) -> list[str]:
+        """The spec's layer types this adapter does not build."""
+        return [t for t in LAYER_TYPES if t not in self._builders]
+
+
+def builders(framework: str) -> LayerBuilders | None:
+    """The framework's registry, once its network module is imported (building a trainer imports it); None if it
+    registers none."""
+    return _REGISTRIES.get(framework)
