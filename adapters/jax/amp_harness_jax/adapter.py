@@ -141,16 +141,16 @@ class JaxTrainer(Trainer):
         self.start_rounding(precision)
         rounding = self.rounding
         if rounding is None:
-            optimizer = make_optimizer(spec.optimizer)
+            optimizer = make_optimizer(spec.optimizer, self.params)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
             from amp_harness_jax.rounding import OPS, make_rounded_optimizer
             from harness.rounding import round_nearest_with
 
-            optimizer = make_rounded_optimizer(spec.optimizer, rounding, self.rounding_seed)
             if rounding.format == "fixed16":  # the initial weights onto the grid
                 self.params = {n: round_nearest_with(OPS, p, rounding) for n, p in self.params.items()}
+            optimizer = make_rounded_optimizer(spec.optimizer, self.params, rounding, self.rounding_seed)
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
-        self.opt_state = jax.block_until_ready(jax.jit(optimizer.init)(self.params))  # every slot, now
+        self.opt_state = optimizer.state  # every slot, created now
 
         self.start_loss_scale(loss_scale)
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
@@ -216,15 +216,6 @@ class JaxTrainer(Trainer):
                         **self.rounding_options(),
                         "inter_op_threads": NO_INTER_OP}
 
-    def set_rounding_noise(self, bits):
-        self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
-
-    def _set_scale(self) -> None:
-        """The scale as a device scalar, transferred only when the rules change it."""
-        if self._scale != self.scaler.scale:
-            self._scale = self.scaler.scale
-            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
-
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step
         return self.jax.device_put(a.astype(dtype), self.device)
@@ -233,6 +224,9 @@ class JaxTrainer(Trainer):
         batch = (self._put(x, self.input_dtype), self._put(y, np.int32),
                  {path: self._put(mask, self.input_dtype) for path, mask in masks.items()})
         return self.jax.block_until_ready(batch)
+
+    def set_rounding_noise(self, bits):
+        self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
@@ -255,6 +249,17 @@ class JaxTrainer(Trainer):
         self._set_scale()
         return float(loss)
 
+    def _set_scale(self) -> None:
+        """The scale as a device scalar, transferred only when the rules change it."""
+        if self._scale != self.scaler.scale:
+            self._scale = self.scaler.scale
+            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
+
+    def layer_outputs(self, x, y):
+        outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
+                                      self._put(y, np.int32))
+        return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
+
     def profile(self, run_steps):
         if self.is_gpu:  # a GPU's instructions run on device planes, which profile.py does not read
             return None
@@ -273,14 +278,6 @@ class JaxTrainer(Trainer):
             for owner, name, _ in patched:
                 delattr(owner, name)  # the class's method again
 
-    def _loss_scale_now(self):
-        return self.scaler.scale, self.skipped
-
-    def layer_outputs(self, x, y):
-        outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
-                                      self._put(y, np.int32))
-        return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
-
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
@@ -291,9 +288,11 @@ class JaxTrainer(Trainer):
     def param_count(self) -> int:
         return sum(int(p.size) for p in self.params.values())
 
-    # -- the core's bookkeeping's primitives ---------------------------------------------------------
-    memory_kind = "XLA GPU allocator peak (peak_bytes_in_use) above its level before the build"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        return self.scaler.scale, self.skipped
 
+    memory_kind = "XLA GPU allocator peak (peak_bytes_in_use) above its level before the build"
     def _memory_in_use(self) -> int:
         return self.device.memory_stats()["bytes_in_use"]
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from amp_harness_jax.optimizers import Optimizer
+from amp_harness_jax.optimizers import Optimizer, bind
 from harness.rounding import Rounding, RoundingOps, write_with
 
 
@@ -39,7 +39,7 @@ OPS = RoundingOps(
 )
 
 
-def make_rounded_optimizer(spec, rounding: Rounding, seed: int) -> Optimizer:
+def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optimizer:
     """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
     nearest rounding, the weights by the precision's rule. `update` takes a fourth argument: the core's bits by
@@ -96,4 +96,4 @@ def make_rounded_optimizer(spec, rounding: Rounding, seed: int) -> Optimizer:
             new_state.setdefault(slot, {})
         return new_params, new_state
 
-    return Optimizer(init, update)
+    return bind(init, update, params)

@@ -157,7 +157,7 @@ class MXNetTrainer(Trainer):
         self.trainable_names = [name for name, p in self.net.handles.items() if p.grad_req != "null"]
         self.params = [self.net.handles[name] for name in self.trainable_names]
         self.grads = [p.grad(self.ctx) for p in self.params]
-        self.optimizer = make_optimizer(spec.optimizer, [p.data(self.ctx) for p in self.params], self.grads)
+        self.optimizer = make_optimizer(spec.optimizer, self.params)
         self.start_loss_scale(loss_scale)
         self.fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         self.scaler = None
@@ -194,10 +194,7 @@ class MXNetTrainer(Trainer):
         self.mx.nd.waitall()
         return batch
 
-    @staticmethod
-    def no_range(name: str, drain: bool = False):
-        return NO_RANGE
-
+    # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
         profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
@@ -235,6 +232,22 @@ class MXNetTrainer(Trainer):
                 mx.nd.waitall()
                 return float(loss.asscalar())
 
+    @staticmethod
+    def no_range(name: str, drain: bool = False):
+        return NO_RANGE
+
+    def _update_running_statistics(self, stats) -> None:
+        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
+        profiling, each layer's operators run inside its range, before the update's are dispatched."""
+        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
+            layer = self.net.infos[path].spec
+            mean, inv_std = stats[2 * i], stats[2 * i + 1]
+            with self._range(layer_scope(path), drain=True):
+                variance = 1 / (inv_std * inv_std) - layer.epsilon
+                for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
+                    running = self.net.handles[f"{path}.{name}"].data(self.ctx)
+                    running[:] = layer.momentum * running + (1 - layer.momentum) * batch
+
     def layer_outputs(self, x, y):
         from amp_harness_mxnet.network import canonical_activation
         from amp_harness_mxnet.optimizers import loss_fn
@@ -264,21 +277,7 @@ class MXNetTrainer(Trainer):
 
         return profile_steps(self, run_steps)
 
-    def _update_running_statistics(self, stats) -> None:
-        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
-        profiling, each layer's operators run inside its range, before the update's are dispatched."""
-        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
-            layer = self.net.infos[path].spec
-            mean, inv_std = stats[2 * i], stats[2 * i + 1]
-            with self._range(layer_scope(path), drain=True):
-                variance = 1 / (inv_std * inv_std) - layer.epsilon
-                for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
-                    running = self.net.handles[f"{path}.{name}"].data(self.ctx)
-                    running[:] = layer.momentum * running + (1 - layer.momentum) * batch
-
-    def _loss_scale_now(self):
-        return self.scaler.loss_scale if self.scaler else self.loss_scale.initial, self.skipped
-
+    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         ones = [self._array(np.ones((len(x), *self.net.infos[path].out_shape))) for path in self.net.mask_paths]
         out = self.net(self._array(x), *ones)  # outside autograd.record: inference mode, no dropout
@@ -291,11 +290,13 @@ class MXNetTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(p.shape) for p in self.net.collect_params().values() if p.grad_req != "null"))
 
-    # -- the core's bookkeeping's primitives ---------------------------------------------------------
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        return self.scaler.loss_scale if self.scaler else self.loss_scale.initial, self.skipped
+
     memory_kind = ("device-wide GPU memory in use above its level before the build, sampled after each step "
                    "(MXNet has no peak counter)")
     memory_peak_counter = False  # the core samples _memory_in_use after each step
-
     def _memory_in_use(self) -> int:
         free, total = self.mx.context.gpu_memory_info(0)  # the driver's count: other processes' use too
         return total - free

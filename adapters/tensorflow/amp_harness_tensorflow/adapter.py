@@ -112,15 +112,16 @@ class TensorFlowTrainer(Trainer):
         self.start_rounding(precision)
         self.rounded = None
         if self.rounding is None:
-            optimizer = make_optimizer(spec.optimizer)
+            optimizer = make_optimizer(spec.optimizer, model.trainable_variables)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_tensorflow.rounding import OPS, RoundedOptimizer
+            from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
             from harness.rounding import round_nearest_with
 
             if self.rounding.format == "fixed16":  # the initial weights onto the grid
                 for variable in model.trainable_variables:
                     variable.assign(round_nearest_with(OPS, variable, self.rounding))
-            optimizer = self.rounded = RoundedOptimizer(spec.optimizer, self.rounding, self.rounding_seed)
+            optimizer = self.rounded = make_rounded_optimizer(spec.optimizer, model.trainable_variables,
+                                                              self.rounding, self.rounding_seed)
         self.start_loss_scale(loss_scale)
         self.scaler = None
         if loss_scale.mode == "dynamic":
@@ -131,7 +132,7 @@ class TensorFlowTrainer(Trainer):
             self.scaler = "LossScaleOptimizer"
         elif loss_scale.mode == "fixed":
             self.scaler = "harness (fixed)"
-        optimizer.build(model.trainable_variables)
+        optimizer.build(model.trainable_variables)  # the loss-scale wrapper's own state (the inner one is built)
         self.optimizer = optimizer
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
         self.xla = variant == "xla"
@@ -176,10 +177,6 @@ class TensorFlowTrainer(Trainer):
                         **self.rounding_options(),
                         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
-    def set_rounding_noise(self, bits):
-        for name, value in bits.items():  # Keras' layouts are the canonical ones
-            self.rounded.set_bits(self.net.variables[name], value)
-
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
             batch = (self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y),
@@ -188,6 +185,11 @@ class TensorFlowTrainer(Trainer):
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch
 
+    def set_rounding_noise(self, bits):
+        for name, value in bits.items():  # Keras' layouts are the canonical ones
+            self.rounded.set_bits(self.net.variables[name], value)
+
+    # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         if capture is None:
             loss, self._applied = self._step(*batch)
@@ -213,13 +215,7 @@ class TensorFlowTrainer(Trainer):
 
         return profile_steps(self._step, run_steps)
 
-    def _loss_scale_now(self):
-        if self.loss_scale.mode == "fixed":
-            return self.loss_scale.initial, not bool(self._applied.numpy())
-        iterations = int(self.optimizer.iterations.numpy())
-        skipped, self.applied_steps = iterations == self.applied_steps, iterations
-        return float(self.optimizer.dynamic_scale.numpy()), skipped
-
+    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.tf.constant(x, dtype=self.input_dtype)))
 
@@ -229,9 +225,15 @@ class TensorFlowTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
 
-    # -- the core's bookkeeping's primitives ---------------------------------------------------------
-    memory_kind = "TensorFlow GPU allocator peak above its level before the build (memory growth on)"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        if self.loss_scale.mode == "fixed":
+            return self.loss_scale.initial, not bool(self._applied.numpy())
+        iterations = int(self.optimizer.iterations.numpy())
+        skipped, self.applied_steps = iterations == self.applied_steps, iterations
+        return float(self.optimizer.dynamic_scale.numpy()), skipped
 
+    memory_kind = "TensorFlow GPU allocator peak above its level before the build (memory growth on)"
     def _reset_memory_peak(self) -> None:
         self.tf.config.experimental.reset_memory_stats("GPU:0")
 

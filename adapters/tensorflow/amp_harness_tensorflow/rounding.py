@@ -50,6 +50,13 @@ OPS = RoundingOps(
 )
 
 
+def make_rounded_optimizer(spec, variables, rounding: Rounding, seed: int) -> RoundedOptimizer:
+    """The spec's optimizer writing the weights by the rounding's rule, over these variables, built."""
+    optimizer = RoundedOptimizer(spec, rounding, seed)
+    optimizer.build(variables)
+    return optimizer
+
+
 class RoundedOptimizer(SpecOptimizer):
     """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with

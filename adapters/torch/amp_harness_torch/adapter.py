@@ -117,15 +117,14 @@ class TorchTrainer(Trainer):
         if self.rounding is None:
             self.optimizer = make_optimizer(spec.optimizer, net.parameters())
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_torch.rounding import OPS, RoundedUpdate
+            from amp_harness_torch.rounding import OPS, make_rounded_optimizer
             from harness.rounding import round_nearest_with
 
             if self.rounding.format == "fixed16":  # the initial weights onto the grid
                 with torch.no_grad():
                     for p in net.parameters():
                         p.copy_(round_nearest_with(OPS, p, self.rounding))
-            self.optimizer = RoundedUpdate(net.parameters(), spec.optimizer, self.rounding, self.device,
-                                           self.rounding_seed)
+            self.optimizer = make_rounded_optimizer(spec.optimizer, net.parameters(), self.rounding, self.rounding_seed)
         self.compiled = variant == "compile"
         self.forward = torch.compile(net) if self.compiled else net
         self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
@@ -148,7 +147,6 @@ class TorchTrainer(Trainer):
                         **self.rounding_options(),
                         "inter_op_threads": torch.get_num_interop_threads()}
 
-    # -- data -----------------------------------------------------------------------------------------
     def _input(self, x: np.ndarray):
         t = self.torch.from_numpy(x).to(self.device, non_blocking=True)
         if self.images:  # NHWC memory seen as NCHW: a channels-last view, no copy
@@ -176,11 +174,6 @@ class TorchTrainer(Trainer):
             getattr(owners[name][0], owners[name][1]):
                 self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value))).to(self.device)
             for name, value in bits.items()}
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
@@ -218,6 +211,11 @@ class TorchTrainer(Trainer):
         with self._scope(RUNTIME_SCOPE):  # handing the loss back
             return loss.item()  # waits for the device
 
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _backward(self, loss) -> None:
         with self._scope(RUNTIME_SCOPE):  # the autograd engine's own work; its nodes' ops keep their layers' scopes
             loss.backward()
@@ -242,19 +240,6 @@ class TorchTrainer(Trainer):
         """A part's record_function range while profiling; a shared no-op in any other step (or without a name)."""
         return self.torch.profiler.record_function(name) if self.profiling and name else NO_SCOPE
 
-    def profile(self, run_steps):
-        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
-            return None
-        from amp_harness_torch.profile import profile_steps
-
-        self.profiling = True
-        try:
-            # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
-            with contextlib.nullcontext(set()) if self.compiled else self.net.scoped() as layer_scopes:
-                return profile_steps(run_steps, layer_scopes, self.compiled)
-        finally:
-            self.profiling = False
-
     def layer_outputs(self, x, y):
         torch = self.torch
         self.net.eval()
@@ -269,13 +254,18 @@ class TorchTrainer(Trainer):
         return {path: (self.net.canonical_activation(value), self.net.canonical_activation(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
-    def _loss_scale_now(self):
-        if self.grad_scaler is not None:
-            scale = self.grad_scaler.get_scale()
-            # GradScaler backs off exactly when it skips a step
-            self.skipped, self.last_scale = scale < self.last_scale, scale
-            return scale, self.skipped
-        return self.scaler.scale, self.skipped
+    def profile(self, run_steps):
+        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
+            return None
+        from amp_harness_torch.profile import profile_steps
+
+        self.profiling = True
+        try:
+            # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
+            with contextlib.nullcontext(set()) if self.compiled else self.net.scoped() as layer_scopes:
+                return profile_steps(run_steps, layer_scopes, self.compiled)
+        finally:
+            self.profiling = False
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -292,9 +282,16 @@ class TorchTrainer(Trainer):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
 
-    # -- the core's bookkeeping's primitives ---------------------------------------------------------
-    memory_kind = "torch CUDA allocator peak above its level before the build (max_memory_allocated)"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        if self.grad_scaler is not None:
+            scale = self.grad_scaler.get_scale()
+            # GradScaler backs off exactly when it skips a step
+            self.skipped, self.last_scale = scale < self.last_scale, scale
+            return scale, self.skipped
+        return self.scaler.scale, self.skipped
 
+    memory_kind = "torch CUDA allocator peak above its level before the build (max_memory_allocated)"
     def _reset_memory_peak(self) -> None:
         self.torch.cuda.synchronize()
         self.torch.cuda.reset_peak_memory_stats()

@@ -33,6 +33,13 @@ OPS = RoundingOps(
 )
 
 
+def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> RoundedUpdate:
+    """The spec's optimizer writing the weights by the rounding's rule, over these parameters (its noise drawn
+    on their device), with all its state."""
+    params = list(params)
+    return RoundedUpdate(params, spec, rounding, params[0].device, seed)
+
+
 class RoundedUpdate(torch.optim.Optimizer):
     """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
