@@ -225,8 +225,8 @@ class Trainer(ABC):
     def run_step(self, batch: Any, capture: dict[str, np.ndarray] | None) -> float:
         """The step train_step and captured_step share: one optimizer step, returning the loss once the device
         has finished; with `capture` (diagnose mode), the weight gradients it applied are put into it (unscaled,
-        before the update, by canonical weight name in canonical layouts). What differs between the two is
-        chosen when the step is built (a compiled step and its capturing twin), never per step."""
+        before the update, by canonical weight name in canonical layouts). A compiled step and its capturing twin
+        are both built once, in build; the step only picks one."""
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
