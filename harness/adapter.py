@@ -32,8 +32,16 @@ Rules:
 - A precision with a ``rounding`` (``bf16_sr``, ``fp16_sr``, ``bf16_kahan``, ``fixed16_sr``, ``fixed16_rn``)
   computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``),
   drawing stochastic rounding's bits on the device in timed runs and taking the core's bits in fingerprint runs
-  (``Trainer.set_rounding_noise``); ``Adapter.write_weights`` exposes the same rounding code to the kit's
-  statistical test. A framework that cannot bit-cast reports these precisions ``unsupported``.
+  (``Trainer.set_rounding_noise``). The rules are written once in the core against a table of the framework's
+  primitives, which the adapter supplies (``Adapter.rounding_ops``, a ``harness.rounding.RoundingOps``); the
+  core's ``Adapter.write_weights`` runs the same rules on them for the kit's statistical test. An adapter
+  without the table, or a framework that cannot bit-cast (``Capabilities.no_bitcast``), has these precisions
+  ``unsupported`` with the core's reason.
+- What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons.
+- The core's ``Trainer`` does the bookkeeping every framework shares: the memory baseline and peak
+  (``start_memory``; the adapter supplies ``_memory_in_use`` / ``_memory_peak``), the loss-scale state
+  (``loss_scale_state`` from the adapter's ``_loss_scale_now``), the rounding set-up (``start_rounding``)
+  and outputs as float32 unless float64 (``output``, from the adapter's ``_numpy``).
 - ``Trainer.profile`` (optional) runs the core's steps under the framework's own profiler and returns every op that
   ran (``OpTime``), with the scopes it ran in. The network names a scope per layer with ``layer_scope(path)``
   (torch ``record_function``, ``tf.name_scope``, ...) and wraps the loss, the optimizer's update and the loss
@@ -57,6 +65,7 @@ from harness.errors import HarnessError
 from harness.model.graph import Graph
 from harness.model.spec import ModelSpec
 from harness.precision import LossScale, Precision
+from harness.rounding import RoundingOps, device_seed, round_nearest_with, round_stochastic_with
 
 ENTRY_POINT_GROUP = "amp_harness.adapters"
 BLOCK_ENV = "AMP_HARNESS_BLOCK_ADAPTERS"  # comma-separated adapter names to ignore
@@ -111,11 +120,96 @@ class ProfiledOps:
     note: str = ""  # how this framework's profile differs from its timed runs, if it does
 
 
+def as_output(value: np.ndarray) -> np.ndarray:
+    """A numpy copy in the core's output dtype: float64 in a float64 run, float32 for every other dtype. A copy,
+    never a view of a framework's buffer (which a later step may reuse or donate)."""
+    value = np.asarray(value)
+    return np.array(value, dtype=np.float64 if value.dtype == np.float64 else np.float32, copy=True)
+
+
 class Trainer(ABC):
-    """One network, built for one precision on one device."""
+    """One network, built for one precision on one device.
+
+    The bookkeeping every framework shares is here, written once; a trainer calls ``start_memory`` first in its
+    build, ``start_rounding`` before it builds its optimizer, and supplies the primitives they read."""
 
     #: settings that change what is measured (memory format, compilation, TF32...), recorded in the result
     options: dict[str, Any]
+    #: what memory_peak_mb's figure is on a GPU ("torch CUDA allocator peak above ..."), by the adapter
+    memory_kind: str = ""
+    #: the allocator has a peak counter (_memory_peak); False: the core samples _memory_in_use after each step
+    memory_peak_counter: bool = True
+    loss_scale: LossScale | None = None  # the run's settings (start_loss_scale)
+    rounding = None  # the precision's harness.rounding.Rounding, or None (start_rounding)
+    rounding_seed: int | None = None  # the seed of the on-device rounding noise (start_rounding)
+    _memory_start: int | None = None  # bytes in use when the build began (a GPU only)
+    _memory_sampled: int = 0
+
+    # -- the core's bookkeeping, written once --------------------------------------------------------------
+    def start_memory(self, on_gpu: bool) -> None:
+        """The memory baseline, first thing in the build: on a GPU, the allocator's peak is reset and its use now
+        is the level the peak is measured above (on a CPU the core measures resident memory itself)."""
+        if on_gpu:
+            self._reset_memory_peak()
+            self._memory_start = self._memory_sampled = self._memory_in_use()
+
+    def memory_peak_mb(self) -> tuple[float, str] | None:
+        """(peak MB the device allocator held above its level when build() began, what kind of figure); None
+        on a CPU, where the core measures the process's resident memory the same way for every framework."""
+        if self._memory_start is None:
+            return None
+        peak = self._memory_peak() if self.memory_peak_counter else self._memory_sampled
+        return (peak - self._memory_start) / 2**20, self.memory_kind
+
+    def after_step(self) -> None:
+        """Called after every step, outside the timed region: without a peak counter the core samples the
+        device's memory in use here."""
+        if self._memory_start is not None and not self.memory_peak_counter:
+            self._memory_sampled = max(self._memory_sampled, self._memory_in_use())
+
+    def start_loss_scale(self, loss_scale: LossScale) -> None:
+        self.loss_scale = loss_scale
+
+    def loss_scale_state(self) -> LossScaleState | None:
+        """After a step: the loss scaler's state, or None when the run uses no loss scaling."""
+        if self.loss_scale is None or self.loss_scale.mode == "none":
+            return None
+        return LossScaleState(*self._loss_scale_now())
+
+    def start_rounding(self, precision: Precision) -> None:
+        """Before the optimizer is built: the precision's rounding and, with one, the seed of the on-device noise
+        (fresh per process, harness.rounding.device_seed)."""
+        self.rounding = precision.rounding
+        self.rounding_seed = device_seed() if self.rounding is not None else None
+
+    def rounding_options(self) -> dict[str, Any]:
+        """The rounding's entries of `options`."""
+        return {"weight_update": self.rounding.describe() if self.rounding else None,
+                "rounding_seed": self.rounding_seed}
+
+    def output(self, tensor) -> np.ndarray:
+        """A framework tensor as the core's outputs are: numpy, float32 unless float64 (as_output)."""
+        return as_output(self._numpy(tensor))
+
+    # -- the adapter's primitives for them -----------------------------------------------------------------
+    def _numpy(self, tensor) -> np.ndarray:
+        """A tensor as numpy, in any dtype numpy holds."""
+        return np.asarray(tensor)
+
+    def _loss_scale_now(self) -> tuple[float, bool]:
+        """(the scale the next step applies, whether the step just taken was skipped), with loss scaling on."""
+        raise NotImplementedError(f"{type(self).__name__} scales the loss but does not say its state")
+
+    def _memory_in_use(self) -> int:
+        """Bytes the device allocator holds now (a GPU only)."""
+        raise NotImplementedError
+
+    def _memory_peak(self) -> int:
+        """The device allocator's peak bytes since _reset_memory_peak (a GPU with a peak counter only)."""
+        raise NotImplementedError
+
+    def _reset_memory_peak(self) -> None:
+        """Reset the allocator's peak counter, where it has one."""
 
     @abstractmethod
     def to_device(self, x: np.ndarray, y: np.ndarray, masks: dict[str, np.ndarray]) -> Any:
@@ -123,13 +217,16 @@ class Trainer(ABC):
         (float32 0/1 in the canonical layout of each dropout layer's output; {} without dropout). The core
         keeps this out of the timed region."""
 
-    @abstractmethod
     def train_step(self, batch: Any) -> float:
         """One optimizer step; return the (unscaled, float32) loss once the device has finished."""
+        return self.run_step(batch, None)
 
-    def loss_scale_state(self) -> LossScaleState | None:
-        """After a step: the loss scaler's state, or None when the run uses no loss scaling."""
-        return None
+    @abstractmethod
+    def run_step(self, batch: Any, capture: dict[str, np.ndarray] | None) -> float:
+        """The step train_step and captured_step share: one optimizer step, returning the loss once the device
+        has finished; with `capture` (diagnose mode), the weight gradients it applied are put into it (unscaled,
+        before the update, by canonical weight name in canonical layouts). A compiled step and its capturing twin
+        are both built once, in build; the step only picks one."""
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -146,10 +243,11 @@ class Trainer(ABC):
         """Trainable parameters as the framework itself counts them (checked against the spec's count)."""
 
     def captured_step(self, batch: Any) -> tuple[float, dict[str, np.ndarray]] | None:
-        """Diagnose mode only (optional): one train_step that also returns the weight gradients it applied,
-        unscaled and before the update, by canonical weight name in canonical layouts (trainable weights only).
-        None: this adapter cannot capture (the report then says "not available")."""
-        return None
+        """Diagnose mode only: one train_step that also returns the weight gradients it applied, unscaled and
+        before the update, by canonical weight name in canonical layouts (trainable weights only). None: this
+        adapter cannot capture (the report then says "not available"; override to return None)."""
+        gradients: dict[str, np.ndarray] = {}
+        return self.run_step(batch, gradients), gradients
 
     def layer_outputs(self, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
         """Diagnose mode only (optional): on this batch, in inference mode and changing no state, each layer's
@@ -170,14 +268,26 @@ class Trainer(ABC):
         between. None: this adapter cannot profile (the record says "not available")."""
         return None
 
-    def after_step(self) -> None:
-        """Called after every step, outside the timed region (MXNet samples GPU memory here: it has no peak
-        counter)."""
 
-    def memory_peak_mb(self) -> tuple[float, str] | None:
-        """(peak MB the device allocator held above its level when build() began, what kind of figure); None
-        on a CPU, where the core measures the process's resident memory the same way for every framework."""
-        return None
+
+@dataclass(frozen=True)
+class Refusal:
+    """A precision an adapter refuses on a kind of device, found by experiment (the probe cannot catch it: the
+    framework crashes in native code, say)."""
+
+    precision: str
+    device_kind: str  # "cpu" or "gpu"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter cannot do, as data: the core reads it and words the reasons (Adapter.unsupported)."""
+
+    #: None where the framework can reinterpret float32 bits as int32; else what it lacks ("no bitcast
+    #: operator..."): the floating-point rounding precisions need it (harness.rounding)
+    no_bitcast: str | None = None
+    refused: tuple[Refusal, ...] = ()
 
 
 class Adapter(ABC):
@@ -185,6 +295,7 @@ class Adapter(ABC):
     #: the framework's idioms for running a training step (name -> what it is), swept by `run --variant`;
     #: the first is the default
     variants: dict[str, str] = {"default": "the adapter's one way to run a step"}
+    capabilities: Capabilities = Capabilities()
 
     @abstractmethod
     def framework_version(self) -> str: ...
@@ -195,11 +306,17 @@ class Adapter(ABC):
 
     def unsupported(self, precision: Precision, device: Device) -> str | None:
         """A one-line reason why this precision cannot run on this device, or None. The default knows the
-        limits that hold for every framework (device_limits); override to add the framework's own."""
-        if precision.rounding is not None and type(self).write_weights is Adapter.write_weights:
+        limits that hold for every framework (device_limits) and the adapter's capabilities."""
+        rounding, capabilities = precision.rounding, self.capabilities
+        if rounding is not None and rounding.format != "fixed16" and capabilities.no_bitcast:
+            return f"{self.name} cannot bit-cast ({capabilities.no_bitcast}) to write {rounding.describe()}"
+        if rounding is not None and self.rounding_ops() is None:
             # an adapter that knows nothing of harness.rounding would train these as plain bf16/fp16/fp32
-            return (f"{precision.name} writes weights by harness.rounding ({precision.rounding.describe()}), which "
-                    f"this adapter does not implement")
+            return (f"{precision.name} writes weights by harness.rounding ({rounding.describe()}), which the "
+                    f"{self.name} adapter does not implement (Adapter.rounding_ops)")
+        for refusal in capabilities.refused:
+            if (refusal.precision, refusal.device_kind) == (precision.name, device.kind):
+                return refusal.reason
         return device_limits(precision, device)
 
     def explain_probe_failure(self, precision: Precision, device: Device, error: str) -> str | None:
@@ -221,14 +338,31 @@ class Adapter(ABC):
     def build(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
               loss_scale: LossScale, device: Device, variant: str) -> Trainer: ...
 
+    def rounding_ops(self) -> RoundingOps | None:
+        """The framework's primitives that harness.rounding's rules are written with (the adapter's rounding.py
+        fills them; import the framework inside). None: the adapter has no rounding precisions."""
+        return None
+
     def write_weights(self, precision: Precision, x: np.ndarray, bits: np.ndarray | None,
                       device: Device) -> np.ndarray | None:
         """The rounding self-test (the conformance kit's): float32 values `x` written to a rounding precision's
-        weight format (nearest or stochastic, harness.rounding) by the code the adapter's optimizer runs, with
-        the given bits (int32 0..2^16-1, x's shape) or, when `bits` is None, bits the adapter draws on the device
-        as a timed run does (seeded by harness.rounding.device_seed: each call draws afresh); returned as float32
-        numpy. None: the adapter has no rounding precisions."""
-        return None
+        weight format (nearest or stochastic, harness.rounding) by the rules the adapter's optimizer runs, on its
+        primitives, with the given bits (int32 0..2^16-1, x's shape) or, when `bits` is None, bits drawn on the
+        device as a timed run does (seeded by harness.rounding.device_seed: each call draws afresh); returned as
+        float32 numpy. None: the adapter has no rounding precisions."""
+        ops = self.rounding_ops()
+        if ops is None:
+            return None
+        rounding = precision.rounding
+        values = ops.to_tensor(np.ascontiguousarray(x, dtype=np.float32), device)
+        if rounding.mode == "nearest":
+            out = ops.on_device(lambda v: ops.to_float32(round_nearest_with(ops, v, rounding)), device)(values)
+        else:
+            bits = ops.draw_bits(np.shape(x), device_seed(), device) if bits is None else \
+                ops.to_tensor(np.asarray(bits, dtype=np.int32), device)
+            out = ops.on_device(lambda v, b: ops.to_float32(round_stochastic_with(ops, v, b, rounding)),
+                                device)(values, bits)
+        return np.asarray(ops.to_numpy(out), dtype=np.float32)
 
     def matmul(self, n: int, dtype: str, device: Device) -> Callable[[], None] | None:
         """A function that multiplies two n x n matrices of `dtype` on `device` and waits for the result: the

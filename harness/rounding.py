@@ -31,6 +31,11 @@ reference the conformance kit holds them to, bit for bit):
   the start): `y = u - c`, `s = bf16(w + y)`, `c = bf16((s - w) - y)`, `w = s` (w, s, c read as float32).
 - Non-finite values are written with the format's nearest rounding (an infinite update stays infinite).
 
+Written once: the arithmetic of these rules (`round_nearest_with`, `round_stochastic_with`, `kahan_with`) is
+written here against a small table of elementwise primitives (`RoundingOps`: bit-casts between int32 and float32,
+floor, where, abs, copysign...), which each adapter's rounding.py fills for its framework (as einops' backends
+do); `NUMPY_OPS` is numpy's entry, and a core test holds the written-once rules with it to the reference below.
+
 Noise: in timed runs every adapter draws `r` on the device with its framework's generator, so the timing is a
 real implementation's. In fingerprint runs the core draws it (`RoundingNoise`: counter-based, from the spec's
 seed, the weight and the step), so stochastically rounded runs are the same in every framework and the parity
@@ -38,8 +43,10 @@ check covers them.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -55,6 +62,7 @@ _STREAM = 0x5A0D  # keeps rounding-noise keys apart from dropout's and any other
 # (smallest normal exponent, explicit mantissa bits) of the floating-point formats
 _FLOAT_FORMATS = {"bfloat16": (-126, 7), "float16": (-14, 10)}
 FLOAT16_MAX = 65504.0
+FLOAT16_MIN_BIASED_EXPONENT = 127 - 14  # float16's smallest normal exponent, as float32's exponent field stores it
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,126 @@ def device_seed() -> int:
     its generator, so that repeats sample the rounding noise instead of repeating one draw (fingerprint runs
     take the core's RoundingNoise instead). Adapters record it in the run's options."""
     return int.from_bytes(os.urandom(4), "little")
+
+
+# ---- the rules written once, against a framework's primitives -------------------------------------------------
+@dataclass(frozen=True)
+class RoundingOps:
+    """One framework's elementwise primitives, which the rules below are written with. Tensors support the
+    arithmetic operators (+ - * / with Python numbers, comparisons); `x` is float32, `bits` and patterns int32.
+    The last four move values between numpy and the framework for Adapter.write_weights (the kit's self-test)."""
+
+    as_int32: Callable  # float32 -> its int32 bit pattern (a bit-cast, no conversion)
+    as_float32: Callable  # an int32 bit pattern -> the float32 it encodes
+    to_float32: Callable  # a numeric conversion to float32 (of int32 bits or of a 16-bit tensor)
+    cast: Callable  # (float32 x, "bfloat16" / "float16" / "float32") -> x in that dtype, rounded to nearest even
+    bit_and: Callable  # (int32, Python int) -> bitwise and
+    shift_right: Callable  # (int32, n) -> arithmetic shift right
+    shift_left: Callable  # (int32, n) -> shift left
+    maximum: Callable  # (int32, Python int) -> elementwise maximum
+    add_mask: Callable  # (float32 x, boolean mask) -> x + 1 where the mask is true (the mask taken as 0 / 1)
+    floor: Callable
+    round_half_even: Callable
+    abs: Callable
+    where: Callable  # (condition, a, b)
+    isfinite: Callable
+    copysign: Callable  # (magnitude, sign) -> |magnitude| with sign's sign bit (negative zero included)
+    clip: Callable  # (x, lo, hi), Python floats
+    full_like: Callable  # (x, Python float) -> a float32 tensor of x's shape
+    to_tensor: Callable  # (numpy array, harness.adapter.Device) -> a tensor on that device
+    to_numpy: Callable  # tensor -> numpy array
+    draw_bits: Callable  # (shape, seed, Device) -> int32 tensor of 16 random bits per value, drawn on the device
+    on_device: Callable  # (function, Device) -> the function as the framework runs it there (compiled, placed)
+
+
+def storage_dtype(rounding: Rounding) -> str:
+    """The dtype that holds the format's values: fixed-point values are float32 numbers on the grid."""
+    return "float32" if rounding.format == "fixed16" else rounding.format
+
+
+def round_nearest_with(ops: RoundingOps, x, rounding: Rounding):
+    """float32 `x` written to the format with round-to-nearest-even, in the storage dtype."""
+    if rounding.format != "fixed16":
+        return ops.cast(x, rounding.format)  # the frameworks' casts round to nearest even
+    lo, hi = rounding.fixed_range
+    return ops.clip(ops.round_half_even(x / rounding.fixed_step) * rounding.fixed_step, lo, hi)
+
+
+def round_stochastic_with(ops: RoundingOps, x, bits, rounding: Rounding):
+    """float32 `x` written to the format with stochastic rounding by the rule, `bits` int32 0..2^16-1, in the
+    storage dtype."""
+    if rounding.format == "bfloat16":
+        # add the 16 bits to the float32 pattern and clear the 16 that bfloat16 drops: the cast is then exact
+        rounded = ops.as_float32(ops.bit_and(ops.as_int32(x) + bits, -NOISE_RANGE))
+    else:
+        magnitude = ops.abs(x)
+        if rounding.format == "float16":  # the gap, a power of two, built from x's exponent field
+            exponent = ops.bit_and(ops.shift_right(ops.as_int32(x), 23), 0xFF)
+            gap = ops.as_float32(ops.shift_left(ops.maximum(exponent, FLOAT16_MIN_BIASED_EXPONENT) - 10, 23))
+        else:
+            gap = ops.full_like(x, rounding.fixed_step)
+        m = magnitude / gap  # exact: gap is a power of two
+        low = ops.floor(m)
+        away = ops.to_float32(bits) + (m - low) * NOISE_RANGE >= NOISE_RANGE
+        rounded = ops.copysign(ops.add_mask(low, away) * gap, x)
+        if rounding.format == "fixed16":
+            rounded = ops.clip(rounded, *rounding.fixed_range)
+        else:  # past float16's largest finite value: infinity, as a cast gives
+            rounded = ops.where(ops.abs(rounded) > FLOAT16_MAX, ops.copysign(ops.full_like(x, math.inf), x), rounded)
+    # non-finite values as nearest rounding writes them: kept in a float format, saturated on the fixed grid
+    kept = ops.clip(x, *rounding.fixed_range) if rounding.format == "fixed16" else x
+    return ops.cast(ops.where(ops.isfinite(x), rounded, kept), storage_dtype(rounding))
+
+
+def kahan_with(ops: RoundingOps, w, x, compensation) -> tuple[Any, Any]:
+    """(new weight, new compensation), both bfloat16, of float32 weights `w` moved to float32 `x` with the
+    bfloat16 compensation."""
+    y = (x - w) - ops.to_float32(compensation)
+    s = ops.cast(w + y, "bfloat16")
+    return s, ops.cast((ops.to_float32(s) - w) - y, "bfloat16")
+
+
+def write_with(ops: RoundingOps, rounding: Rounding, w, x, compensation=None, bits=None) -> tuple[Any, Any]:
+    """An optimizer's write of float32 new weights `x` (from float32 weights `w`) by the rounding's mode: (the
+    weights in the storage dtype, the new compensation: Kahan only, else None). `bits`: stochastic only."""
+    if rounding.mode == "nearest":
+        return round_nearest_with(ops, x, rounding), None
+    if rounding.mode == "kahan":
+        return kahan_with(ops, w, x, compensation)
+    return round_stochastic_with(ops, x, bits, rounding), None
+
+
+def _numpy_cast(x, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":  # numpy has no bfloat16: its values as float32, by the reference's bit rule
+        return round_nearest(x, Rounding("nearest", "bfloat16"))
+    with np.errstate(over="ignore"):
+        return np.asarray(x).astype(dtype)
+
+
+def _quiet(fn: Callable) -> Callable:
+    """A numpy function with overflow and NaN comparisons silent, as the frameworks' are."""
+    def run(*args):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return fn(*args)
+    return run
+
+
+NUMPY_OPS = RoundingOps(
+    as_int32=lambda x: np.asarray(x, np.float32).view(np.int32),
+    as_float32=lambda p: np.asarray(p, np.int32).view(np.float32),
+    to_float32=lambda t: np.asarray(t).astype(np.float32),
+    cast=_numpy_cast,
+    bit_and=np.bitwise_and, shift_right=np.right_shift, shift_left=np.left_shift,
+    maximum=np.maximum, add_mask=lambda x, mask: x + mask.astype(np.float32), floor=np.floor,
+    round_half_even=np.rint, abs=np.abs,
+    where=np.where, isfinite=np.isfinite, copysign=_quiet(np.copysign),
+    clip=lambda x, lo, hi: np.clip(x, np.float32(lo), np.float32(hi)),
+    full_like=lambda x, value: np.full(np.shape(x), value, np.float32),
+    to_tensor=lambda a, device: np.array(a),
+    to_numpy=np.asarray,
+    draw_bits=lambda shape, seed, device: np.random.default_rng(seed).integers(0, NOISE_RANGE, shape, np.int32),
+    on_device=lambda fn, device: _quiet(fn),
+)
 
 
 # ---- the core's noise for fingerprint runs --------------------------------------------------------------------

@@ -11,6 +11,7 @@ from harness.model.spec import load_spec
 from harness.precision import PRECISIONS, parse_precision
 from harness.rounding import (
     NOISE_RANGE,
+    NUMPY_OPS,
     Rounding,
     RoundingNoise,
     gap,
@@ -155,12 +156,75 @@ def test_an_adapter_that_does_not_write_weights_by_the_rules_reports_the_precisi
         name = "plain"
         framework_version = device = set_threads = build = None
 
-    class Rounding16(Plain):
-        def write_weights(self, precision, x, bits, device):
-            return x
+    class Rounding16(Plain):  # supplies the primitives the core's rules are written with
+        def rounding_ops(self):
+            return NUMPY_OPS
 
     cpu = Device("cpu", "cpu", "test CPU")
     reason = Plain().unsupported(PRECISIONS["bf16_sr"], cpu)
     assert "does not implement" in reason and "\n" not in reason
     assert Plain().unsupported(PRECISIONS["bf16"], cpu) is None
     assert Rounding16().unsupported(PRECISIONS["bf16_sr"], cpu) is None
+
+
+def test_the_adapters_reasons_come_from_their_declared_capabilities():
+    """A framework without a bit-cast (Capabilities.no_bitcast) has the floating-point rounding precisions
+    unsupported in the core's words; a refusal found by experiment (Capabilities.refused) holds on its device
+    kind only."""
+    from harness.adapter import Adapter, Capabilities, Device, Refusal
+
+    class NoBitcast(Adapter):
+        name = "nobitcast"
+        framework_version = device = set_threads = build = None
+        capabilities = Capabilities(no_bitcast="no bitcast operator",
+                                    refused=(Refusal("bf16", "cpu", "bfloat16 crashes on this CPU"),))
+
+        def rounding_ops(self):
+            return NUMPY_OPS
+
+    cpu, gpu = Device("cpu", "cpu", "test CPU"), Device("gpu:0", "gpu", "test GPU")
+    reason = NoBitcast().unsupported(PRECISIONS["bf16_sr"], cpu)
+    assert reason.startswith("nobitcast cannot bit-cast (no bitcast operator)") and "\n" not in reason
+    assert NoBitcast().unsupported(PRECISIONS["fixed16_sr"], cpu) is None  # fixed point needs no bit-cast
+    assert NoBitcast().unsupported(PRECISIONS["bf16"], cpu) == "bfloat16 crashes on this CPU"
+    assert NoBitcast().unsupported(PRECISIONS["bf16"], gpu) is None
+
+
+@pytest.mark.parametrize("name", [n for n, p in PRECISIONS.items() if p.rounding and p.rounding.mode != "kahan"])
+def test_the_rules_written_once_on_numpys_primitives_are_the_reference_bit_for_bit(name):
+    """harness.rounding's rules written once against RoundingOps (what every adapter runs on its framework's
+    primitives), run on numpy's entry and through the core's Adapter.write_weights, write exactly what the
+    numpy reference does: whole range, subnormals, next to powers of two, signed zeros, non-finite values."""
+    from harness.adapter import Adapter, Device
+    from harness.rounding import write
+
+    class NumpyRounding(Adapter):
+        name = "numpy"
+        framework_version = device = set_threads = build = None
+
+        def rounding_ops(self):
+            return NUMPY_OPS
+
+    rounding = PRECISIONS[name].rounding
+    rng = np.random.default_rng(11)
+    scales = np.ldexp(1.0, rng.integers(-30, 12, 4000)) if rounding.format != "fixed16" else 1.0
+    x = np.concatenate([sample_values(rounding), rng.standard_normal(4000) * scales,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 7e4, -7e4, 3.0, -3.0]]).astype(np.float32)
+    bits = rng.integers(0, NOISE_RANGE, x.shape, dtype=np.int32)
+    got = NumpyRounding().write_weights(PRECISIONS[name], x, bits, Device("cpu", "cpu", "test CPU"))
+    expected = write(x, rounding, bits)
+    same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
+    assert same.all(), f"{name}: {x[~same][:5]} -> {got[~same][:5]}, the reference gives {expected[~same][:5]}"
+
+
+def test_kahan_written_once_on_numpys_primitives_is_the_reference():
+    from harness.rounding import kahan_with
+
+    rng = np.random.default_rng(3)
+    bf16 = Rounding("nearest", "bfloat16")
+    w = round_nearest(rng.standard_normal(1000).astype(np.float32), bf16)
+    x = (w + rng.standard_normal(1000).astype(np.float32) * np.float32(1e-3)).astype(np.float32)
+    c = round_nearest(rng.standard_normal(1000).astype(np.float32) * np.float32(1e-4), bf16)
+    got, expected = kahan_with(NUMPY_OPS, w, x, c), kahan_update(w, x, c)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g.view(np.uint32), e.view(np.uint32))

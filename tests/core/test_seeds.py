@@ -28,7 +28,7 @@ class ReferenceTrainer(FakeTrainer):
     def to_device(self, x, y, masks):
         return x.copy(), y.copy(), {path: m.copy() for path, m in masks.items()}
 
-    def train_step(self, batch):
+    def run_step(self, batch, capture):
         x, y, masks = batch
         self.first = self.first or batch
         outputs = reference.forward(self.spec, self.weights, x, training=True, masks=masks)

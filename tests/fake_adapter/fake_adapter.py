@@ -20,7 +20,6 @@ from harness.adapter import (
     UPDATE_SCOPE,
     Adapter,
     Device,
-    LossScaleState,
     OpTime,
     ProfiledOps,
     Trainer,
@@ -54,6 +53,7 @@ class FakeTrainer(Trainer):
         self.graph, self.weights, self.out_shape = graph, weights, graph.output_shape
         self.fault, self.steps = _fault(precision.name, model), 0
         self.variant_s, self.noisy_s = VARIANT_STEP_S if variant == "slowed" else 0.0, 0.0
+        self.start_loss_scale(loss_scale)
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped, self.profiling = False, False
         self.options = {"fake": True}
@@ -63,7 +63,7 @@ class FakeTrainer(Trainer):
             time.sleep(SLOW_INPUT_S)  # must not count in the step time
         return x, y
 
-    def train_step(self, batch):
+    def run_step(self, batch, capture):
         self.steps += 1
         if self.fault == "abort" and self.steps == 3:
             os.abort()
@@ -95,11 +95,11 @@ class FakeTrainer(Trainer):
             return float("nan")
         return 1.0 / self.steps
 
-    def loss_scale_state(self):
-        if not self.scaler:
-            return None
-        return LossScaleState(self.scaler.settings.initial if self.fault == "stuckscale" else self.scaler.scale,
-                              self.skipped)
+    def captured_step(self, batch):
+        return None  # the fake has no gradients to capture
+
+    def _loss_scale_now(self):
+        return self.scaler.settings.initial if self.fault == "stuckscale" else self.scaler.scale, self.skipped
 
     def profile(self, run_steps):
         """Ops named as a framework's profiler names them: scopes nested by residual blocks, a layer scope made

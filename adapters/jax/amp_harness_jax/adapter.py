@@ -31,7 +31,7 @@ from functools import partial
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, LossScaleState, Trainer
+from harness.adapter import Adapter, Device, Trainer
 from harness.errors import HarnessError
 from harness.precision import LossScaler
 
@@ -92,22 +92,10 @@ class JaxAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def write_weights(self, precision, x, bits, device):
-        import jax
+    def rounding_ops(self):
+        from amp_harness_jax.rounding import OPS
 
-        from amp_harness_jax.rounding import draw_bits, round_nearest, round_stochastic
-        from harness.rounding import device_seed
-
-        rounding = precision.rounding
-        dev = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
-        values = jax.device_put(np.asarray(x, dtype=np.float32), dev)
-        if rounding.mode == "nearest":
-            out = jax.jit(lambda v: round_nearest(v, rounding))(values)
-        else:
-            bits = jax.device_put(np.asarray(bits, dtype=np.int32), dev) if bits is not None else \
-                jax.jit(lambda key: draw_bits(key, values.shape))(jax.random.key(device_seed()))
-            out = jax.jit(lambda v, b: round_stochastic(v, b, rounding))(values, bits)
-        return np.asarray(out).astype(np.float32)
+        return OPS
 
     def matmul(self, n, dtype, device):
         import jax
@@ -142,8 +130,7 @@ class JaxTrainer(Trainer):
         jax.config.update("jax_default_matmul_precision", matmul_precision)
         self.device = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
         self.is_gpu = device.kind == "gpu"
-        if self.is_gpu:  # the memory figure is the allocator's peak above this level
-            self.memory_start = self.device.memory_stats()["bytes_in_use"]
+        self.start_memory(self.is_gpu)
         # inputs and masks arrive in the weights' dtype; dense and conv layers cast them to the compute dtype
         self.input_dtype = jnp.dtype(precision.param_dtype)
         loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
@@ -151,21 +138,21 @@ class JaxTrainer(Trainer):
         put = lambda names: {n: jax.device_put(weights[n].astype(self.input_dtype), self.device)  # noqa: E731
                              for n in names}
         self.params, self.statistics = put(net.trainable), put(net.statistics)
-        self.rounding = rounding = precision.rounding
+        self.start_rounding(precision)
+        rounding = self.rounding
         if rounding is None:
-            optimizer = make_optimizer(spec.optimizer)
+            optimizer = make_optimizer(spec.optimizer, self.params)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_jax.rounding import make_rounded_optimizer, round_nearest
-            from harness.rounding import device_seed
+            from amp_harness_jax.rounding import OPS, make_rounded_optimizer
+            from harness.rounding import round_nearest_with
 
-            self.rounding_seed = device_seed()
-            optimizer = make_rounded_optimizer(spec.optimizer, rounding, self.rounding_seed)
             if rounding.format == "fixed16":  # the initial weights onto the grid
-                self.params = {n: round_nearest(p, rounding) for n, p in self.params.items()}
+                self.params = {n: round_nearest_with(OPS, p, rounding) for n, p in self.params.items()}
+            optimizer = make_rounded_optimizer(spec.optimizer, self.params, rounding, self.rounding_seed)
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
-        self.opt_state = jax.block_until_ready(jax.jit(optimizer.init)(self.params))  # every slot, now
+        self.opt_state = optimizer.state  # every slot, created now
 
-        self.loss_scale = loss_scale
+        self.start_loss_scale(loss_scale)
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped = False
         self._scale = self._device_scale = None
@@ -226,18 +213,8 @@ class JaxTrainer(Trainer):
                         "compute_dtype": precision.compute_dtype, "param_dtype": precision.param_dtype,
                         "matmul_precision": matmul_precision,
                         "loss_scaler": "harness (manual, in the jitted step)" if scaling else None,
-                        "weight_update": rounding.describe() if rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        **self.rounding_options(),
                         "inter_op_threads": NO_INTER_OP}
-
-    def set_rounding_noise(self, bits):
-        self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
-
-    def _set_scale(self) -> None:
-        """The scale as a device scalar, transferred only when the rules change it."""
-        if self._scale != self.scaler.scale:
-            self._scale = self.scaler.scale
-            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
 
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step
@@ -248,18 +225,20 @@ class JaxTrainer(Trainer):
                  {path: self._put(mask, self.input_dtype) for path, mask in masks.items()})
         return self.jax.block_until_ready(batch)
 
-    # -- training -------------------------------------------------------------------------------------
-    def train_step(self, batch) -> float:
-        bits, self._bits = self._bits, None
-        self.params, self.opt_state, self.statistics, loss, finite = self._step(
-            self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
-        return self._finish(loss, finite)
+    def set_rounding_noise(self, bits):
+        self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
 
-    def captured_step(self, batch):
+    # -- training -------------------------------------------------------------------------------------
+    def run_step(self, batch, capture: dict | None) -> float:
         bits, self._bits = self._bits, None
-        self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
-            self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
-        return self._finish(loss, finite), {name: _numpy(g) for name, g in grads.items()}
+        if capture is None:
+            self.params, self.opt_state, self.statistics, loss, finite = self._step(
+                self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
+        else:  # diagnose mode: the step's capturing twin
+            self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
+                self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
+            capture.update({name: self.output(g) for name, g in grads.items()})
+        return self._finish(loss, finite)
 
     def _finish(self, loss, finite) -> float:
         """The loss once the step has finished (fetching it waits for the device), after the scaler's update."""
@@ -269,6 +248,17 @@ class JaxTrainer(Trainer):
         self.skipped = self.scaler.update(finite=bool(finite))
         self._set_scale()
         return float(loss)
+
+    def _set_scale(self) -> None:
+        """The scale as a device scalar, transferred only when the rules change it."""
+        if self._scale != self.scaler.scale:
+            self._scale = self.scaler.scale
+            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
+
+    def layer_outputs(self, x, y):
+        outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
+                                      self._put(y, np.int32))
+        return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
 
     def profile(self, run_steps):
         if self.is_gpu:  # a GPU's instructions run on device planes, which profile.py does not read
@@ -288,33 +278,23 @@ class JaxTrainer(Trainer):
             for owner, name, _ in patched:
                 delattr(owner, name)  # the class's method again
 
-    def loss_scale_state(self) -> LossScaleState | None:
-        return None if self.scaler is None else LossScaleState(self.scaler.scale, self.skipped)
-
-    def layer_outputs(self, x, y):
-        outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
-                                      self._put(y, np.int32))
-        return {path: (_numpy(value), _numpy(grad)) for path, (value, grad) in outputs.items()}
-
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return _numpy(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
+        return self.output(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {name: _numpy(value) for name, value in {**self.params, **self.statistics}.items()}
+        return {name: self.output(value) for name, value in {**self.params, **self.statistics}.items()}
 
     def param_count(self) -> int:
         return sum(int(p.size) for p in self.params.values())
 
-    def memory_peak_mb(self):
-        if not self.is_gpu:
-            return None
-        peak = self.device.memory_stats()["peak_bytes_in_use"] - self.memory_start
-        return peak / 2**20, "XLA GPU allocator peak (peak_bytes_in_use) above its level before the build"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        return self.scaler.scale, self.skipped
 
+    memory_kind = "XLA GPU allocator peak (peak_bytes_in_use) above its level before the build"
+    def _memory_in_use(self) -> int:
+        return self.device.memory_stats()["bytes_in_use"]
 
-def _numpy(value) -> np.ndarray:
-    """A float32 (float64 in a float64 run) numpy copy of a jax array, whatever its dtype: never a view of a
-    device buffer that the next step donates back to XLA."""
-    value = np.asarray(value)
-    return np.array(value, dtype=np.float64 if value.dtype == np.float64 else np.float32, copy=True)
+    def _memory_peak(self) -> int:
+        return self.device.memory_stats()["peak_bytes_in_use"]

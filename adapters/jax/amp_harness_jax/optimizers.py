@@ -6,7 +6,7 @@ JAX types weakly: they take the weights' dtype, so a float64 run computes them i
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,27 +15,38 @@ from harness.model.spec import PROB_EPSILON
 
 
 class Optimizer(NamedTuple):
-    init: Callable  # params -> state: every slot created in build, none lazily in a step
     update: Callable  # (grads, state, params) -> (new params, new state)
+    state: Any  # the state of the weights it was made for: every slot, created in build (none lazily in a step)
+
+
+def bind(init: Callable, update: Callable, params) -> Optimizer:
+    """An optimizer (`init`: params -> state, `update`) made for `params`: its state created now, on their device."""
+    return Optimizer(update, jax.block_until_ready(jax.jit(init)(params)))
 
 
 def _map(fn, *trees):
     return jax.tree.map(fn, *trees)
 
 
-def make_optimizer(spec) -> Optimizer:
+def make_optimizer(spec, params) -> Optimizer:
+    """The spec's optimizer over `params` (weight name -> array), with all its state."""
+    return bind(*_spec_optimizer(spec), params)
+
+
+def _spec_optimizer(spec) -> tuple[Callable, Callable]:
+    """(init, update) of the spec's optimizer."""
     lr = spec.learning_rate
     if spec.type == "sgd":
         m = spec.momentum
         if m == 0:  # plain SGD keeps no state
-            return Optimizer(lambda params: {}, lambda g, s, p: (_map(lambda p, g: p - lr * g, p, g), s))
+            return lambda params: {}, lambda g, s, p: (_map(lambda p, g: p - lr * g, p, g), s)
 
         def sgd(grads, state, params):
             buf = _map(lambda b, g: m * b + g, state["momentum"], grads)
             step = _map(lambda g, b: g + m * b, grads, buf) if spec.nesterov else buf
             return _map(lambda p, d: p - lr * d, params, step), {"momentum": buf}
 
-        return Optimizer(lambda params: {"momentum": _map(jnp.zeros_like, params)}, sgd)
+        return lambda params: {"momentum": _map(jnp.zeros_like, params)}, sgd
     if spec.type == "adam":
         b1, b2, eps = spec.beta_1, spec.beta_2, spec.epsilon
 
@@ -53,8 +64,8 @@ def make_optimizer(spec) -> Optimizer:
 
             return _map(apply, params, mu, nu), {"count": count, "m": mu, "v": nu}
 
-        return Optimizer(lambda params: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, params),
-                                         "v": _map(jnp.zeros_like, params)}, adam)
+        return (lambda params: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, params),
+                                "v": _map(jnp.zeros_like, params)}), adam
     rho, eps, inside = spec.rho, spec.epsilon, spec.epsilon_placement == "inside"
 
     def rmsprop(grads, state, params):
@@ -62,7 +73,7 @@ def make_optimizer(spec) -> Optimizer:
         denom = _map(lambda v: jnp.sqrt(v + eps) if inside else jnp.sqrt(v) + eps, sq)
         return _map(lambda p, g, d: p - lr * (g / d), params, grads, denom), {"square_avg": sq}
 
-    return Optimizer(lambda params: {"square_avg": _map(jnp.zeros_like, params)}, rmsprop)
+    return lambda params: {"square_avg": _map(jnp.zeros_like, params)}, rmsprop
 
 
 def loss_fn(spec, outputs, labels):

@@ -1,24 +1,20 @@
-"""The core's weight-writing rules (harness.rounding) in JAX: stochastic rounding through bit-casts
-(lax.bitcast_convert_type), the fixed-point grid, Kahan-compensated updates, and the optimizer that computes its
-update in float32 and writes the new weights by these rules (the precisions with a `rounding`)."""
+"""harness.rounding's primitives in JAX (RoundingOps: bit-casts through lax.bitcast_convert_type), and the
+optimizer that computes its update in float32 and writes the new weights by the core's rules (the precisions
+with a `rounding`)."""
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from amp_harness_jax.optimizers import Optimizer
-from harness.rounding import FLOAT16_MAX, NOISE_RANGE, Rounding
-
-_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "fixed16": jnp.float32}
-_FLOAT16_MIN_BIASED_EXPONENT = 127 - 14  # float16's smallest normal exponent, as float32 stores it
+from amp_harness_jax.optimizers import Optimizer, bind
+from harness.rounding import Rounding, RoundingOps, write_with
 
 
-def storage_dtype(rounding: Rounding):
-    """The dtype that holds the format's values: fixed-point values are float32 numbers on the grid."""
-    return _DTYPES[rounding.format]
+def jax_device(device):
+    """JAX's device of a harness.adapter.Device."""
+    return jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
 
 
 def draw_bits(key, shape):
@@ -26,43 +22,24 @@ def draw_bits(key, shape):
     return jax.random.bits(key, shape, jnp.uint16).astype(jnp.int32)
 
 
-def round_nearest(x, rounding: Rounding):
-    """float32 `x` written to the format with round-to-nearest-even."""
-    if rounding.format != "fixed16":
-        return x.astype(storage_dtype(rounding))  # XLA's converts round to nearest even
-    lo, hi = rounding.fixed_range
-    return jnp.clip(jnp.round(x / rounding.fixed_step) * rounding.fixed_step, lo, hi)
+OPS = RoundingOps(
+    as_int32=lambda x: lax.bitcast_convert_type(x, jnp.int32),
+    as_float32=lambda p: lax.bitcast_convert_type(p, jnp.float32),
+    to_float32=lambda t: t.astype(jnp.float32),
+    cast=lambda x, dtype: x.astype(dtype),  # XLA's converts round to nearest even
+    bit_and=jnp.bitwise_and, shift_right=jnp.right_shift, shift_left=jnp.left_shift,
+    maximum=jnp.maximum, add_mask=jnp.add, floor=jnp.floor, round_half_even=jnp.round, abs=jnp.abs,
+    where=jnp.where, isfinite=jnp.isfinite, copysign=jnp.copysign, clip=jnp.clip,
+    full_like=lambda x, value: jnp.full_like(x, value, jnp.float32),
+    to_tensor=lambda a, device: jax.device_put(np.array(a), jax_device(device)),
+    to_numpy=np.asarray,
+    draw_bits=lambda shape, seed, device: jax.jit(lambda key: draw_bits(key, tuple(shape)))(
+        jax.device_put(jax.random.key(seed), jax_device(device))),
+    on_device=lambda fn, device: jax.jit(fn),  # as the step runs it: compiled, where its inputs are
+)
 
 
-def round_stochastic(x, bits, rounding: Rounding):
-    """float32 `x` written to the format with stochastic rounding by the core's rule, `bits` int32 0..2^16-1."""
-    x = x.astype(jnp.float32)
-    if rounding.format == "bfloat16":
-        # add the 16 bits to the float32 pattern and clear the 16 that bfloat16 drops: the cast is then exact
-        pattern = lax.bitcast_convert_type(x, jnp.int32)
-        rounded = lax.bitcast_convert_type((pattern + bits) & -NOISE_RANGE, jnp.float32)
-    else:
-        magnitude = jnp.abs(x)
-        if rounding.format == "float16":  # the gap, a power of two, built from x's exponent field
-            exponent = (lax.bitcast_convert_type(x, jnp.int32) >> 23) & 0xFF
-            biased = jnp.maximum(exponent, _FLOAT16_MIN_BIASED_EXPONENT) - 10
-            gap = lax.bitcast_convert_type(biased << 23, jnp.float32)
-        else:
-            gap = jnp.full_like(x, rounding.fixed_step)
-        m = magnitude / gap  # exact: gap is a power of two
-        low = jnp.floor(m)
-        away = bits.astype(jnp.float32) + (m - low) * NOISE_RANGE >= NOISE_RANGE
-        rounded = jnp.copysign((low + away) * gap, x)
-        if rounding.format == "fixed16":
-            rounded = jnp.clip(rounded, *rounding.fixed_range)
-        else:  # past float16's largest finite value: infinity, as a cast gives
-            rounded = jnp.where(jnp.abs(rounded) > FLOAT16_MAX, jnp.copysign(math.inf, x), rounded)
-    # non-finite values as nearest rounding writes them: kept in a float format, saturated on the fixed grid
-    kept = jnp.clip(x, *rounding.fixed_range) if rounding.format == "fixed16" else x
-    return jnp.where(jnp.isfinite(x), rounded, kept).astype(storage_dtype(rounding))
-
-
-def make_rounded_optimizer(spec, rounding: Rounding, seed: int) -> Optimizer:
+def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optimizer:
     """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
     nearest rounding, the weights by the precision's rule. `update` takes a fourth argument: the core's bits by
@@ -108,18 +85,15 @@ def make_rounded_optimizer(spec, rounding: Rounding, seed: int) -> Optimizer:
                 keep("square_avg", v)
                 denom = jnp.sqrt(v + spec.epsilon) if spec.epsilon_placement == "inside" else jnp.sqrt(v) + spec.epsilon
                 new = w - spec.learning_rate * (g / denom)
-            if rounding.mode == "nearest":
-                new_params[name] = round_nearest(new, rounding)
-            elif rounding.mode == "kahan":
-                y = (new - w) - state["compensation"][name].astype(f32)
-                s = (w + y).astype(p.dtype)
-                keep("compensation", (s.astype(f32) - w) - y)
-                new_params[name] = s
-            else:
+            given = None
+            if rounding.stochastic:
                 given = bits[name] if bits is not None else draw_bits(jax.random.fold_in(step_key, index), p.shape)
-                new_params[name] = round_stochastic(new, given, rounding)
+            compensation = state["compensation"][name] if rounding.mode == "kahan" else None
+            new_params[name], new_compensation = write_with(OPS, rounding, w, new, compensation, given)
+            if new_compensation is not None:
+                keep("compensation", new_compensation)
         for slot in slots:  # weights without a gradient keep their state (every weight has one here)
             new_state.setdefault(slot, {})
         return new_params, new_state
 
-    return Optimizer(init, update)
+    return bind(init, update, params)

@@ -26,8 +26,9 @@ from harness.adapter import (
     STEP_SCOPE,
     UPDATE_SCOPE,
     Adapter,
+    Capabilities,
     Device,
-    LossScaleState,
+    Refusal,
     Trainer,
     layer_scope,
 )
@@ -59,23 +60,15 @@ class MXNetAdapter(Adapter):
             return Device("gpu:0", "gpu", f"CUDA GPU 0 ({total / 2**30:.0f} GiB)", {"memory_gb": total / 2**30})
         return Device("cpu", "cpu", cpu_info()[0])
 
-    def unsupported(self, precision, device) -> str | None:
-        if precision.rounding is not None and precision.rounding.format != "fixed16":
-            # checked with 1.9.1: neither mx.nd nor mx.np can reinterpret a float32 array's bits as integers
-            # (no bitcast operator, mx.np.ndarray has no .view), which harness.rounding's rules are written with
-            return (f"MXNet 1.9 has no bit-cast (no bitcast operator, no ndarray.view(dtype)) to write "
-                    f"{precision.rounding.describe()}")
-        if precision.rounding is not None:
-            return ("the MXNet adapter does not implement the fixed-point grid's float32 update (its Gluon Trainer "
-                    "updates weights in place); left undone, see docs/stochastic-rounding.md")
-        reason = super().unsupported(precision, device)
-        if reason or device.kind != "cpu":
-            return reason
-        if precision.name == "bf16":
-            # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid
-            # pointer) or failed with "Unknown type enum 12"; bfloat16 works inside AMP only
-            return "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network cast to it crashes"
-        return None
+    capabilities = Capabilities(
+        # checked with 1.9.1: neither mx.nd nor mx.np can reinterpret a float32 array's bits as integers, which
+        # harness.rounding's rules are written with; the fixed-point grid needs none, but the adapter has no
+        # rounding_ops (its optimizers update the weights in place; left undone, see docs/stochastic-rounding.md)
+        no_bitcast="MXNet 1.9 has no bitcast operator, no ndarray.view(dtype)",
+        # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid pointer) or
+        # failed with "Unknown type enum 12"; bfloat16 works inside AMP only
+        refused=(Refusal("bf16", "cpu", "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network "
+                                        "cast to it crashes"),))
 
     def explain_probe_failure(self, precision, device, error) -> str | None:
         dtype = precision.compute_dtype
@@ -142,9 +135,7 @@ class MXNetTrainer(Trainer):
         self.mx = mx
         self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
         self.is_gpu = device.kind == "gpu"
-        if self.is_gpu:  # MXNet has no allocator peak: device-wide use is sampled above this level
-            free, total = mx.context.gpu_memory_info(0)
-            self.memory_start = self.peak_bytes = total - free
+        self.start_memory(self.is_gpu)
         if precision.tf32:
             os.environ["NVIDIA_TF32_OVERRIDE"] = "1"
         mx.random.seed(spec.seed)
@@ -166,8 +157,8 @@ class MXNetTrainer(Trainer):
         self.trainable_names = [name for name, p in self.net.handles.items() if p.grad_req != "null"]
         self.params = [self.net.handles[name] for name in self.trainable_names]
         self.grads = [p.grad(self.ctx) for p in self.params]
-        self.optimizer = make_optimizer(spec.optimizer, [p.data(self.ctx) for p in self.params], self.grads)
-        self.loss_scale = loss_scale
+        self.optimizer = make_optimizer(spec.optimizer, self.params)
+        self.start_loss_scale(loss_scale)
         self.fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         self.scaler = None
         if loss_scale.mode == "dynamic":
@@ -203,18 +194,8 @@ class MXNetTrainer(Trainer):
         self.mx.nd.waitall()
         return batch
 
-    def train_step(self, batch) -> float:
-        return self._step(batch, None)
-
-    def captured_step(self, batch):
-        gradients: dict = {}
-        return self._step(batch, gradients), gradients
-
-    @staticmethod
-    def no_range(name: str, drain: bool = False):
-        return NO_RANGE
-
-    def _step(self, batch, capture: dict | None) -> float:
+    # -- training -------------------------------------------------------------------------------------
+    def run_step(self, batch, capture: dict | None) -> float:
         """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
         profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
         mx, (x, y, masks), part = self.mx, batch, self._range
@@ -251,6 +232,22 @@ class MXNetTrainer(Trainer):
                 mx.nd.waitall()
                 return float(loss.asscalar())
 
+    @staticmethod
+    def no_range(name: str, drain: bool = False):
+        return NO_RANGE
+
+    def _update_running_statistics(self, stats) -> None:
+        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
+        profiling, each layer's operators run inside its range, before the update's are dispatched."""
+        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
+            layer = self.net.infos[path].spec
+            mean, inv_std = stats[2 * i], stats[2 * i + 1]
+            with self._range(layer_scope(path), drain=True):
+                variance = 1 / (inv_std * inv_std) - layer.epsilon
+                for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
+                    running = self.net.handles[f"{path}.{name}"].data(self.ctx)
+                    running[:] = layer.momentum * running + (1 - layer.momentum) * batch
+
     def layer_outputs(self, x, y):
         from amp_harness_mxnet.network import canonical_activation
         from amp_harness_mxnet.optimizers import loss_fn
@@ -280,33 +277,12 @@ class MXNetTrainer(Trainer):
 
         return profile_steps(self, run_steps)
 
-    def after_step(self) -> None:
-        if self.is_gpu:  # MXNet has no allocator peak: sample device-wide use after each step
-            free, total = self.mx.context.gpu_memory_info(0)
-            self.peak_bytes = max(self.peak_bytes, total - free)
-
-    def _update_running_statistics(self, stats) -> None:
-        """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
-        profiling, each layer's operators run inside its range, before the update's are dispatched."""
-        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
-            layer = self.net.infos[path].spec
-            mean, inv_std = stats[2 * i], stats[2 * i + 1]
-            with self._range(layer_scope(path), drain=True):
-                variance = 1 / (inv_std * inv_std) - layer.epsilon
-                for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
-                    running = self.net.handles[f"{path}.{name}"].data(self.ctx)
-                    running[:] = layer.momentum * running + (1 - layer.momentum) * batch
-
-    def loss_scale_state(self) -> LossScaleState | None:
-        if self.scaler is not None or self.loss_scale.mode == "fixed":
-            return LossScaleState(self.scaler.loss_scale if self.scaler else self.loss_scale.initial, self.skipped)
-        return None
-
+    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         ones = [self._array(np.ones((len(x), *self.net.infos[path].out_shape))) for path in self.net.mask_paths]
         out = self.net(self._array(x), *ones)  # outside autograd.record: inference mode, no dropout
         out = out[0] if isinstance(out, (list, tuple)) else out
-        return out.asnumpy() if out.dtype == np.float64 else out.astype("float32").asnumpy()
+        return self.output(out)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.net.canonical_weights()
@@ -314,9 +290,17 @@ class MXNetTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(p.shape) for p in self.net.collect_params().values() if p.grad_req != "null"))
 
-    def memory_peak_mb(self):
-        if not self.is_gpu:
-            return None
-        return ((self.peak_bytes - self.memory_start) / 2**20,
-                "device-wide GPU memory in use above its level before the build, sampled after each step "
-                "(MXNet has no peak counter)")
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        return self.scaler.loss_scale if self.scaler else self.loss_scale.initial, self.skipped
+
+    memory_kind = ("device-wide GPU memory in use above its level before the build, sampled after each step "
+                   "(MXNet has no peak counter)")
+    memory_peak_counter = False  # the core samples _memory_in_use after each step
+    def _memory_in_use(self) -> int:
+        free, total = self.mx.context.gpu_memory_info(0)  # the driver's count: other processes' use too
+        return total - free
+
+    def _numpy(self, tensor) -> np.ndarray:
+        # numpy has no bfloat16: 16-bit outputs are cast to float32 (exact) on the device
+        return (tensor if tensor.dtype in (np.float32, np.float64) else tensor.astype("float32")).asnumpy()

@@ -103,8 +103,10 @@ class RMSprop(SpecOptimizer):
             weight[:] -= self.lr * g / denom
 
 
-def make_optimizer(spec, weights: list, grads: list) -> SpecOptimizer:
-    """The spec's optimizer over these weights and their gradient arrays (in the same order)."""
+def make_optimizer(spec, params: list) -> SpecOptimizer:
+    """The spec's optimizer over these trainable Gluon parameters (on one context): their weight and gradient
+    arrays."""
+    weights, grads = [p.data() for p in params], [p.grad() for p in params]
     if spec.type == "sgd":
         return SGD(weights, grads, spec.learning_rate, spec.momentum, spec.nesterov)
     if spec.type == "adam":

@@ -15,7 +15,6 @@ from harness.adapter import (
     LOSS_SCOPE,
     Adapter,
     Device,
-    LossScaleState,
     Trainer,
 )
 from harness.errors import HarnessError
@@ -72,26 +71,10 @@ class TensorFlowAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def write_weights(self, precision, x, bits, device):
-        import tensorflow as tf
+    def rounding_ops(self):
+        from amp_harness_tensorflow.rounding import OPS
 
-        from amp_harness_tensorflow.rounding import (
-            draw_bits,
-            round_nearest,
-            round_stochastic,
-        )
-        from harness.rounding import device_seed
-
-        rounding = precision.rounding
-        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
-            values = tf.constant(np.asarray(x, dtype=np.float32))
-            if rounding.mode == "nearest":
-                out = round_nearest(values, rounding)
-            else:
-                bits = draw_bits(values.shape, tf.random.Generator.from_seed(device_seed())) if bits is None \
-                    else tf.constant(np.asarray(bits, dtype=np.int32))
-                out = round_stochastic(values, bits, rounding)
-        return tf.cast(out, tf.float32).numpy()
+        return OPS
 
     def matmul(self, n, dtype, device):
         import tensorflow as tf
@@ -116,9 +99,7 @@ class TensorFlowTrainer(Trainer):
 
         self.tf, self.spec, self.loss_fn = tf, spec, loss_fn
         self.is_gpu = device.kind == "gpu"
-        if self.is_gpu:  # the memory figure is the allocator's peak above this level
-            tf.config.experimental.reset_memory_stats("GPU:0")
-            self.memory_start = tf.config.experimental.get_memory_info("GPU:0")["current"]
+        self.start_memory(self.is_gpu)
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
         policy, floatx = keras_policy(precision)
         # global, process-wide state: set before building (the runner gives each precision its own process)
@@ -128,20 +109,20 @@ class TensorFlowTrainer(Trainer):
         self.input_dtype = floatx
         self.net = Network(spec, graph, weights, floatx)
         model = self.net.train_model
-        self.rounding = precision.rounding
+        self.start_rounding(precision)
         self.rounded = None
         if self.rounding is None:
-            optimizer = make_optimizer(spec.optimizer)
+            optimizer = make_optimizer(spec.optimizer, model.trainable_variables)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_tensorflow.rounding import RoundedOptimizer, round_nearest
-            from harness.rounding import device_seed
+            from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
+            from harness.rounding import round_nearest_with
 
             if self.rounding.format == "fixed16":  # the initial weights onto the grid
                 for variable in model.trainable_variables:
-                    variable.assign(round_nearest(variable, self.rounding))
-            self.rounding_seed = device_seed()
-            optimizer = self.rounded = RoundedOptimizer(spec.optimizer, self.rounding, self.rounding_seed)
-        self.loss_scale = loss_scale
+                    variable.assign(round_nearest_with(OPS, variable, self.rounding))
+            optimizer = self.rounded = make_rounded_optimizer(spec.optimizer, model.trainable_variables,
+                                                              self.rounding, self.rounding_seed)
+        self.start_loss_scale(loss_scale)
         self.scaler = None
         if loss_scale.mode == "dynamic":
             if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
@@ -151,7 +132,7 @@ class TensorFlowTrainer(Trainer):
             self.scaler = "LossScaleOptimizer"
         elif loss_scale.mode == "fixed":
             self.scaler = "harness (fixed)"
-        optimizer.build(model.trainable_variables)
+        optimizer.build(model.trainable_variables)  # the loss-scale wrapper's own state (the inner one is built)
         self.optimizer = optimizer
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
         self.xla = variant == "xla"
@@ -193,13 +174,8 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function",
-                        "weight_update": self.rounding.describe() if self.rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        **self.rounding_options(),
                         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
-
-    def set_rounding_noise(self, bits):
-        for name, value in bits.items():  # Keras' layouts are the canonical ones
-            self.rounded.set_bits(self.net.variables[name], value)
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
@@ -209,13 +185,18 @@ class TensorFlowTrainer(Trainer):
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch
 
-    def train_step(self, batch) -> float:
-        loss, self._applied = self._step(*batch)
-        return float(loss.numpy())  # a blocking fetch: the step has finished on the device
+    def set_rounding_noise(self, bits):
+        for name, value in bits.items():  # Keras' layouts are the canonical ones
+            self.rounded.set_bits(self.net.variables[name], value)
 
-    def captured_step(self, batch):
-        loss, self._applied, grads = self._captured(*batch)
-        return float(loss.numpy()), {name: _numpy(g) for name, g in zip(self._trainable_names, grads)}
+    # -- training -------------------------------------------------------------------------------------
+    def run_step(self, batch, capture: dict | None) -> float:
+        if capture is None:
+            loss, self._applied = self._step(*batch)
+        else:  # diagnose mode: the step's capturing twin
+            loss, self._applied, grads = self._captured(*batch)
+            capture.update({name: self.output(g) for name, g in zip(self._trainable_names, grads)})
+        return float(loss.numpy())  # a blocking fetch: the step has finished on the device
 
     def layer_outputs(self, x, y):
         tf = self.tf
@@ -224,7 +205,7 @@ class TensorFlowTrainer(Trainer):
             tape.watch(list(outputs.values()))
             loss = self.loss_fn(self.spec.loss, out, tf.constant(y))
         grads = tape.gradient(loss, list(outputs.values()))
-        return {path: (_numpy(value), _numpy(grad))
+        return {path: (self.output(value), self.output(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
     def profile(self, run_steps):
@@ -234,18 +215,9 @@ class TensorFlowTrainer(Trainer):
 
         return profile_steps(self, run_steps)
 
-    def loss_scale_state(self) -> LossScaleState | None:
-        if self.loss_scale.mode == "none":
-            return None
-        if self.loss_scale.mode == "fixed":
-            return LossScaleState(self.loss_scale.initial, not bool(self._applied.numpy()))
-        iterations = int(self.optimizer.iterations.numpy())
-        skipped, self.applied_steps = iterations == self.applied_steps, iterations
-        return LossScaleState(float(self.optimizer.dynamic_scale.numpy()), skipped)
-
+    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
-        out = self._predict(self.tf.constant(x, dtype=self.input_dtype)).numpy()
-        return out if out.dtype == np.float64 else out.astype(np.float32)
+        return self.output(self._predict(self.tf.constant(x, dtype=self.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.net.canonical_weights()
@@ -253,14 +225,23 @@ class TensorFlowTrainer(Trainer):
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
 
-    def memory_peak_mb(self):
-        if not self.is_gpu:
-            return None
-        peak = self.tf.config.experimental.get_memory_info("GPU:0")["peak"] - self.memory_start
-        return peak / 2**20, "TensorFlow GPU allocator peak above its level before the build (memory growth on)"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        if self.loss_scale.mode == "fixed":
+            return self.loss_scale.initial, not bool(self._applied.numpy())
+        iterations = int(self.optimizer.iterations.numpy())
+        skipped, self.applied_steps = iterations == self.applied_steps, iterations
+        return float(self.optimizer.dynamic_scale.numpy()), skipped
 
+    memory_kind = "TensorFlow GPU allocator peak above its level before the build (memory growth on)"
+    def _reset_memory_peak(self) -> None:
+        self.tf.config.experimental.reset_memory_stats("GPU:0")
 
-def _numpy(t) -> np.ndarray:
-    """float32 numpy (float64 in a float64 run), whatever the tensor's dtype."""
-    value = t.numpy()
-    return value if value.dtype == np.float64 else value.astype(np.float32)
+    def _memory_in_use(self) -> int:
+        return self.tf.config.experimental.get_memory_info("GPU:0")["current"]
+
+    def _memory_peak(self) -> int:
+        return self.tf.config.experimental.get_memory_info("GPU:0")["peak"]
+
+    def _numpy(self, tensor) -> np.ndarray:
+        return tensor.numpy()

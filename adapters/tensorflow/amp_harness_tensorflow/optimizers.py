@@ -93,12 +93,16 @@ class RMSprop(SpecOptimizer):
         self.assign_sub(variable, c(self.lr) * g / denom)
 
 
-def make_optimizer(spec) -> keras.optimizers.Optimizer:
+def make_optimizer(spec, variables) -> keras.optimizers.Optimizer:
+    """The spec's optimizer over these trainable variables, built: every slot created now."""
     if spec.type == "sgd":
-        return SGD(spec.learning_rate, spec.momentum, spec.nesterov)
-    if spec.type == "adam":
-        return Adam(spec.learning_rate, spec.beta_1, spec.beta_2, spec.epsilon)
-    return RMSprop(spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
+        optimizer = SGD(spec.learning_rate, spec.momentum, spec.nesterov)
+    elif spec.type == "adam":
+        optimizer = Adam(spec.learning_rate, spec.beta_1, spec.beta_2, spec.epsilon)
+    else:
+        optimizer = RMSprop(spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
+    optimizer.build(variables)
+    return optimizer
 
 
 def loss_fn(spec, outputs, labels):

@@ -1,23 +1,18 @@
-"""The core's weight-writing rules (harness.rounding) in TensorFlow: stochastic rounding through bit-casts
-(tf.bitcast), the fixed-point grid, Kahan-compensated updates, and the optimizer that computes its update in
-float32 and writes the new weights by these rules (the precisions with a `rounding`)."""
+"""harness.rounding's primitives in TensorFlow (RoundingOps: bit-casts through tf.bitcast), and the optimizer
+that computes its update in float32 and writes the new weights by the core's rules (the precisions with a
+`rounding`)."""
 from __future__ import annotations
-
-import math
 
 import tensorflow as tf
 
 from amp_harness_tensorflow.optimizers import SpecOptimizer
 from harness.errors import HarnessError
-from harness.rounding import FLOAT16_MAX, NOISE_RANGE, Rounding
-
-_DTYPES = {"bfloat16": tf.bfloat16, "float16": tf.float16, "fixed16": tf.float32}
-_FLOAT16_MIN_BIASED_EXPONENT = 127 - 14  # float16's smallest normal exponent, as float32 stores it
+from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, write_with
 
 
-def storage_dtype(rounding: Rounding):
-    """The dtype that holds the format's values: fixed-point values are float32 numbers on the grid."""
-    return _DTYPES[rounding.format]
+def device_name(device) -> str:
+    """TensorFlow's name of a harness.adapter.Device."""
+    return "/GPU:0" if device.kind == "gpu" else "/CPU:0"
 
 
 def draw_bits(shape, generator: tf.random.Generator):
@@ -25,43 +20,41 @@ def draw_bits(shape, generator: tf.random.Generator):
     return generator.uniform(shape, minval=0, maxval=NOISE_RANGE, dtype=tf.int32)
 
 
-def round_nearest(x, rounding: Rounding):
-    """float32 `x` written to the format with round-to-nearest-even."""
-    if rounding.format != "fixed16":
-        return tf.cast(x, storage_dtype(rounding))  # TensorFlow's casts round to nearest even
-    lo, hi = rounding.fixed_range
-    return tf.clip_by_value(tf.round(x / rounding.fixed_step) * rounding.fixed_step, lo, hi)
-
-
-def round_stochastic(x, bits, rounding: Rounding):
-    """float32 `x` written to the format with stochastic rounding by the core's rule, `bits` int32 0..2^16-1."""
-    if rounding.format == "bfloat16":
-        # add the 16 bits to the float32 pattern and clear the 16 that bfloat16 drops: the cast is then exact
-        rounded = tf.bitcast(tf.bitwise.bitwise_and(tf.bitcast(x, tf.int32) + bits, -NOISE_RANGE), tf.float32)
-    else:
-        magnitude = tf.abs(x)
-        if rounding.format == "float16":  # the gap, a power of two, built from x's exponent field
-            exponent = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.bitcast(x, tf.int32), 23), 0xFF)
-            biased = tf.maximum(exponent, _FLOAT16_MIN_BIASED_EXPONENT) - 10
-            gap = tf.bitcast(tf.bitwise.left_shift(biased, 23), tf.float32)
-        else:
-            gap = tf.fill(tf.shape(x), tf.constant(rounding.fixed_step, tf.float32))
-        m = magnitude / gap  # exact: gap is a power of two
-        low = tf.floor(m)
-        away = tf.cast(bits, tf.float32) + (m - low) * NOISE_RANGE >= NOISE_RANGE
-        rounded = _copysign((low + tf.cast(away, tf.float32)) * gap, x)
-        if rounding.format == "fixed16":
-            rounded = tf.clip_by_value(rounded, *rounding.fixed_range)
-        else:  # past float16's largest finite value: infinity, as a cast gives
-            rounded = tf.where(tf.abs(rounded) > FLOAT16_MAX, _copysign(tf.fill(tf.shape(x), math.inf), x), rounded)
-    # non-finite values as nearest rounding writes them: kept in a float format, saturated on the fixed grid
-    kept = tf.clip_by_value(x, *rounding.fixed_range) if rounding.format == "fixed16" else x
-    return tf.cast(tf.where(tf.math.is_finite(x), rounded, kept), storage_dtype(rounding))
-
-
 def _copysign(magnitude, sign):
     """|magnitude| with the sign bit of `sign` (negative zero included), as torch.copysign."""
     return tf.where(tf.bitcast(sign, tf.int32) < 0, -tf.abs(magnitude), tf.abs(magnitude))
+
+
+def _placed(fn, device):
+    """fn with its ops placed on `device`."""
+    def run(*args):
+        with tf.device(device_name(device)):
+            return fn(*args)
+    return run
+
+
+OPS = RoundingOps(
+    as_int32=lambda x: tf.bitcast(x, tf.int32),
+    as_float32=lambda p: tf.bitcast(p, tf.float32),
+    to_float32=lambda t: tf.cast(t, tf.float32),
+    cast=tf.cast,  # TensorFlow's casts round to nearest even
+    bit_and=tf.bitwise.bitwise_and, shift_right=tf.bitwise.right_shift, shift_left=tf.bitwise.left_shift,
+    maximum=tf.maximum, add_mask=lambda x, mask: x + tf.cast(mask, tf.float32), floor=tf.floor,
+    round_half_even=tf.round, abs=tf.abs, where=tf.where, isfinite=tf.math.is_finite, copysign=_copysign,
+    clip=tf.clip_by_value, full_like=lambda x, value: tf.fill(tf.shape(x), tf.constant(value, tf.float32)),
+    to_tensor=lambda a, device: _placed(tf.constant, device)(a),
+    to_numpy=lambda t: t.numpy(),
+    draw_bits=lambda shape, seed, device: _placed(
+        lambda: draw_bits(shape, tf.random.Generator.from_seed(seed)), device)(),
+    on_device=_placed,
+)
+
+
+def make_rounded_optimizer(spec, variables, rounding: Rounding, seed: int) -> RoundedOptimizer:
+    """The spec's optimizer writing the weights by the rounding's rule, over these variables, built."""
+    optimizer = RoundedOptimizer(spec, rounding, seed)
+    optimizer.build(variables)
+    return optimizer
 
 
 class RoundedOptimizer(SpecOptimizer):
@@ -123,18 +116,14 @@ class RoundedOptimizer(SpecOptimizer):
         state.assign(tf.cast(value, state.dtype))
 
     def _write(self, variable, w, new):
-        rounding = self.rounding
-        if rounding.mode == "nearest":
-            return round_nearest(new, rounding)
-        if rounding.mode == "kahan":
-            compensation = self.slot("compensation", variable)
-            y = (new - w) - tf.cast(compensation, tf.float32)
-            s = tf.cast(w + y, variable.dtype)
-            compensation.assign(tf.cast((tf.cast(s, tf.float32) - w) - y, variable.dtype))
-            return s
-        if self.given_bits:
+        bits = None
+        if self.rounding.stochastic and self.given_bits:
             bits = self.bits[self._get_variable_index(variable)]
-        else:
+        elif self.rounding.stochastic:
             self.traced_drawing = True
             bits = draw_bits(variable.shape, self.generator)
-        return round_stochastic(new, bits, rounding)
+        compensation = self.slot("compensation", variable) if self.rounding.mode == "kahan" else None
+        weights, new_compensation = write_with(OPS, self.rounding, w, new, compensation, bits)
+        if new_compensation is not None:
+            compensation.assign(new_compensation)
+        return weights

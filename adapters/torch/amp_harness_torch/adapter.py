@@ -16,7 +16,6 @@ from harness.adapter import (
     UPDATE_SCOPE,
     Adapter,
     Device,
-    LossScaleState,
     Trainer,
 )
 from harness.errors import HarnessError
@@ -73,26 +72,10 @@ class TorchAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TorchTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def write_weights(self, precision, x, bits, device):
-        import torch
+    def rounding_ops(self):
+        from amp_harness_torch.rounding import OPS
 
-        from amp_harness_torch.rounding import (
-            draw_bits,
-            round_nearest,
-            round_stochastic,
-        )
-        from harness.rounding import device_seed
-
-        rounding = precision.rounding
-        values = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device.name)
-        if rounding.mode == "nearest":
-            out = round_nearest(values, rounding)
-        else:
-            seed = device_seed()  # as a timed run seeds it
-            bits = draw_bits(values.shape, torch.Generator(device=device.name).manual_seed(seed)) if bits is None \
-                else torch.from_numpy(np.asarray(bits, dtype=np.int32)).to(device.name)
-            out = round_stochastic(values, bits, rounding)
-        return out.float().cpu().numpy()
+        return OPS
 
     def matmul(self, n, dtype, device):
         import torch
@@ -116,10 +99,7 @@ class TorchTrainer(Trainer):
         self.spec = spec
         self.device = torch.device(device.name)
         self.is_cuda = self.device.type == "cuda"
-        if self.is_cuda:  # the memory figure is the allocator's peak above this level
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.memory_start = torch.cuda.memory_allocated()
+        self.start_memory(self.is_cuda)
         # strict fp32 unless the precision asks for TF32 (both default to TF32 for convolutions)
         torch.backends.cuda.matmul.allow_tf32 = precision.tf32
         torch.backends.cudnn.allow_tf32 = precision.tf32
@@ -133,27 +113,25 @@ class TorchTrainer(Trainer):
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
-        self.rounding = precision.rounding
+        self.start_rounding(precision)
         if self.rounding is None:
             self.optimizer = make_optimizer(spec.optimizer, net.parameters())
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_torch.rounding import RoundedUpdate, round_nearest
-            from harness.rounding import device_seed
+            from amp_harness_torch.rounding import OPS, make_rounded_optimizer
+            from harness.rounding import round_nearest_with
 
             if self.rounding.format == "fixed16":  # the initial weights onto the grid
                 with torch.no_grad():
                     for p in net.parameters():
-                        p.copy_(round_nearest(p, self.rounding))
-            self.rounding_seed = device_seed()
-            self.optimizer = RoundedUpdate(net.parameters(), spec.optimizer, self.rounding, self.device,
-                                           self.rounding_seed)
+                        p.copy_(round_nearest_with(OPS, p, self.rounding))
+            self.optimizer = make_rounded_optimizer(spec.optimizer, net.parameters(), self.rounding, self.rounding_seed)
         self.compiled = variant == "compile"
         self.forward = torch.compile(net) if self.compiled else net
         self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
         # the module calls around the layers' ranges are the runtime's dispatch; a compiled graph would run its
         # kernels (the layers' work, which it cannot attribute) in that range too
         self.forward_scope = None if self.compiled else RUNTIME_SCOPE
-        self.loss_scale = loss_scale
+        self.start_loss_scale(loss_scale)
         self.grad_scaler = None
         self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
         self.skipped = False
@@ -166,11 +144,9 @@ class TorchTrainer(Trainer):
                         "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
                         "loss_scaler": "GradScaler" if self.grad_scaler else
                         (None if loss_scale.mode == "none" else "harness (manual)"),
-                        "weight_update": self.rounding.describe() if self.rounding else None,
-                        "rounding_seed": getattr(self, "rounding_seed", None),
+                        **self.rounding_options(),
                         "inter_op_threads": torch.get_num_interop_threads()}
 
-    # -- data -----------------------------------------------------------------------------------------
     def _input(self, x: np.ndarray):
         t = self.torch.from_numpy(x).to(self.device, non_blocking=True)
         if self.images:  # NHWC memory seen as NCHW: a channels-last view, no copy
@@ -199,20 +175,8 @@ class TorchTrainer(Trainer):
                 self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value))).to(self.device)
             for name, value in bits.items()}
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
     # -- training -------------------------------------------------------------------------------------
-    def train_step(self, batch) -> float:
-        return self._step(batch, None)
-
-    def captured_step(self, batch):
-        gradients: dict = {}
-        return self._step(batch, gradients), gradients
-
-    def _step(self, batch, capture: dict | None) -> float:
+    def run_step(self, batch, capture: dict | None) -> float:
         """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
         x, y, masks = batch
         with self._scope(UPDATE_SCOPE):  # clearing the gradients is the optimizer's bookkeeping
@@ -247,6 +211,11 @@ class TorchTrainer(Trainer):
         with self._scope(RUNTIME_SCOPE):  # handing the loss back
             return loss.item()  # waits for the device
 
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
     def _backward(self, loss) -> None:
         with self._scope(RUNTIME_SCOPE):  # the autograd engine's own work; its nodes' ops keep their layers' scopes
             loss.backward()
@@ -271,17 +240,6 @@ class TorchTrainer(Trainer):
         """A part's record_function range while profiling; a shared no-op in any other step (or without a name)."""
         return self.torch.profiler.record_function(name) if self.profiling and name else NO_SCOPE
 
-    def profile(self, run_steps):
-        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
-            return None
-        from amp_harness_torch.profile import profile_steps
-
-        self.profiling = True
-        try:
-            return profile_steps(self, run_steps)
-        finally:
-            self.profiling = False
-
     def layer_outputs(self, x, y):
         torch = self.torch
         self.net.eval()
@@ -296,23 +254,23 @@ class TorchTrainer(Trainer):
         return {path: (self.net.canonical_activation(value), self.net.canonical_activation(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
-    def loss_scale_state(self) -> LossScaleState | None:
-        if self.grad_scaler is not None:
-            scale = self.grad_scaler.get_scale()
-            # GradScaler backs off exactly when it skips a step
-            self.skipped, self.last_scale = scale < self.last_scale, scale
-            return LossScaleState(scale, self.skipped)
-        if self.loss_scale.mode == "none":
+    def profile(self, run_steps):
+        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
             return None
-        return LossScaleState(self.scaler.scale, self.skipped)
+        from amp_harness_torch.profile import profile_steps
+
+        self.profiling = True
+        try:
+            return profile_steps(self, run_steps)
+        finally:
+            self.profiling = False
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         self.net.eval()
         try:
             with self.torch.no_grad(), self._autocast():
-                out = self.net(self._input(x))
-                return out.to(self.torch.float64 if out.dtype == self.torch.float64 else self.torch.float32).cpu().numpy()
+                return self.output(self.net(self._input(x)))
         finally:
             self.net.train()
 
@@ -322,8 +280,27 @@ class TorchTrainer(Trainer):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.net.parameters() if p.requires_grad)
 
-    def memory_peak_mb(self):
-        if not self.is_cuda:
-            return None
-        peak = self.torch.cuda.max_memory_allocated() - self.memory_start
-        return peak / 2**20, "torch CUDA allocator peak above its level before the build (max_memory_allocated)"
+    # -- the core's bookkeeping's primitives ----------------------------------------------------------
+    def _loss_scale_now(self):
+        if self.grad_scaler is not None:
+            scale = self.grad_scaler.get_scale()
+            # GradScaler backs off exactly when it skips a step
+            self.skipped, self.last_scale = scale < self.last_scale, scale
+            return scale, self.skipped
+        return self.scaler.scale, self.skipped
+
+    memory_kind = "torch CUDA allocator peak above its level before the build (max_memory_allocated)"
+    def _reset_memory_peak(self) -> None:
+        self.torch.cuda.synchronize()
+        self.torch.cuda.reset_peak_memory_stats()
+
+    def _memory_in_use(self) -> int:
+        return self.torch.cuda.memory_allocated()
+
+    def _memory_peak(self) -> int:
+        return self.torch.cuda.max_memory_allocated()
+
+    def _numpy(self, tensor) -> np.ndarray:
+        tensor = tensor.detach().cpu()
+        # numpy has no bfloat16: its values as float32 (exact)
+        return (tensor.float() if tensor.dtype == self.torch.bfloat16 else tensor).numpy()

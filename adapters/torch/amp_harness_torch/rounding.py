@@ -1,21 +1,14 @@
-"""The core's weight-writing rules (harness.rounding) in torch: stochastic rounding through bit-casts
-(Tensor.view(dtype)), the fixed-point grid, Kahan-compensated updates, and the optimizer that computes its update
-in float32 and writes the new weights by these rules (the precisions with a `rounding`)."""
+"""harness.rounding's primitives in torch (RoundingOps: bit-casts through Tensor.view(dtype)), and the optimizer
+that computes its update in float32 and writes the new weights by the core's rules (the precisions with a
+`rounding`)."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from harness.rounding import FLOAT16_MAX, NOISE_RANGE, Rounding
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fixed16": torch.float32}
-_FLOAT16_MIN_BIASED_EXPONENT = 127 - 14  # float16's smallest normal exponent, as float32 stores it
-
-
-def storage_dtype(rounding: Rounding) -> torch.dtype:
-    """The dtype that holds the format's values: fixed-point values are float32 numbers on the grid."""
-    return _DTYPES[rounding.format]
+from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, write_with
 
 
 def draw_bits(shape, generator: torch.Generator) -> torch.Tensor:
@@ -24,38 +17,27 @@ def draw_bits(shape, generator: torch.Generator) -> torch.Tensor:
                          dtype=torch.int32)
 
 
-def round_nearest(x: torch.Tensor, rounding: Rounding) -> torch.Tensor:
-    """float32 `x` written to the format with round-to-nearest-even."""
-    if rounding.format != "fixed16":
-        return x.to(storage_dtype(rounding))  # torch's casts round to nearest even
-    lo, hi = rounding.fixed_range
-    return (torch.round(x / rounding.fixed_step) * rounding.fixed_step).clamp_(lo, hi)
+OPS = RoundingOps(
+    as_int32=lambda x: x.view(torch.int32),
+    as_float32=lambda p: p.view(torch.float32),
+    to_float32=lambda t: t.to(torch.float32),
+    cast=lambda x, dtype: x.to(getattr(torch, dtype)),  # torch's casts round to nearest even
+    bit_and=torch.bitwise_and, shift_right=torch.bitwise_right_shift, shift_left=torch.bitwise_left_shift,
+    maximum=torch.clamp_min, add_mask=torch.add, floor=torch.floor, round_half_even=torch.round, abs=torch.abs,
+    where=torch.where, isfinite=torch.isfinite, copysign=torch.copysign, clip=torch.clamp,
+    full_like=torch.full_like,
+    to_tensor=lambda a, device: torch.from_numpy(np.array(a)).to(device.name),
+    to_numpy=lambda t: t.cpu().numpy(),
+    draw_bits=lambda shape, seed, device: draw_bits(shape, torch.Generator(device=device.name).manual_seed(seed)),
+    on_device=lambda fn, device: fn,  # eager: each op runs where its inputs are
+)
 
 
-def round_stochastic(x: torch.Tensor, bits: torch.Tensor, rounding: Rounding) -> torch.Tensor:
-    """float32 `x` written to the format with stochastic rounding by the core's rule, `bits` int32 0..2^16-1."""
-    if rounding.format == "bfloat16":
-        # add the 16 bits to the float32 pattern and clear the 16 that bfloat16 drops: the cast is then exact
-        rounded = ((x.view(torch.int32) + bits) & -NOISE_RANGE).view(torch.float32)
-    else:
-        magnitude = x.abs()
-        if rounding.format == "float16":  # the gap, a power of two, built from x's exponent field
-            exponent = (x.view(torch.int32) >> 23) & 0xFF
-            gap = ((exponent.clamp_min(_FLOAT16_MIN_BIASED_EXPONENT) - 10) << 23).view(torch.float32)
-        else:
-            gap = torch.full_like(x, rounding.fixed_step)
-        m = magnitude / gap  # exact: gap is a power of two
-        low = torch.floor(m)
-        away = bits.to(torch.float32) + (m - low) * NOISE_RANGE >= NOISE_RANGE
-        rounded = torch.copysign((low + away) * gap, x)
-        if rounding.format == "fixed16":
-            rounded = rounded.clamp(*rounding.fixed_range)
-        else:  # past float16's largest finite value: infinity, as a cast gives
-            rounded = torch.where(rounded.abs() > FLOAT16_MAX, torch.copysign(torch.full_like(x, math.inf), x),
-                                  rounded)
-    # non-finite values as nearest rounding writes them: kept in a float format, saturated on the fixed grid
-    kept = x.clamp(*rounding.fixed_range) if rounding.format == "fixed16" else x
-    return torch.where(torch.isfinite(x), rounded, kept).to(storage_dtype(rounding))
+def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> RoundedUpdate:
+    """The spec's optimizer writing the weights by the rounding's rule, over these parameters (its noise drawn
+    on their device), with all its state."""
+    params = list(params)
+    return RoundedUpdate(params, spec, rounding, params[0].device, seed)
 
 
 class RoundedUpdate(torch.optim.Optimizer):
@@ -110,13 +92,10 @@ class RoundedUpdate(torch.optim.Optimizer):
         return None
 
     def _write(self, p, w, new, state):
-        rounding = self.rounding
-        if rounding.mode == "nearest":
-            return round_nearest(new, rounding)
-        if rounding.mode == "kahan":
-            y = (new - w) - state["compensation"].float()
-            s = (w + y).to(p.dtype)
-            state["compensation"].copy_(((s.float() - w) - y).to(p.dtype))
-            return s
-        bits = self.given_bits[p] if self.given_bits is not None else draw_bits(p.shape, self.generator)
-        return round_stochastic(new, bits, rounding)
+        bits = None
+        if self.rounding.stochastic:
+            bits = self.given_bits[p] if self.given_bits is not None else draw_bits(p.shape, self.generator)
+        weights, compensation = write_with(OPS, self.rounding, w, new, state.get("compensation"), bits)
+        if compensation is not None:
+            state["compensation"].copy_(compensation)
+        return weights
