@@ -5,7 +5,10 @@
 # fingerprint held to the default's (`parity`), `diagnose` (tensor capture, numerics verdicts) on resnet8 and
 # mnist_mlp, `profile` (per-layer times and the dtype each layer computed in, under torch.profiler) on both
 # models, the memory guard against the GPU's free memory (a batch that cannot fit is refused before any run, exit 2,
-# one line), then a table of median step times and the report.
+# one line), then a table of median step times and the report. Then the JAX adapter on the same GPU: its precisions
+# with `--repeats auto`, its fingerprints held to torch's by `parity` (the two frameworks on one GPU), `diagnose`;
+# and every GPU run's memory figure (the core's template Trainer reads each framework's allocator peak above its
+# level before the build) checked to hold the weights, gradients and optimizer state it must hold.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -13,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/gpu_check}
 mkdir -p "$out"
-python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch
+python3 -m pip install --quiet --no-deps --no-build-isolation -e . -e adapters/torch -e adapters/jax
 python3 -m harness adapters
 set +e  # the guard must refuse this run (~5 TiB of activations) from the GPU's free memory: exit 2
 python3 -m harness run --framework torch --device gpu --model small_convnet --batch-size 512 --input-size 4096x4096 --steps 1 \
@@ -31,6 +34,26 @@ python3 -m harness diagnose --framework torch --device gpu --model resnet8,mnist
   --no-progress --out "$out/diagnose"
 python3 -m harness profile --framework torch --device gpu --model resnet8,small_convnet \
   --precision fp32,amp_fp16,amp_bf16 --steps 5 --no-progress --out "$out/profile"
+python3 -m harness run --framework jax --device gpu --model resnet8,mnist_mlp --precision fp32,amp_fp16,amp_bf16 \
+  --steps 50 --warmup 10 --repeats auto --budget 200 --no-progress --out "$out"
+python3 -m harness fingerprint --framework jax --device gpu --precision fp32,amp_bf16 \
+  --model tests/specs/pitfall_nested_residual_dropout.yaml --no-progress --out "$out/parity"
+python3 -m harness parity "$out/parity"
+python3 -m harness diagnose --framework jax --device gpu --model resnet8,mnist_mlp --steps 20 --every 10 \
+  --no-progress --out "$out/diagnose"
+python3 - "$out" <<'PY'
+import sys
+from harness import results
+short = []
+for r in results.read_records([sys.argv[1]]):
+    if r["status"] == "ok" and r.get("peak_memory_mb") is not None:
+        held = sum(r["state_memory_mb"][k] for k in ("weights", "gradients", "optimizer_state"))
+        print(f"{r['framework']} {r['model']} {r['precision']}: peak {r['peak_memory_mb']:.1f} MB ({r['memory_kind']}); "
+              f"weights + gradients + state {held:.1f} MB")
+        if r["peak_memory_mb"] < held:
+            short.append(r["run_id"])
+assert not short, f"memory figures below what the run must hold: {short}"
+PY
 python3 - "$out" <<'PY'
 import sys
 from harness.results import load
