@@ -265,9 +265,9 @@ class Trainer(ABC):
     def profile(self, run_steps: Callable[[], None]) -> ProfiledOps | None:
         """Profile mode only (optional): start the framework's own profiler, call run_steps() (the core's loop
         of train_steps on batches already on the device), stop the profiler and return every op that ran in
-        between. None: this adapter cannot profile (the record says "not available")."""
+        between. None: this adapter cannot profile. An adapter that profiles on a CPU only declares it
+        (Capabilities.no_gpu_profile): the core then refuses a GPU profile before building anything."""
         return None
-
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,9 @@ class Capabilities:
     #: operator..."): the floating-point rounding precisions need it (harness.rounding)
     no_bitcast: str | None = None
     refused: tuple[Refusal, ...] = ()
+    #: None where Trainer.profile profiles on a GPU too; else why it cannot there (the core then records a GPU
+    #: profile as unsupported with this reason, before building anything)
+    no_gpu_profile: str | None = None
 
 
 class Adapter(ABC):

@@ -52,6 +52,14 @@ def label(info: LayerInfo) -> str:
     return f"{info.path} {info.type}"
 
 
+def refusal(adapter, device) -> str | None:
+    """Why this adapter cannot profile on this device, from its declared capabilities; None where it can."""
+    why = adapter.capabilities.no_gpu_profile
+    if device.kind == "gpu" and why:
+        return f"the {adapter.name} adapter does not profile on a GPU: {why}"
+    return None
+
+
 def profile(spec, graph: Graph, data, masks, trainer, record: dict, warmup: int, progress=None) -> None:
     """Warm up, then profile spec.steps steps and put the attributed profile in record["profile"]."""
     total = warmup + spec.steps

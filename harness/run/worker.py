@@ -33,7 +33,7 @@ from harness.rounding import RoundingNoise
 from harness.run import capability, measure, peak, variants
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
-from harness.run.profile import profile
+from harness.run.profile import profile, refusal as profile_refusal
 
 PROGRESS_INTERVAL_S = 0.25
 SEED_LIMIT = 2**32  # numpy's generators take seeds below it (as ModelSpec.seed)
@@ -107,7 +107,8 @@ def run(req: RunRequest, progress=None) -> dict:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
         record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
-        reason = capability.unsupported(adapter, precision, device, in_process=True)
+        reason = capability.unsupported(adapter, precision, device, in_process=True) or \
+            (profile_refusal(adapter, device) if req.mode == "profile" else None)
         if reason:
             record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen
             return record

@@ -145,3 +145,19 @@ def test_a_matrix_models_commands_say_which_commands_take_it(tmp_path):
     matrix.write_text("precisions: [fp32]\nmodels:\n  - {model: mnist_mlp, commands: [train]}\n")
     out = cli(tmp_path, "profile", "--framework", "fake", "--matrix", str(matrix))
     assert out.returncode == 2 and "models.0.commands.0" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_an_adapter_that_declares_no_gpu_profile_is_refused_there_with_its_reason():
+    """Declared capabilities: the core words the refusal from the adapter's data, on a GPU only."""
+    from harness.adapter import Capabilities, Device
+    from harness.run.profile import refusal
+
+    class CpuProfiler:
+        name = "cpuprof"
+        capabilities = Capabilities(no_gpu_profile="its profiler reads host times only")
+
+    gpu, cpu = Device("cuda:0", "gpu", "a GPU"), Device("cpu", "cpu", "a CPU")
+    assert refusal(CpuProfiler(), gpu) == "the cpuprof adapter does not profile on a GPU: its profiler reads host times only"
+    assert refusal(CpuProfiler(), cpu) is None
+    CpuProfiler.capabilities = Capabilities()
+    assert refusal(CpuProfiler(), gpu) is None

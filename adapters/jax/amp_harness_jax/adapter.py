@@ -31,7 +31,7 @@ from functools import partial
 
 import numpy as np
 
-from harness.adapter import Adapter, Device, Trainer
+from harness.adapter import Adapter, Capabilities, Device, Trainer
 from harness.errors import HarnessError
 from harness.precision import LossScaler
 
@@ -43,6 +43,8 @@ NO_INTER_OP = ("none to set: XLA:CPU may run a step's independent ops at once, o
 class JaxAdapter(Adapter):
     name = "jax"
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
+    capabilities = Capabilities(no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
+                                               "profile does not read")
 
     def framework_version(self) -> str:
         import jax
@@ -261,8 +263,6 @@ class JaxTrainer(Trainer):
         return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
 
     def profile(self, run_steps):
-        if self.is_gpu:  # a GPU's instructions run on device planes, which profile.py does not read
-            return None
         from amp_harness_jax.profile import annotated, profile_steps
         from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE
 

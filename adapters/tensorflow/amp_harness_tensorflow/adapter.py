@@ -14,6 +14,7 @@ from harness.adapter import (
     LOSS_SCALE_SCOPE,
     LOSS_SCOPE,
     Adapter,
+    Capabilities,
     Device,
     Trainer,
 )
@@ -34,6 +35,8 @@ class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
+    capabilities = Capabilities(no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
+                                               "device planes are not read")
 
     def framework_version(self) -> str:
         import keras
@@ -209,8 +212,6 @@ class TensorFlowTrainer(Trainer):
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
     def profile(self, run_steps):
-        if self.is_gpu:  # the host trace times a GPU kernel's launch, not the kernel; the device planes are not read
-            return None
         from amp_harness_tensorflow.profile import profile_steps
 
         return profile_steps(self, run_steps)

@@ -15,6 +15,7 @@ from harness.adapter import (
     RUNTIME_SCOPE,
     UPDATE_SCOPE,
     Adapter,
+    Capabilities,
     Device,
     Trainer,
 )
@@ -31,6 +32,8 @@ class TorchAdapter(Adapter):
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
+    capabilities = Capabilities(no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not "
+                                               "its launch's (the device's activities are not read)")
 
     def framework_version(self) -> str:
         import torch
@@ -255,8 +258,6 @@ class TorchTrainer(Trainer):
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
 
     def profile(self, run_steps):
-        if self.is_cuda:  # CPU times only: a GPU kernel's time is not its launch's, and the device's are not read
-            return None
         from amp_harness_torch.profile import profile_steps
 
         self.profiling = True
