@@ -6,7 +6,8 @@ spec's seed and the layer, with the training step as the counter: any step's mas
 replaying the steps before it (a resumed run, a fingerprint, a diagnosis all see the same masks).
 
 A mask is float32 1 (keep) or 0 (drop) in the canonical layout of the layer's output ([N, H, W, C] for
-images, [N, F] for vectors). Adapters apply it in training as ``x * mask / (1 - rate)`` and ignore dropout
+images, [N, F] for vectors, [N, T, D] for sequences), or for an attention layer's dropout of its probabilities
+[N, heads, T, T] (query position, then key position), keyed by the attention layer's path. Adapters apply it in training as ``x * mask / (1 - rate)`` and ignore dropout
 in inference. Masks are drawn and handed over with the batch (``Trainer.to_device``), outside the timed step.
 """
 from __future__ import annotations
@@ -18,11 +19,20 @@ from harness.model.graph import Graph
 _STREAM = 0xD809  # keeps dropout keys apart from any other use of the spec's seed
 
 
+def _dropped(info) -> tuple[float, tuple[int, ...]]:
+    """(rate, mask shape per sample) of a layer; rate 0 for a layer that drops nothing."""
+    if info.type == "dropout":
+        return info.spec.rate, info.out_shape
+    if info.type == "attention":
+        length = info.in_shape[0]
+        return info.spec.dropout, (info.spec.heads, length, length)
+    return 0.0, ()
+
+
 class DropoutMasks:
     def __init__(self, graph: Graph, seed: int):
-        #: (canonical layer path, rate, output shape) of every dropout layer that drops anything
-        self.layers = [(info.path, info.spec.rate, info.out_shape) for info in graph.layers
-                       if info.type == "dropout" and info.spec.rate > 0]
+        #: (canonical layer path, rate, mask shape) of every dropout layer and attention dropout that drops anything
+        self.layers = [(info.path, *_dropped(info)) for info in graph.layers if _dropped(info)[0] > 0]
         self._keys = {path: np.random.SeedSequence([seed % 2**63, _STREAM, index]).generate_state(2, np.uint64)
                       for index, (path, _, _) in enumerate(self.layers)}
 

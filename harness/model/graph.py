@@ -1,8 +1,11 @@
 """Shape inference from the spec alone: each layer's output shape, parameter shapes and forward FLOPs.
 
 Adapters and the weight initialiser both read parameter shapes from here, so there is one source of truth.
-Shapes exclude the batch axis. FLOPs count multiply-adds as 2 in dense and conv layers only; a training step
-is counted as 3x the forward pass (backward = 2x forward), elementwise ops and the optimizer excluded.
+Shapes exclude the batch axis; a sequence is [T, D] (token ids [T] before the embedding). FLOPs count
+multiply-adds as 2 in dense, conv, patch and attention layers only (attention: the four projections, 8*T*D^2,
+and the scores and the probabilities times the values, 4*T^2*D, counted in full even when causal: the
+frameworks compute the masked half too); a training step is counted as 3x the forward pass (backward = 2x
+forward), elementwise ops and the optimizer excluded.
 """
 from __future__ import annotations
 
@@ -122,22 +125,31 @@ def avgpool_divisors(in_shape: tuple[int, ...], kernel: int, stride: int, paddin
 def infer(spec: ModelSpec, source: str | None = None) -> Graph:
     source = source or spec.name
     out: list[LayerInfo] = []
-    shape = _infer_list(spec.layers, tuple(spec.input.shape), "", out, source)
-    loss = spec.loss.type
-    want = (1,) if loss == "binary_crossentropy" else (spec.dataset.num_classes,)
-    if loss == "binary_crossentropy" and spec.dataset.num_classes != 2:
+    if spec.tokens and spec.layers[0].type != "embedding":
+        raise SpecError(f"{source}: layers[0] ({spec.layers[0].type}): the input is token ids: the first layer must "
+                        f"be an embedding")
+    shape = _infer_list(spec.layers, tuple(spec.input.shape), "", out, source, spec.input.vocab)
+    loss, classes = spec.loss.type, spec.classes
+    if spec.dataset.next_token:
+        if loss != "sparse_categorical_crossentropy":
+            raise SpecError(f"{source}: loss: next-token prediction needs sparse_categorical_crossentropy")
+        want, what = (spec.input.shape[0], classes), f"next-token prediction over vocab {classes}"
+    else:
+        want, what = (1,) if loss == "binary_crossentropy" else (classes,), f"{loss} on {classes} classes"
+    if loss == "binary_crossentropy" and classes != 2:
         raise SpecError(f"{source}: loss: binary_crossentropy needs dataset.num_classes 2")
     if shape != want:
-        raise SpecError(f"{source}: layers: the network outputs {list(shape)} but {loss} on "
-                        f"{spec.dataset.num_classes} classes needs {list(want)}")
+        raise SpecError(f"{source}: layers: the network outputs {list(shape)} but {what} needs {list(want)}")
     return Graph(out, shape)
 
 
-def _infer_list(layers, shape, prefix, out, source) -> tuple[int, ...]:
+def _infer_list(layers, shape, prefix, out, source, vocab=None) -> tuple[int, ...]:
     for index, layer in enumerate(layers):
         path = f"{prefix}{index}"
         try:
-            shape = _infer_one(layer, shape, path, out, source)
+            if layer.type == "embedding" and path != "0":
+                raise ValueError("an embedding takes the token ids: it must be the first layer")
+            shape = _infer_one(layer, shape, path, out, source, vocab)
         except SpecError:
             raise
         except ValueError as exc:
@@ -149,16 +161,49 @@ def _display(path: str) -> str:
     return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
 
 
-def _infer_one(layer, shape, path, out, source) -> tuple[int, ...]:
+def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
     t = layer.type
     info = LayerInfo(path, t, shape, shape, spec=layer)
     out.append(info)
-    if t == "dense":
-        if len(shape) != 1:
-            raise ValueError(f"expects a vector input, got shape {list(shape)} (add a flatten)")
-        info.params = {"kernel": (shape[0], layer.units)} | ({"bias": (layer.units,)} if layer.use_bias else {})
-        info.flops = 2 * shape[0] * layer.units
-        info.out_shape = (layer.units,)
+    if t == "dense":  # on a vector, or on the last axis of a sequence
+        if len(shape) == 3:
+            raise ValueError(f"expects a vector or a sequence, got an image {list(shape)} (add a flatten)")
+        info.params = {"kernel": (shape[-1], layer.units)} | ({"bias": (layer.units,)} if layer.use_bias else {})
+        info.flops = 2 * math.prod(shape) * layer.units
+        info.out_shape = (*shape[:-1], layer.units)
+    elif t == "embedding":
+        if vocab is None:
+            raise ValueError("takes token ids: give the input a vocab (and a token dataset)")
+        info.params = {"embeddings": (vocab, layer.dim)}
+        info.out_shape = (shape[0], layer.dim)
+    elif t == "position_embedding":
+        length, dim = _sequence(shape)
+        rows = layer.max_length or length
+        if length > rows:
+            raise ValueError(f"the sequence has {length} positions but the position table max_length {rows}")
+        info.params = {"embeddings": (rows, dim)}
+    elif t == "attention":
+        length, dim = _sequence(shape)
+        if dim % layer.heads:
+            raise ValueError(f"heads {layer.heads} do not divide the model dimension {dim}")
+        names = ("query", "key", "value", "output")
+        info.params = {f"{n}_kernel": (dim, dim) for n in names}
+        if layer.use_bias:
+            info.params |= {f"{n}_bias": (dim,) for n in names}
+        info.flops = 8 * length * dim * dim + 4 * length * length * dim
+    elif t == "rmsnorm":
+        info.params = {"gamma": (shape[-1],)}
+    elif t == "sequence_pool":
+        info.out_shape = (_sequence(shape)[1],)
+    elif t == "patches":
+        h, w, c = _image(shape)
+        p = layer.size
+        if h % p or w % p:
+            raise ValueError(f"patch size {p} does not divide the image {list(shape)}")
+        count = (h // p) * (w // p)
+        info.params = {"kernel": (p, p, c, layer.dim), "bias": (layer.dim,)}
+        info.flops = 2 * count * p * p * c * layer.dim
+        info.out_shape = (count, layer.dim)
     elif t == "conv2d":
         h, w, c = _image(shape)
         k, s = layer.kernel_size, layer.strides
@@ -180,6 +225,8 @@ def _infer_one(layer, shape, path, out, source) -> tuple[int, ...]:
     elif t == "flatten":
         info.out_shape = (math.prod(shape),)
     elif t in ("batchnorm", "layernorm"):
+        if t == "batchnorm" and len(shape) == 2:
+            raise ValueError(f"on a sequence {list(shape)}: normalise tokens with layernorm or rmsnorm")
         c = shape[-1]
         names = ("gamma", "beta", "moving_mean", "moving_variance") if t == "batchnorm" else ("gamma", "beta")
         info.params = {name: (c,) for name in names}
@@ -198,4 +245,11 @@ def _infer_one(layer, shape, path, out, source) -> tuple[int, ...]:
 def _image(shape) -> tuple[int, int, int]:
     if len(shape) != 3:
         raise ValueError(f"expects an image input [H, W, C], got shape {list(shape)}")
+    return shape
+
+
+def _sequence(shape) -> tuple[int, int]:
+    if len(shape) != 2:
+        kind = "an image" if len(shape) == 3 else "a vector"
+        raise ValueError(f"expects a sequence [T, D], got {kind} {list(shape)}")
     return shape

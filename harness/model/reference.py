@@ -78,8 +78,49 @@ def _layer(layer, path, w, x, training, masks):
         if training and layer.rate > 0:
             return x * masks[path] / (1 - layer.rate)
         return x
+    if t == "embedding":
+        return w[f"{path}.embeddings"][x.astype(np.int64)]
+    if t == "position_embedding":
+        return x + w[f"{path}.embeddings"][:x.shape[1]]
+    if t == "attention":
+        return _attention(layer, path, w, x, masks.get(path) if training else None)
+    if t == "rmsnorm":
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + layer.epsilon) * w[f"{path}.gamma"]
+    if t == "sequence_pool":
+        return x.mean(axis=1) if layer.mode == "mean" else x[:, 0 if layer.mode == "first" else -1]
+    if t == "patches":
+        n, h, width, c = x.shape
+        p = layer.size
+        cut = x.reshape(n, h // p, p, width // p, p, c).transpose(0, 1, 3, 2, 4, 5)  # [N, h, w, P, P, C]
+        flat = cut.reshape(n, (h // p) * (width // p), p * p * c)
+        return flat @ w[f"{path}.kernel"].reshape(p * p * c, -1) + w[f"{path}.bias"]
     if t == "residual":
         main = _layers(layer.layers, f"{path}.layers.", w, x, training, masks)
         shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training, masks) if layer.projection else x
         return main + shortcut
     raise AssertionError(f"reference forward has no layer {t!r}")
+
+
+def _attention(layer, path, w, x, mask):
+    """Multi-head self-attention as the spec defines it (harness.model.spec); `mask` [N, H, T, T] in training."""
+    n, length, dim = x.shape
+    heads = layer.heads
+    head_dim = dim // heads
+
+    def project(name, value):
+        out = value @ w[f"{path}.{name}_kernel"] + w.get(f"{path}.{name}_bias", 0.0)
+        return out
+
+    def split(value):  # [N, T, D] -> [N, H, T, Dh]
+        return value.reshape(n, length, heads, head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = (split(project(name, x)) for name in ("query", "key", "value"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
+    if layer.causal:
+        scores = np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, scores)
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = e / e.sum(axis=-1, keepdims=True)
+    if mask is not None and layer.dropout > 0:
+        probs = probs * mask / (1 - layer.dropout)
+    heads_out = (probs @ v).transpose(0, 2, 1, 3).reshape(n, length, dim)
+    return project("output", heads_out)

@@ -13,7 +13,26 @@ The spec defines the math. Every adapter must reproduce it exactly:
 - dropout: x * mask / (1 - rate) in training, with the masks the core draws (harness.model.dropout);
   identity in inference;
 - losses are batch means computed in float32 (float64 in float64 runs); probabilities are clipped to
-  [1e-7, 1-1e-7].
+  [1e-7, 1-1e-7]; a next-token loss is the mean over every token of the batch.
+
+Sequences (an input with `vocab`: token ids [T]; activations [T, D], batch axis first, no layout change in any
+framework):
+- `dense`, `layernorm`, `rmsnorm`, the activations (softmax included) and `dropout` act on the last axis;
+  residual blocks add sequences;
+- embedding: out[t] = embeddings[id[t]], the table [vocab, D];
+- position_embedding: out[t] = x[t] + embeddings[t], the table [max_length (default T), D], its first T rows;
+- attention (multi-head self-attention, H heads of Dh = D / H): q = x @ query_kernel + query_bias, k and v
+  likewise (kernels [D, D], biases [D], no biases when use_bias is false); head h is columns h*Dh .. (h+1)*Dh-1
+  of q, k and v; scores s = q_h k_h^T / sqrt(Dh) ([T, T] per head, scaled before the softmax); causal: s[i, j] =
+  -inf where j > i (a causal row always keeps j = i, so no row is fully masked); p = softmax over j, in the
+  compute dtype's own softmax (what each framework keeps in float32 is a finding, not the spec); dropout:
+  p * mask / (1 - dropout) with the core's mask [H, T, T] per sample (harness.model.dropout); the heads' p v_h
+  concatenated in head order, then @ output_kernel [D, D] + output_bias;
+- rmsnorm: x / sqrt(mean(x^2 over the last axis) + epsilon) * gamma (epsilon inside the root; no beta);
+- sequence_pool: mean over T, or the first (t = 0) or last (t = T-1) position: [T, D] -> [D];
+- patches (size P, dim D): the image [H, W, C] cut into (H/P) x (W/P) patches in row-major order, each
+  flattened in (P, P, C) order and projected: patch @ kernel + bias, the kernel [P, P, C, D] (a conv2d of
+  kernel P and stride P, 'valid'), giving [H/P * W/P, D].
 """
 from __future__ import annotations
 
@@ -107,6 +126,40 @@ class Dropout(_Strict):
     rate: float = Field(ge=0, lt=1)
 
 
+class Embedding(_Strict):
+    type: Literal["embedding"]  # token ids [T] -> [T, dim]; the vocabulary is the input's
+    dim: PositiveInt
+
+
+class PositionEmbedding(_Strict):
+    type: Literal["position_embedding"]  # a learned [max_length, D] table, its first T rows added
+    max_length: Optional[PositiveInt] = None  # default: the sequence length
+
+
+class Attention(_Strict):
+    type: Literal["attention"]  # multi-head self-attention with its output projection
+    heads: PositiveInt
+    causal: bool = False
+    use_bias: bool = True
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the attention probabilities
+
+
+class RMSNorm(_Strict):
+    type: Literal["rmsnorm"]  # over the last axis
+    epsilon: float = Field(1e-6, gt=0)
+
+
+class SequencePool(_Strict):
+    type: Literal["sequence_pool"]  # a sequence [T, D] to a vector [D]
+    mode: Literal["mean", "first", "last"]
+
+
+class Patches(_Strict):
+    type: Literal["patches"]  # a ViT patch embedding: image [H, W, C] -> [H/size * W/size, dim]
+    size: PositiveInt
+    dim: PositiveInt
+
+
 class Residual(_Strict):
     type: Literal["residual"]
     layers: list["Layer"] = Field(min_length=1)
@@ -115,30 +168,45 @@ class Residual(_Strict):
 
 Layer = Annotated[
     Union[Dense, Conv2D, MaxPool2D, AvgPool2D, GlobalAvgPool2D, Flatten, Activation, GELU, BatchNorm, LayerNorm,
-          Dropout, Residual],
+          Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual],
     Field(discriminator="type"),
 ]
 Residual.model_rebuild()
 LAYER_TYPES = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "flatten", "relu", "gelu", "tanh",
-               "sigmoid", "softmax", "batchnorm", "layernorm", "dropout", "residual")
+               "sigmoid", "softmax", "batchnorm", "layernorm", "dropout", "embedding", "position_embedding", "attention",
+               "rmsnorm", "sequence_pool", "patches", "residual")
+SEQUENCE_LAYERS = ("embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool", "patches")
 
 
 # ---- the rest of a spec -------------------------------------------------------------------------------
 class Input(_Strict):
-    shape: list[PositiveInt] = Field(min_length=1, max_length=3)  # [H, W, C] for images, [F] for vectors
+    # [H, W, C] for images, [F] for vectors, [T] with `vocab` for a sequence of T token ids in [0, vocab)
+    shape: list[PositiveInt] = Field(min_length=1, max_length=3)
+    vocab: Optional[int] = Field(None, ge=2, le=2**20)
 
     @model_validator(mode="after")
     def _check(self) -> "Input":
         if len(self.shape) == 2:
-            raise ValueError("shape: give [H, W, C] for images or [F] for vectors, not two dimensions")
+            raise ValueError("shape: give [H, W, C] for images, [F] for vectors or [T] (with vocab) for token "
+                             "sequences, not two dimensions")
+        if self.vocab is not None and len(self.shape) != 1:
+            raise ValueError("vocab: token ids come as a sequence [T], not an image")
         return self
 
 
+TOKEN_DATASETS = ("text", "synthetic_tokens")
+TEXT_VOCAB = 256  # text is bytes
+
+
 class Dataset(_Strict):
-    name: Literal["synthetic", "digits", "image_folder"]
-    num_classes: int = Field(ge=2)
-    size: PositiveInt = 2048  # synthetic: number of samples
-    path: Optional[str] = Field(None, max_length=4096)  # image_folder: directory of class sub-folders
+    name: Literal["synthetic", "digits", "image_folder", "text", "synthetic_tokens"]
+    # classes of a classification; a next-token task predicts the vocabulary and has none
+    num_classes: Optional[int] = Field(None, ge=2)
+    task: Optional[Literal["next_token", "classification"]] = None  # synthetic_tokens: default from num_classes
+    size: PositiveInt = 2048  # synthetic, synthetic_tokens: number of samples
+    # image_folder: directory of class sub-folders; text: a file, a directory or a glob (default: the Python
+    # standard library's own source files)
+    path: Optional[str] = Field(None, max_length=4096)
     eval_fraction: float = Field(0.2, gt=0, lt=1)
 
     @model_validator(mode="after")
@@ -147,7 +215,23 @@ class Dataset(_Strict):
             raise ValueError("image_folder needs 'path'")
         if self.name == "digits" and self.num_classes not in (2, 10):
             raise ValueError("digits has num_classes 10, or 2 (digit >= 5)")
+        if self.name in ("synthetic", "image_folder") and self.num_classes is None:
+            raise ValueError(f"{self.name} needs num_classes")
+        if self.task is not None and self.name != "synthetic_tokens":
+            raise ValueError("task: only synthetic_tokens has a choice of task")
+        if self.name == "text" and self.num_classes is not None:
+            raise ValueError("text is next-token prediction over its bytes: it has no num_classes")
+        if self.name == "synthetic_tokens":
+            if self.task == "classification" and self.num_classes is None:
+                raise ValueError("synthetic_tokens: a classification task needs num_classes")
+            if self.task == "next_token" and self.num_classes is not None:
+                raise ValueError("synthetic_tokens: a next_token task predicts the vocabulary: drop num_classes")
         return self
+
+    @property
+    def next_token(self) -> bool:
+        """Labels are the next token at every position ([T] per sample), not one class per sample."""
+        return self.name == "text" or (self.name == "synthetic_tokens" and self.num_classes is None)
 
 
 class Loss(_Strict):
@@ -193,6 +277,30 @@ class ModelSpec(_Strict):
     steps: PositiveInt = Field(le=MAX_STEPS)  # a record holds every step (harness.limits)
     seed: int = Field(0, ge=0, lt=2**32)  # what numpy's generators take
 
+    @model_validator(mode="after")
+    def _token_input(self) -> "ModelSpec":
+        token_data, vocab = self.dataset.name in TOKEN_DATASETS, self.input.vocab
+        if token_data and vocab is None:
+            raise ValueError(f"input.vocab: {self.dataset.name} gives token ids: give the vocabulary size")
+        if not token_data and vocab is not None:
+            raise ValueError(f"input.vocab: {self.dataset.name} gives no token ids (token datasets: "
+                             f"{', '.join(TOKEN_DATASETS)})")
+        if self.dataset.name == "text" and vocab != TEXT_VOCAB:
+            raise ValueError(f"input.vocab: text is bytes, vocab {TEXT_VOCAB}, got {vocab}")
+        return self
+
+    @property
+    def tokens(self) -> bool:
+        """The input is a sequence of token ids."""
+        return self.input.vocab is not None
+
+    @property
+    def classes(self) -> int:
+        """What the output predicts over: the dataset's classes, or the vocabulary for next-token prediction."""
+        if self.dataset.next_token:
+            return self.input.vocab or TEXT_VOCAB
+        return self.dataset.num_classes
+
     def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
                        input_size: tuple[int, int] | None = None) -> "ModelSpec":
         """Return a validated copy with CLI overrides applied (the spec hash covers them)."""
@@ -210,6 +318,10 @@ class ModelSpec(_Strict):
     def spec_hash(self) -> str:
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
+        # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
+        for part, key in (("input", "vocab"), ("dataset", "task")):
+            if data[part][key] is None:
+                del data[part][key]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -228,7 +340,8 @@ def _where(loc: tuple) -> str:
 
 def _known_fields() -> set[str]:
     models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, RMSprop, Dense, Conv2D, MaxPool2D, AvgPool2D, GELU,
-              BatchNorm, LayerNorm, Dropout, Residual]
+              BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches,
+              Residual]
     return {name for model in models for name in model.model_fields}
 
 

@@ -17,25 +17,30 @@ def initial_weights(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, 0x5EED])
     weights: dict[str, np.ndarray] = {}
     for name, shape in graph.param_shapes().items():
-        kind = name.rsplit(".", 1)[1]
+        kind = name.rsplit(".", 1)[1].rsplit("_", 1)[-1]  # attention's query_kernel is a kernel
         if kind == "kernel":  # Glorot uniform, as Keras does by default
             receptive = math.prod(shape[:-2]) if len(shape) > 2 else 1
             fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
             limit = math.sqrt(6.0 / (fan_in + fan_out))
             value = rng.uniform(-limit, limit, shape)
-        elif kind in ("bias", "beta", "moving_mean"):
+        elif kind in ("bias", "beta", "mean"):
             value = rng.uniform(-0.05, 0.05, shape)
-        elif kind in ("gamma", "moving_variance"):
+        elif kind in ("gamma", "variance"):
             value = rng.uniform(0.95, 1.05, shape)
+        elif kind == "embeddings":  # token and position tables, as Keras' Embedding initialises them
+            value = rng.uniform(-0.05, 0.05, shape)
         else:
             raise AssertionError(f"no initialiser for parameter kind {kind!r}")
         weights[name] = value.astype(np.float32)
     return weights
 
 
-def to_channels_first(array: np.ndarray) -> np.ndarray:
-    """A canonical weight in the layout of channels-first frameworks (PyTorch, MXNet): conv kernels
-    [kH, kW, in, out] -> [out, in, kH, kW], dense kernels [in, out] -> [out, in]; vectors unchanged."""
+def to_channels_first(array: np.ndarray, name: str = "") -> np.ndarray:
+    """A canonical weight (named `name`) in the layout of channels-first frameworks (PyTorch, MXNet): conv and
+    patch kernels [kH, kW, in, out] -> [out, in, kH, kW], dense and attention kernels [in, out] -> [out, in];
+    vectors and embedding tables ([rows, D] in every framework) unchanged."""
+    if name.endswith("embeddings"):
+        return array
     if array.ndim == 4:
         return array.transpose(3, 2, 0, 1)
     if array.ndim == 2:
@@ -43,8 +48,10 @@ def to_channels_first(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def from_channels_first(array: np.ndarray) -> np.ndarray:
+def from_channels_first(array: np.ndarray, name: str = "") -> np.ndarray:
     """The inverse of to_channels_first."""
+    if name.endswith("embeddings"):
+        return array
     if array.ndim == 4:
         return array.transpose(2, 3, 1, 0)
     if array.ndim == 2:
