@@ -124,7 +124,7 @@ def test_first_training_step_computes_the_reference_loss_in_float64(adapter, uns
     x, y = data.train_batch(0)
     masks = DropoutMasks(graph, spec.seed).for_step(0, len(y))
     outputs = reference.forward(spec, weights, x, training=True, masks=masks)
-    expected = loss_and_correct(spec.loss, outputs, y)[0] / len(y)
+    expected = loss_and_correct(spec.loss, outputs, y)[0] / y.size
     got = trainer.train_step(trainer.to_device(x, y, masks))
     assert abs(got - expected) <= TOLERANCES["fp64"][0] * abs(expected), hint(
         spec, f"training-mode loss {got!r}; the reference gives {expected!r}")
@@ -270,7 +270,7 @@ def test_tensor_capture_in_canonical_names_and_layouts(adapter, name):
         w = {k: v.astype(np.float64) for k, v in weights.items()}
         w[name0][index] += delta
         outputs = reference.forward(spec, w, x, training=True, masks=masks)
-        return loss_and_correct(spec.loss, outputs, y)[0] / len(y)
+        return loss_and_correct(spec.loss, outputs, y)[0] / y.size
     numeric = (loss_at(1e-6) - loss_at(-1e-6)) / 2e-6
     assert gradients[name0][index] == pytest.approx(numeric, rel=1e-5, abs=1e-9), hint(
         spec, f"the captured gradient of {name0} is not the loss's derivative (unscaled, before the update)")
