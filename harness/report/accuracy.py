@@ -46,13 +46,48 @@ def perplexity(loss: float | None) -> float | None:
     return math.exp(loss) if loss < 700 else math.inf  # past float64's range: unbounded
 
 
-class Accuracy:
+class Metric:
+    """What a task's runs are judged by, and how its figures read: one subclass per task, each the same methods."""
+    field: str  # the record's field (and the report Cell's attribute) judged
+    subject: str  # how a phrase names it
+    prefix: str  # what a "change vs fp32" cell says before its verdict
+    worse: str  # the verdict ("lower" or "higher") that rules a precision out
+    worse_words: str  # a precision so ruled out, in words
+
+    def chance(self, classes: int | None) -> float | None:
+        """The figure of a run that learned nothing: guessing among `classes`."""
+        raise NotImplementedError
+
+    def at_chance(self, value: float | None, classes: int | None) -> bool:
+        raise NotImplementedError
+
+    def show(self, value: float) -> str:
+        """One mean, as a sentence cites it."""
+        raise NotImplementedError
+
+    def cells(self, value: float | None) -> list[str]:
+        """One mean as a table's columns show it (pure16)."""
+        raise NotImplementedError
+
+    def span(self, low: float, high: float) -> str:
+        raise NotImplementedError
+
+    def delta(self, value: float | None) -> str:
+        """A paired difference, this precision minus fp32."""
+        raise NotImplementedError
+
+    def bound(self, value: float) -> str:
+        """A bound of the difference's interval."""
+        raise NotImplementedError
+
+
+class Accuracy(Metric):
     """A classifier's eval accuracy: higher is better, changes in percentage points."""
-    field = "eval_accuracy"  # the record's field (and the report Cell's attribute) judged
-    subject = "accuracy"  # how a phrase names it
-    prefix = ""  # what a "change vs fp32" cell says before its verdict
-    worse = "lower"  # the verdict that rules a precision out
-    worse_words = "less accurate"  # a precision so ruled out, in words
+    field = "eval_accuracy"
+    subject = "accuracy"
+    prefix = ""
+    worse = "lower"
+    worse_words = "less accurate"
 
     @staticmethod
     def chance(classes: int | None) -> float | None:
@@ -68,6 +103,10 @@ class Accuracy:
         return f.percent(value)
 
     @staticmethod
+    def cells(value: float | None) -> list[str]:
+        return [f.percent(value)]
+
+    @staticmethod
     def span(low: float, high: float) -> str:
         return f.percent_span(low, high)
 
@@ -80,7 +119,7 @@ class Accuracy:
         return f.percent_number(value, signed=True)
 
 
-class TokenLoss(Accuracy):
+class TokenLoss(Metric):
     """A next-token model's eval loss (mean cross-entropy per token, nats): lower is better, perplexity beside
     it, changes in nats."""
     field = "eval_loss"
@@ -103,6 +142,10 @@ class TokenLoss(Accuracy):
         return f"loss {f.number(value, 4)}, perplexity {f.number(perplexity(value), 2)}"
 
     @staticmethod
+    def cells(value: float | None) -> list[str]:
+        return [f.number(value, 4), f.number(perplexity(value), 2)]
+
+    @staticmethod
     def span(low: float, high: float) -> str:
         return (f"loss {f.number_span(low, high, 4)}, perplexity "
                 f"{f.number_span(perplexity(low), perplexity(high), 2)}")
@@ -119,7 +162,7 @@ class TokenLoss(Accuracy):
 ACCURACY, TOKEN_LOSS = Accuracy(), TokenLoss()
 
 
-def metric(records: list[dict]) -> Accuracy:
+def metric(records: list[dict]) -> Metric:
     """What these records (one model's) are judged by: eval loss for a next-token task, else eval accuracy
     (records before schema 5 state no task: classifiers)."""
     return TOKEN_LOSS if any(r.get("task") == NEXT_TOKEN for r in records) else ACCURACY
@@ -131,7 +174,7 @@ def num_classes(records: list[dict]) -> int | None:
     return next((r["num_classes"] for r in records if isinstance(r.get("num_classes"), int)), None)
 
 
-def by_seed(records: list[dict], metric_: Accuracy) -> dict:
+def by_seed(records: list[dict], metric_: Metric) -> dict:
     """{seed: mean of the judged figure over the records trained from it}; records without `seed` all share the
     spec's (the key None)."""
     found: dict = {}
@@ -148,7 +191,7 @@ class Spread:
     seeds: int
     low: float
     high: float
-    metric: Accuracy = ACCURACY
+    metric: Metric = ACCURACY
 
     @property
     def width(self) -> float:
@@ -180,7 +223,7 @@ class Check:
     pairs: int = 0  # seeds both ran
     fp32: Spread | None = None
     value: float | None = None  # this precision's mean
-    metric: Accuracy = ACCURACY
+    metric: Metric = ACCURACY
 
     @property
     def outcome(self) -> str:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from harness.report import format as f
-from harness.report.accuracy import TOKEN_LOSS, Accuracy, Check, compare, metric, num_classes, perplexity
+from harness.report.accuracy import Check, Metric, compare, metric, num_classes
 from harness.identity import compatible, describe, loss_scale_setting, setting, varying
 
 #: the arms in the order the table shows them; fp32 is the reference
@@ -37,7 +37,7 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-def _arm(records: list[dict], name: str, metric_: Accuracy) -> dict:
+def _arm(records: list[dict], name: str, metric_: Metric) -> dict:
     ok = [r for r in records if r.get("status") == "ok"]
     curves = [r["loss"] for r in ok if r.get("loss")]
     length = min((len(c) for c in curves), default=0)
@@ -45,9 +45,7 @@ def _arm(records: list[dict], name: str, metric_: Accuracy) -> dict:
     state = (ok or records)[0].get("state_memory_mb") or {}
     return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
             "failed": [f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"],
-            "accuracy": _mean([r.get("eval_accuracy") for r in ok]),
-            "eval_loss": _mean([r.get("eval_loss") for r in ok]),
-            "figure": _mean([r.get(metric_.field) for r in ok]),  # what it is judged by (accuracy.metric)
+            "figure": _mean([r.get(metric_.field) for r in ok]),  # what it is judged by: accuracy, or eval loss
             "final_loss": _mean([r.get("final_train_loss") for r in ok]),
             # what keeps the weights: Kahan's compensation buffer counts with them
             "weights_mb": None if state.get("weights") is None else state["weights"] + state.get("compensation", 0.0),
@@ -120,7 +118,7 @@ CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no
 
 
 def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float],
-             metric_: Accuracy) -> str:
+             metric_: Metric) -> str:
     """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding falls
     behind (71.2% vs fp32 over 3 seeds: 93.1-93.5%); stochastic rounding recovers 93.0% with half the weight
     memory" (a next-token model's figures: its eval loss and perplexity). The verbs come from each arm's accuracy
@@ -195,7 +193,7 @@ HEADER = ("precision", "ok runs", "vs fp32 (paired by seed)", "final train loss"
 FIGURE_HEADER = {"eval_accuracy": ("eval accuracy (mean)",), "eval_loss": ("eval loss (mean)", "perplexity")}
 
 
-def _header(metric_: Accuracy) -> tuple[str, ...]:
+def _header(metric_: Metric) -> tuple[str, ...]:
     return HEADER[:2] + FIGURE_HEADER[metric_.field] + HEADER[2:]
 
 
@@ -206,12 +204,10 @@ def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, cha
     return Pure16Section(entries, [e["sentence"] for e in entries], _shown(entries, charts))
 
 
-def _row_cells(arm: dict, metric_: Accuracy) -> list[str]:
+def _row_cells(arm: dict, metric_: Metric) -> list[str]:
     check = arm["check"]
     change = "-" if check is None or check.delta is None else f"{metric_.delta(check.delta)} ({check.verdict})"
-    figure = [f.number(arm["eval_loss"], 4), f.number(perplexity(arm["eval_loss"]), 2)] if metric_ is TOKEN_LOSS \
-        else [f.percent(arm["accuracy"])]
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *figure, change,
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *metric_.cells(arm["figure"]), change,
             f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
