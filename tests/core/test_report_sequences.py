@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.report import build_view, render
+from harness.report import build_view, render, write_report
 from harness.report import format as f
 from harness.report.pure16 import pure16_view
 from harness.report.render import render_markdown
@@ -30,6 +30,7 @@ def record(model: str, precision: str, ms: float, repeat: int, loss: float, accu
         num_classes=VOCAB if lm else 10, task="next_token" if lm else "classification",
         tokens_per_sample=T if lm else None, precision=precision, device="cpu", status="ok", batch_size=BATCH,
         steps=20, warmup_steps=2, repeat=repeat, seed=7 + repeat, step_times_ms=steps, first_step_ms=10 * ms,
+        samples_per_s=BATCH / (float(np.median(steps)) / 1e3),
         peak_memory_mb=100.0, memory_kind="rss", loss=[5.5, 3.0, loss], final_train_loss=loss, eval_loss=loss,
         eval_accuracy=accuracy, flops_per_step=flops,
         env={"threads": 2, "device": {"name": "cpu", "kind": "cpu", "description": "test cpu", "details": {}}},
@@ -79,6 +80,20 @@ def test_tokens_per_second_beside_ms_per_step_for_the_sequence_model_only():
     assert f"ms/step, {bf16} tokens/s" in md and f"ms/step, {bf16} tokens/s" in page  # the matrix cell and the line
     classifier_only = build_view([r for r in records if r["model"] == "vit"])
     assert "tokens/s" not in render(classifier_only) + render_markdown(classifier_only)
+
+
+def test_the_csv_has_tokens_per_second_where_records_have_tokens(tmp_path):
+    import pandas as pd
+
+    records = lm_and_classifier()
+    _, csv = write_report(records, tmp_path / "index.html")
+    frame = pd.read_csv(csv)
+    columns = list(frame.columns)
+    assert columns[columns.index("samples_per_s") + 1] == "tokens_per_s"
+    lm, vit = frame[frame.model == "tiny_gpt"], frame[frame.model == "vit"]
+    assert np.allclose(lm.tokens_per_s, lm.samples_per_s * T) and vit.tokens_per_s.isna().all()
+    _, csv = write_report([r for r in records if r["model"] == "vit"], tmp_path / "vit.html")
+    assert "tokens_per_s" not in pd.read_csv(csv).columns
 
 
 def test_too_small_for_precision_states_the_tokens_per_second():
