@@ -3,6 +3,28 @@ TrainingLoss, the network with the spec's loss, which the trainer hybridizes int
 
 Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatten` transposes to NHWC first
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
+Sequences are [N, T, D] as the spec's, batch first: layers of the spec's "last axis" (dense, layernorm, rmsnorm,
+softmax) act on axis 1 of an image (its channels) and on the last axis of a vector or a sequence. Token ids come
+as integers (int64, never a float dtype) into MXNet's Embedding; `patches` is a convolution of kernel and stride P
+whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
+
+Attention is the spec's math in operators: three FullyConnected projections, heads split by reshape and transpose
+into [N*H, T, Dh], batch_dot, the scores divided by sqrt(Dh), a causal layer's constant [T, T] mask added (0, or
+-inf where j > i: exp gives exactly 0, as the spec's -inf), softmax on the last axis, the core's dropout mask
+[N, H, T, T] multiplied in, batch_dot with the values. MXNet 1.9 has no fused attention with a softmax.
+
+Under mxnet.contrib.amp, from its lists (contrib/amp/lists/symbol_fp16.py, symbol_bf16.py) and measured by typing
+the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel runs on this CPU):
+- amp_fp16: FullyConnected (and the patch Convolution) run in float16 (FP16_FUNCS); batch_dot and the additions
+  follow their widest input (WIDEST_TYPE_CASTS), so q k^T and its scaling are float16, and the causal mask (a
+  float32 constant) widens the scores to float32 before it is added: the masked scores are -inf in float32, never
+  a 16-bit value (without a mask, softmax's own cast widens the float16 scores). softmax, log_softmax, LayerNorm,
+  mean, sum, square and exp run in float32 (FP32_FUNCS), so the probabilities are float32, and so is their
+  product with the (widened) values; rmsnorm is float32 throughout. Embedding runs in its table's dtype
+  (FP16_FP32_FUNCS): float32.
+- amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
+  FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
+- amp_cast leaves integer arrays alone: the token ids stay int64 under both.
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
 convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope): names in the graph, free at run time, which
@@ -343,8 +365,9 @@ def residual(info, net):
 
 
 class Network(gluon.HybridBlock):
-    """Called as net(x, *masks): the dropout masks in `mask_paths` order, each already divided by its
-    1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get dropout's identity.
+    """Called as net(x, *masks): the dropout masks (dropout layers' and attention dropout's) in `mask_paths`
+    order, each already divided by its 1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get
+    dropout's identity.
 
     Returns the outputs; in a float64 run with batchnorm, (outputs, mean, inv_std, mean, inv_std, ...) with
     each batchnorm's batch statistics in `batchnorm_paths` order (MXNetTrainer updates the running ones)."""
