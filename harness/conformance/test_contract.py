@@ -20,7 +20,7 @@ from harness.limits import usable_cpus
 from harness.model import reference
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import infer
+from harness.model.graph import display_path, infer
 from harness.model.weights import initial_weights
 from harness.parity import TOLERANCES
 from harness.precision import PRECISIONS, LossScale, LossScaler, parse_precision
@@ -109,7 +109,23 @@ def test_outputs_match_the_numpy_reference(adapter, unsupported, name, precision
     got = trainer.predict(x)
     assert got.shape == expected.shape, hint(spec, f"predict returned shape {got.shape}, expected {expected.shape}")
     error = np.abs(got - expected).max() / np.abs(expected).max()
-    assert error < bound, hint(spec, f"{precision} inference outputs differ from the numpy reference by {error:.2e}")
+    assert error < bound, hint(spec, f"{precision} inference outputs differ from the numpy reference by {error:.2e}"
+                                     f"{first_differing_layer(trainer, spec, weights, x, bound)}")
+
+
+def first_differing_layer(trainer, spec, weights, x, bound) -> str:
+    """'; the first layer whose output differs: layers[1] (attention)', from the adapter's layer outputs (diagnose
+    mode) against the reference's, in the network's order; '' when the adapter gives none or none differs."""
+    expected: dict = {}
+    reference.forward(spec, weights, x, layer_outputs=expected)
+    got = trainer.layer_outputs(x, Data(spec).fixed_batch()[1]) or {}
+    types = {info.path: info.type for info in infer(spec).layers}
+    for path, want in expected.items():
+        if path in got:
+            error = np.abs(got[path][0] - want).max() / max(np.abs(want).max(), 1e-300)
+            if not error < bound:
+                return f"; the first layer whose output differs: layers{display_path(path)} ({types[path]})"
+    return ""
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -229,7 +245,7 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework, ada
                 f"{unsupported(precision) or 'it runs'}")
             continue
         assert r["status"] == "ok", (precision, r["reason"])
-        optional = ("reason", "study", "fingerprint", "diagnosis", "variant_choice") + (
+        optional = ("reason", "study", "fingerprint", "diagnosis", "variant_choice", "tokens_per_sample") + (
             ("efficiency",) if adapter.matmul(2, "float32", adapter.device("cpu")) is None else ())  # no peak known
         missing = [k for k in Record.fields() if r[k] is None and k not in optional]
         assert not missing, f"{precision}: record fields left empty: {missing}"

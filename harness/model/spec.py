@@ -307,6 +307,10 @@ class ModelSpec(_Strict):
             return self.input.vocab or TEXT_VOCAB
         return self.dataset.num_classes
 
+    @property
+    def task(self) -> str:
+        return "next_token" if self.dataset.next_token else "classification"
+
     def with_corpus_hash(self, corpus_hash: str) -> "ModelSpec":
         """A text dataset's spec with the hash of the corpus it reads (harness.run.plan.resolve)."""
         if self.dataset.corpus_hash not in (None, corpus_hash):

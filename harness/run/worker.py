@@ -28,7 +28,7 @@ from harness.model.graph import infer, state_memory_mb
 from harness.model.spec import ModelSpec, validate
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
-from harness.results import empty_record
+from harness.results import empty_record, sequence_fields
 from harness.rounding import RoundingNoise
 from harness.run import capability, measure, peak, variants
 from harness.run.diagnose import diagnose, gradient_fingerprint
@@ -90,6 +90,7 @@ def run(req: RunRequest, progress=None) -> dict:
         # untimed runs (fingerprints, diagnoses, profiles) keep the spec's seed: parity and goldens compare it
         seed = run_seed(spec, req.repeat if req.mode == "run" else 0)
         record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.classes, seed=seed,
+                      **sequence_fields(spec),
                       batch_size=spec.batch_size, steps=spec.steps,
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,

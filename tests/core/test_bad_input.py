@@ -92,7 +92,7 @@ CORPUS = [
     ("wrong-class-count", edit(BASE, setpath(["dataset", "num_classes"], 7)), "the network outputs [10] but sparse_categorical_crossentropy on 7 classes needs [7]"),
     ("binary-with-10-classes", edit(BASE, setpath(["loss", "type"], "binary_crossentropy")), "binary_crossentropy needs dataset.num_classes 2"),
     ("empty-layers", edit(BASE, setpath(["layers"], [])), "layers: List should have at least 1 item"),
-    ("unknown-dataset", edit(BASE, setpath(["dataset", "name"], "imagenet")), "dataset.name: Input should be 'synthetic', 'digits' or 'image_folder'"),
+    ("unknown-dataset", edit(BASE, setpath(["dataset", "name"], "imagenet")), "dataset.name: Input should be 'synthetic', 'digits', 'image_folder', 'text' or 'synthetic_tokens'"),
     ("image-folder-no-path", edit(BASE, setpath(["dataset", "name"], "image_folder")), "dataset: image_folder needs 'path'"),
     ("digits-3-classes", edit(BASE, setpath(["dataset"], {"name": "digits", "num_classes": 3})), "digits has num_classes 10, or 2"),
     ("one-class", edit(BASE, setpath(["dataset", "num_classes"], 1)), "dataset.num_classes: Input should be greater than or equal to 2"),
