@@ -13,12 +13,13 @@ Attention is written out as Flax's dot_product_attention computes it, with the s
 sqrt(Dh) in the compute dtype, masked where j > i with jnp.finfo(compute dtype).min (Flax's big_neg; exp of it
 minus the row's maximum is exactly 0 in every dtype, as -inf's would be: a causal row always keeps j = i), the
 softmax in the compute dtype too (Flax's default, force_fp32_for_softmax=False), the core's dropout masks on the
-probabilities. Measured under amp_bf16 / amp_fp16 (the jaxpr's dtypes): scores, masked scores (bfloat16 min
--3.39e38, float16 min -65504), softmax and probabilities in bfloat16 / float16; layernorm and rmsnorm in float32,
-their output float32 (the next dense casts it back). jax.nn.dot_product_attention is not used: its XLA
-implementation always computes the softmax in float32 (not exact in a float64 run; under amp it would keep
-float32 where this adapter's policy, Flax's, does not) and takes no dropout mask; in float32 it agrees with this
-unfused attention to float32 rounding.
+probabilities. Read from the step's jaxpr under amp_bf16 / amp_fp16: the scores and the masked scores (bfloat16
+min -3.39e38, float16 min -65504) are bfloat16 / float16, and so are the softmax's max, exp and division and the
+probabilities; only its sum accumulates in float32 (jnp.sum upcasts 16-bit inputs) before it is rounded back.
+layernorm and rmsnorm run in float32, their output float32 (the next dense casts it back). The fused
+jax.nn.dot_product_attention (implementation "xla") is not used: its softmax is always float32, 4.5e-8 from the
+reference in a float64 run (not exact), under amp a float32 softmax this adapter's policy (Flax's) does not
+have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
 """
 from __future__ import annotations
 
