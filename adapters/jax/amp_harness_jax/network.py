@@ -55,7 +55,7 @@ def add_bias(x, bias):
 
 
 def _add_bias_fwd(x, bias):
-    return x + bias, bias  # the bias (a weight, alive anyway) only for its number of axes
+    return x + bias, bias  # kept only for its number of axes (it is alive in the forward anyway)
 
 
 def _add_bias_bwd(bias, grad):
