@@ -2,6 +2,24 @@
 
 Activations are NCHW tensors (torch's convention) whose memory may be channels-last. `flatten` permutes to
 NHWC first so that it flattens in the spec's H, W, C order and the canonical dense kernel needs no reordering.
+Sequences are [N, T, D], the canonical layout (dense, the norms and softmax act on the last axis); token ids
+come in as int64 and go to F.embedding as they are.
+
+Attention: F.scaled_dot_product_attention where the layer has no dropout (on CPU torch 2.13 picks its flash
+kernel for float64, float32, bfloat16 and float16 alike; it matched the unfused math to 3e-16 in float64, forward
+and backward, and to 2e-7 in float32); with dropout the math written out, softmax(q k^T / sqrt(Dh)) with the
+core's mask on the probabilities, because SDPA's dropout draws its own mask.
+
+Under autocast on CPU (dtypes printed, torch 2.13): the projections and q k^T run in the autocast dtype, and the
+unfused causal mask, masked_fill(-inf) on those 16-bit scores, leaves -inf in bfloat16/float16. torch.softmax,
+F.layer_norm and F.rms_norm keep their input's dtype (CPU autocast casts none of them to float32): softmax of 16-bit
+scores gives 16-bit probabilities; a norm after a 16-bit dense gives 16 bits, a norm on the residual stream float32
+(a 16-bit branch plus the float32 shortcut promotes to float32, so the stream stays float32). F.rms_norm with a
+16-bit input and float32 gamma takes torch's composite path (it warns once that it cannot use the fused kernel).
+SDPA's CPU flash kernel takes and returns 16 bits but keeps its scores, running max and sums in float32 (accum_t,
+the opmath type) with -inf for masked keys (read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, not
+measured). The loss is float32 (optimizers.loss_fn). CUDA autocast's lists cast softmax and layer_norm to
+float32 instead (torch's documentation; not measured here, no GPU).
 """
 from __future__ import annotations
 
