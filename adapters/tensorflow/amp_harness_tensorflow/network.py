@@ -1,7 +1,24 @@
 """The spec's network as a Keras 3 functional model (channels-last), holding the core's canonical weights.
 
 Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in, out] and [in, out] kernels, H, W, C
-flatten order) and its 'same' padding is the spec's, so weights load without conversion.
+flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
+load without conversion. Token ids stay int64 from the input to Keras' Embedding (ops.take on the float32 table).
+
+Attention: SelfAttention below, Keras' fused ops.dot_product_attention where the layer has no dropout, the math
+written out in keras.ops with the core's masks where it has (as keras.layers.MultiHeadAttention itself switches).
+Under the mixed policies (measured from the traced graphs, Keras 3.15 on TensorFlow 2.21; the layers compute in
+the policy's float16/bfloat16, with float32 variables cast on read, unless said):
+- ops.dot_product_attention multiplies q k^T in the compute dtype, then casts the scores to
+  result_type(compute dtype, float32) = float32: the scale, the causal mask (tf.where with -0.7 * 3.38953e38 =
+  -2.37e38 in float32, never -inf; the float16 constant -0.7 * 65500 only for float16 scores, which this path
+  never has) and the softmax run in float32; the probabilities go back to the compute dtype before p v.
+- the unfused path (attention dropout) scales, masks (-inf) and takes the softmax in the compute dtype, as
+  MultiHeadAttention's explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else:
+  -9.98e8 once rounded to bfloat16).
+- keras.layers.Softmax (the spec's softmax) runs in the compute dtype: float16 / bfloat16 in and out.
+- LayerNormalization (autocast off) and ops.rms_normalization (the spec's rmsnorm) compute in float32 (moments,
+  rsqrt) and return the compute dtype; rmsnorm's gamma is read cast to the compute dtype first, layernorm's is not.
+- the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 """
 from __future__ import annotations
 
