@@ -8,7 +8,11 @@
 # one line), then a table of median step times and the report. Then the JAX adapter on the same GPU: its precisions
 # with `--repeats auto`, its fingerprints held to torch's by `parity` (the two frameworks on one GPU), `diagnose`;
 # and every GPU run's memory figure (the core's template Trainer reads each framework's allocator peak above its
-# level before the build) checked to hold the weights, gradients and optimizer state it must hold.
+# level before the build) checked to hold the weights, gradients and optimizer state it must hold. Transformers:
+# tiny_gpt and vit_tiny timed in torch and JAX in every mixed precision (tokens/s in the report), the transformer
+# pitfall specs fingerprinted on the GPU in both (fused attention where exact: which one ran is in each record's
+# options.attention) and held to each other by `parity`, and tiny_gpt diagnosed and profiled (the cast map of
+# attention and normalisation under CUDA autocast, whose op lists differ from the CPU's).
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -41,6 +45,18 @@ python3 -m harness fingerprint --framework jax --device gpu --precision fp32,amp
 python3 -m harness parity "$out/parity"
 python3 -m harness diagnose --framework jax --device gpu --model resnet8,mnist_mlp --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
+transformers=tests/specs/pitfall_causal_mask.yaml,tests/specs/pitfall_attention_dropout.yaml,tests/specs/pitfall_pre_norm.yaml,tests/specs/pitfall_patches.yaml,tests/specs/pitfall_long_sequence.yaml
+for fw in torch jax; do
+  python3 -m harness run --framework $fw --device gpu --model tiny_gpt,vit_tiny --precision fp32,amp_fp16,amp_bf16 \
+    --steps 50 --warmup 10 --repeats 3 --no-progress --out "$out"
+  python3 -m harness fingerprint --framework $fw --device gpu --precision fp32,amp_bf16,amp_fp16 \
+    --model "$transformers" --no-progress --out "$out/parity_transformers"
+done
+python3 -m harness parity "$out/parity_transformers"
+python3 -m harness diagnose --framework torch --device gpu --model tiny_gpt --steps 20 --every 10 \
+  --no-progress --out "$out/diagnose"
+python3 -m harness profile --framework torch --device gpu --model tiny_gpt,vit_tiny \
+  --precision fp32,amp_fp16,amp_bf16 --steps 5 --no-progress --out "$out/profile"
 python3 - "$out" <<'PY'
 import sys
 from harness import results

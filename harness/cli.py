@@ -114,8 +114,12 @@ def cmd_models(args) -> int:
         spec, graph = resolve(name)
         print(f"{name:<16}{_fmt_int(graph.param_count):>10}{_fmt_int(graph.train_step_flops(spec.batch_size)):>12}"
               f"  {spec.batch_size:>5} {spec.steps:>5}  {'x'.join(map(str, spec.input.shape)):<14}"
-              f"{spec.dataset.name} ({spec.dataset.num_classes} classes)")
+              f"{spec.dataset.name} ({_task(spec)})")
     return 0
+
+
+def _task(spec) -> str:
+    return f"next token of {spec.classes}" if spec.dataset.next_token else f"{spec.classes} classes"
 
 
 MEMORY_PRECISIONS = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16", "bf16_kahan")  # what `check` estimates memory for
@@ -132,11 +136,13 @@ def cmd_check(args) -> int:
         estimates = [memory.estimate(graph, spec, parse_precision(p)) for p in MEMORY_PRECISIONS]
         smallest = min(estimates, key=lambda e: e.step_mb)
         memory.check_fits(spec, graph, [parse_precision(smallest.precision)], "auto", path)  # none fits: an error
-        print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}  spec_hash {spec.spec_hash()}")
+        tokens = f" token ids of vocab {spec.input.vocab}" if spec.tokens else ""
+        print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}{tokens}  {_task(spec)}  "
+              f"spec_hash {spec.spec_hash()}")
         width = max(len(layer.path) + layer.path.count(".") for layer in graph.layers) + 2
         for layer in graph.layers:
             depth = layer.path.count(".") // 2
-            print(f"  {('  ' * depth + layer.path):<{width}}{layer.type:<18}{str(list(layer.out_shape)):<18}"
+            print(f"  {('  ' * depth + layer.path):<{width}}{layer.type:<20}{str(list(layer.out_shape)):<18}"
                   f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
         print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
               f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")

@@ -8,7 +8,8 @@ JSON dicts in memory; the models validate them, strictly (no coercion: a number 
 number), and do not convert them.
 
 Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3 num_classes;
-4 seed (a timed run's repeat r trains from the spec's seed + r). Every field added since 1 is optional, so a
+4 seed (a timed run's repeat r trains from the spec's seed + r); 5 task and tokens_per_sample (token sequences:
+"next_token" or "classification", and the T tokens each sample holds, for tokens/s). Every field added since 1 is optional, so a
 record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused (harness.results.read_records).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -153,6 +154,8 @@ class Record(_Strict):
     model: str | None = None
     spec_hash: str | None = None
     num_classes: int | None = None
+    task: Literal["classification", "next_token"] | None = None
+    tokens_per_sample: Annotated[int, Field(gt=0)] | None = None
     precision: str
     variant: str | None = None
     device: str | None = None

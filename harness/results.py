@@ -41,6 +41,11 @@ KINDS: dict[str, type[Record]] = {RESULTS_FILE: RunRecord, FINGERPRINTS_FILE: Fi
                                   DIAGNOSES_FILE: DiagnosisRecord, PROFILES_FILE: ProfileRecord}
 
 
+def sequence_fields(spec) -> dict:
+    """What a record says of a spec's task and tokens (schema 5)."""
+    return {"task": spec.task, "tokens_per_sample": spec.input.shape[0] if spec.tokens else None}
+
+
 def empty_record(**known) -> dict:
     """A record with every field a record is written with (harness.records.Record) None but `known`."""
     record = dict.fromkeys(Record.fields())

@@ -20,7 +20,7 @@ from harness.limits import usable_cpus
 from harness.model import reference
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import infer
+from harness.model.graph import display_path, infer
 from harness.model.weights import initial_weights
 from harness.parity import TOLERANCES
 from harness.precision import PRECISIONS, LossScale, LossScaler, parse_precision
@@ -109,7 +109,23 @@ def test_outputs_match_the_numpy_reference(adapter, unsupported, name, precision
     got = trainer.predict(x)
     assert got.shape == expected.shape, hint(spec, f"predict returned shape {got.shape}, expected {expected.shape}")
     error = np.abs(got - expected).max() / np.abs(expected).max()
-    assert error < bound, hint(spec, f"{precision} inference outputs differ from the numpy reference by {error:.2e}")
+    assert error < bound, hint(spec, f"{precision} inference outputs differ from the numpy reference by {error:.2e}"
+                                     f"{first_differing_layer(trainer, spec, weights, x, bound)}")
+
+
+def first_differing_layer(trainer, spec, weights, x, bound) -> str:
+    """'; the first layer whose output differs: layers[1] (attention)', from the adapter's layer outputs (diagnose
+    mode) against the reference's, in the network's order; '' when the adapter gives none or none differs."""
+    expected: dict = {}
+    reference.forward(spec, weights, x, layer_outputs=expected)
+    got = trainer.layer_outputs(x, Data(spec).fixed_batch()[1]) or {}
+    types = {info.path: info.type for info in infer(spec).layers}
+    for path, want in expected.items():
+        if path in got:
+            error = np.abs(got[path][0] - want).max() / max(np.abs(want).max(), 1e-300)
+            if not error < bound:
+                return f"; the first layer whose output differs: layers{display_path(path)} ({types[path]})"
+    return ""
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -124,7 +140,7 @@ def test_first_training_step_computes_the_reference_loss_in_float64(adapter, uns
     x, y = data.train_batch(0)
     masks = DropoutMasks(graph, spec.seed).for_step(0, len(y))
     outputs = reference.forward(spec, weights, x, training=True, masks=masks)
-    expected = loss_and_correct(spec.loss, outputs, y)[0] / len(y)
+    expected = loss_and_correct(spec.loss, outputs, y)[0] / y.size
     got = trainer.train_step(trainer.to_device(x, y, masks))
     assert abs(got - expected) <= TOLERANCES["fp64"][0] * abs(expected), hint(
         spec, f"training-mode loss {got!r}; the reference gives {expected!r}")
@@ -270,7 +286,7 @@ def test_tensor_capture_in_canonical_names_and_layouts(adapter, name):
         w = {k: v.astype(np.float64) for k, v in weights.items()}
         w[name0][index] += delta
         outputs = reference.forward(spec, w, x, training=True, masks=masks)
-        return loss_and_correct(spec.loss, outputs, y)[0] / len(y)
+        return loss_and_correct(spec.loss, outputs, y)[0] / y.size
     numeric = (loss_at(1e-6) - loss_at(-1e-6)) / 2e-6
     assert gradients[name0][index] == pytest.approx(numeric, rel=1e-5, abs=1e-9), hint(
         spec, f"the captured gradient of {name0} is not the loss's derivative (unscaled, before the update)")

@@ -153,11 +153,12 @@ def _infer_list(layers, shape, prefix, out, source, vocab=None) -> tuple[int, ..
         except SpecError:
             raise
         except ValueError as exc:
-            raise SpecError(f"{source}: layers{_display(path)} ({layer.type}): {exc}") from None
+            raise SpecError(f"{source}: layers{display_path(path)} ({layer.type}): {exc}") from None
     return shape
 
 
-def _display(path: str) -> str:
+def display_path(path: str) -> str:
+    """A canonical layer path as a spec file's place: "5.layers.0" -> "[5].layers[0]"."""
     return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
 
 
@@ -236,7 +237,7 @@ def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
             if layer.projection else shape
         if main != shortcut:
             what = "projection" if layer.projection else "input (add a projection)"
-            raise SpecError(f"{source}: layers{_display(path)} (residual): block output {list(main)} does not "
+            raise SpecError(f"{source}: layers{display_path(path)} (residual): block output {list(main)} does not "
                             f"match its {what} {list(shortcut)}")
         info.out_shape = main
     return info.out_shape

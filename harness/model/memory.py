@@ -7,8 +7,13 @@ The estimate counts what every framework must hold:
   dtype, and Kahan's compensation buffer (harness.model.graph.state_memory_mb);
 - mixed precision: a copy of the trainable weights in the compute dtype;
 - activations kept for backward: every layer's output once, in the compute dtype, at the batch size, and the
-  two largest of them again (the gradient flowing back and the one it produces);
-- the input batch: float32 on the host and once more as the framework's tensor, and its labels.
+  two largest of them again (the gradient flowing back and the one it produces); an attention layer also keeps
+  its queries, keys, values and concatenated heads (4 x T x D) and its probabilities (heads x T^2), and with
+  attention dropout the mask and the dropped probabilities (2 x heads x T^2 more): the T^2 terms are why
+  mixed precision saves less than half on long sequences when a framework keeps the softmax in float32, which
+  this estimate (a floor every framework must hold) does not assume;
+- the input batch: float32 images or vectors, or int64 token ids, on the host and once more as the framework's
+  tensor, and its labels (int64: one per sample, or one per token for next-token prediction).
 It leaves out what depends on the framework: its own workspace (convolution algorithms, oneDNN primitives,
 the allocator's caching and fragmentation, XLA's buffers), temporaries that fusion may or may not remove,
 and the fixed cost of importing the framework; the guard adds the dataset when the core keeps it in memory.
@@ -22,12 +27,12 @@ import subprocess
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
+from harness.model.data import sample_bytes
 from harness.model.graph import DTYPE_BYTES, Graph, state_memory_mb
 from harness.precision import Precision
 
 MB = 2**20
 LIMIT_ENV = "AMP_HARNESS_MEMORY_LIMIT_MB"
-INPUT_BYTES = 4  # the core hands batches over as float32
 LABEL_BYTES = 8  # int64 class ids
 
 
@@ -47,19 +52,34 @@ def estimate(graph: Graph, spec, precision: Precision) -> MemoryEstimate:
     compute = DTYPE_BYTES[precision.compute_dtype]
     parts["compute_copy"] = graph.param_count * compute / MB if precision.mixed else 0.0
     outputs = [math.prod(layer.out_shape) for layer in graph.layers if layer.type != "residual"]
-    kept = sum(outputs) + sum(sorted(outputs)[-2:])
+    kept = sum(outputs) + sum(sorted(outputs)[-2:]) + sum(attention_kept(layer) for layer in graph.layers)
     parts["activations"] = kept * spec.batch_size * compute / MB
     sample = math.prod(spec.input.shape)
-    parts["input_batch"] = spec.batch_size * (2 * sample * INPUT_BYTES + LABEL_BYTES) / MB
+    labels = spec.input.shape[0] if spec.dataset.next_token else 1
+    parts["input_batch"] = spec.batch_size * (2 * sample * sample_bytes(spec) + labels * LABEL_BYTES) / MB
     return MemoryEstimate(precision.name, parts)
 
 
+def attention_kept(layer) -> int:
+    """What an attention layer keeps for backward besides its output, per sample, in elements."""
+    if layer.type != "attention":
+        return 0
+    length, dim = layer.in_shape
+    probabilities = layer.spec.heads * length * length
+    return 4 * length * dim + probabilities * (3 if layer.spec.dropout > 0 else 1)
+
+
 def dataset_mb(spec) -> float:
-    """The dataset the core materialises before training (harness.model.data.Data keeps small ones whole)."""
+    """The dataset the core materialises before training (harness.model.data.Data keeps small ones whole; a token
+    dataset's source keeps its ids and labels whole besides)."""
     from harness.model.data import CACHE_LIMIT_BYTES, sample_count
 
-    total = sample_count(spec) * math.prod(spec.input.shape) * INPUT_BYTES
-    return total / MB if total <= CACHE_LIMIT_BYTES else 0.0
+    count = sample_count(spec)
+    samples = count * math.prod(spec.input.shape) * sample_bytes(spec)
+    total = samples if samples <= CACHE_LIMIT_BYTES else 0
+    if spec.tokens:
+        total += samples + count * (spec.input.shape[0] if spec.dataset.next_token else 1) * LABEL_BYTES
+    return total / MB
 
 
 def fmt_mb(mb: float) -> str:

@@ -10,16 +10,21 @@ from harness.model.spec import ModelSpec
 
 
 def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, training: bool = False,
-            masks: dict[str, np.ndarray] | None = None) -> np.ndarray:
+            masks: dict[str, np.ndarray] | None = None, layer_outputs: dict | None = None) -> np.ndarray:
     """Outputs for inputs x. training=True uses batch statistics in batchnorm (running stats untouched)
-    and applies the dropout `masks` (harness.model.dropout) by layer path."""
+    and applies the dropout `masks` (harness.model.dropout) by layer path. `layer_outputs`, when given, receives
+    every layer's output by its canonical path."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
-    return _layers(spec.layers, "", w, x.astype(np.float64), training, masks or {})
+    x = x if spec.tokens else x.astype(np.float64)  # token ids stay integers
+    return _layers(spec.layers, "", w, x, training, masks or {}, layer_outputs)
 
 
-def _layers(layers, prefix, w, x, training, masks):
+def _layers(layers, prefix, w, x, training, masks, record=None):
     for index, layer in enumerate(layers):
-        x = _layer(layer, f"{prefix}{index}", w, x, training, masks)
+        path = f"{prefix}{index}"
+        x = _layer(layer, path, w, x, training, masks, record)
+        if record is not None:
+            record[path] = x
     return x
 
 
@@ -34,7 +39,7 @@ def _windows(x, k, s):  # [N, Ho, Wo, C, k, k]
     return sliding_window_view(x, (k, k), axis=(1, 2))[:, ::s, ::s]
 
 
-def _layer(layer, path, w, x, training, masks):
+def _layer(layer, path, w, x, training, masks, record):
     t = layer.type
     if t == "dense":
         return x @ w[f"{path}.kernel"] + w.get(f"{path}.bias", 0.0)
@@ -79,7 +84,7 @@ def _layer(layer, path, w, x, training, masks):
             return x * masks[path] / (1 - layer.rate)
         return x
     if t == "embedding":
-        return w[f"{path}.embeddings"][x.astype(np.int64)]
+        return w[f"{path}.embeddings"][x]
     if t == "position_embedding":
         return x + w[f"{path}.embeddings"][:x.shape[1]]
     if t == "attention":
@@ -95,8 +100,9 @@ def _layer(layer, path, w, x, training, masks):
         flat = cut.reshape(n, (h // p) * (width // p), p * p * c)
         return flat @ w[f"{path}.kernel"].reshape(p * p * c, -1) + w[f"{path}.bias"]
     if t == "residual":
-        main = _layers(layer.layers, f"{path}.layers.", w, x, training, masks)
-        shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training, masks) if layer.projection else x
+        main = _layers(layer.layers, f"{path}.layers.", w, x, training, masks, record)
+        shortcut = _layers(layer.projection, f"{path}.projection.", w, x, training, masks, record) \
+            if layer.projection else x
         return main + shortcut
     raise AssertionError(f"reference forward has no layer {t!r}")
 

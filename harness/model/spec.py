@@ -208,9 +208,15 @@ class Dataset(_Strict):
     # standard library's own source files)
     path: Optional[str] = Field(None, max_length=4096)
     eval_fraction: float = Field(0.2, gt=0, lt=1)
+    # text: the sha256 (first 16 hex digits) of the corpus's bytes. Resolving a spec (harness.run.plan.resolve)
+    # sets it from the files read, so that runs on different corpora never share a spec hash; one given in the
+    # file must match them.
+    corpus_hash: Optional[str] = Field(None, pattern=r"^[0-9a-f]{16}$")
 
     @model_validator(mode="after")
     def _check(self) -> "Dataset":
+        if self.corpus_hash is not None and self.name != "text":
+            raise ValueError("corpus_hash: only a text dataset reads a corpus")
         if self.name == "image_folder" and not self.path:
             raise ValueError("image_folder needs 'path'")
         if self.name == "digits" and self.num_classes not in (2, 10):
@@ -301,6 +307,17 @@ class ModelSpec(_Strict):
             return self.input.vocab or TEXT_VOCAB
         return self.dataset.num_classes
 
+    @property
+    def task(self) -> str:
+        return "next_token" if self.dataset.next_token else "classification"
+
+    def with_corpus_hash(self, corpus_hash: str) -> "ModelSpec":
+        """A text dataset's spec with the hash of the corpus it reads (harness.run.plan.resolve)."""
+        if self.dataset.corpus_hash not in (None, corpus_hash):
+            raise SpecError(f"{self.name}: dataset.corpus_hash: the spec names corpus {self.dataset.corpus_hash}, "
+                            f"its files have {corpus_hash}")
+        return self.model_copy(update={"dataset": self.dataset.model_copy(update={"corpus_hash": corpus_hash})})
+
     def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
                        input_size: tuple[int, int] | None = None) -> "ModelSpec":
         """Return a validated copy with CLI overrides applied (the spec hash covers them)."""
@@ -319,7 +336,7 @@ class ModelSpec(_Strict):
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
         # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
-        for part, key in (("input", "vocab"), ("dataset", "task")):
+        for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash")):
             if data[part][key] is None:
                 del data[part][key]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -364,8 +381,12 @@ def validate(data: object, source: str) -> ModelSpec:
             msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else "")
         elif err["type"] == "string_pattern_mismatch":
             msg = "must be one line of printable characters"
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-        raise SpecError(f"{source}: {_where(err['loc'])}: {msg}{more}") from None
+        # a check across parts of the spec names its place itself
+        where = "" if not err["loc"] and err["type"] == "value_error" else f"{_where(err['loc'])}: "
+        raise SpecError(f"{source}: {where}{msg}{more}") from None
     return spec
 
 

@@ -7,8 +7,10 @@ from harness.model.spec import PROB_EPSILON, Loss
 
 
 def loss_and_correct(loss: Loss, outputs: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-    """Summed loss and number of correct predictions for one batch (float64 math)."""
-    out = outputs.astype(np.float64)
+    """Summed loss and number of correct predictions for one batch (float64 math), over every label: a sample's,
+    or with next-token labels [N, T] (outputs [N, T, vocab]) every token's, so divide by labels.size."""
+    out = outputs.astype(np.float64).reshape(labels.size, -1)
+    labels = labels.reshape(-1)
     if loss.type == "sparse_categorical_crossentropy":
         if loss.from_logits:
             shifted = out - out.max(axis=1, keepdims=True)

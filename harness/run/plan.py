@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, SpecError
 from harness.limits import MAX_MODELS, MAX_RUNS, usable_cpus
 from harness.model.graph import Graph, infer
 from harness.model.spec import ModelSpec, load_spec, spec_path
@@ -36,6 +36,13 @@ def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
     if (batch_size, steps, input_size) != (None, None, None):
         spec = spec.with_overrides(batch_size, steps, input_size)
         graph = infer(spec, spec.name)
+    if spec.dataset.name == "text":  # the corpus's hash joins the spec's, so runs on other files never pool
+        from harness.model.data import corpus_hash, read_corpus
+
+        try:
+            spec = spec.with_corpus_hash(corpus_hash(read_corpus(spec.dataset.path)))
+        except HarnessError as exc:
+            raise SpecError(f"{spec_path(model)}: {exc}") from None
     return spec, graph
 
 

@@ -107,7 +107,8 @@ def failure_record(req: RunRequest, status: str, reason: str, started: float) ->
     """The record of a run whose worker gave none (it crashed, hung, or never started: a lost node)."""
     spec = req.resolved_spec()  # as planned: no file is read again
     record = results.empty_record(run_id=req.run_id, framework=req.framework, model=spec.name,
-                                  spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes,
+                                  spec_hash=spec.spec_hash(), num_classes=spec.classes,
+                                  **results.sequence_fields(spec),
                                   precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,
                                   batch_size=spec.batch_size, steps=spec.steps, variant=req.variant,
                                   wall_s=round(time.time() - started, 3), status=status, reason=reason,

@@ -28,7 +28,7 @@ from harness.model.graph import infer, state_memory_mb
 from harness.model.spec import ModelSpec, validate
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
-from harness.results import empty_record
+from harness.results import empty_record, sequence_fields
 from harness.rounding import RoundingNoise
 from harness.run import capability, measure, peak, variants
 from harness.run.diagnose import diagnose, gradient_fingerprint
@@ -89,7 +89,8 @@ def run(req: RunRequest, progress=None) -> dict:
         loss_scale = parse_loss_scale(req.loss_scale, precision, req.growth_interval)
         # untimed runs (fingerprints, diagnoses, profiles) keep the spec's seed: parity and goldens compare it
         seed = run_seed(spec, req.repeat if req.mode == "run" else 0)
-        record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.dataset.num_classes, seed=seed,
+        record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.classes, seed=seed,
+                      **sequence_fields(spec),
                       batch_size=spec.batch_size, steps=spec.steps,
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
@@ -234,7 +235,7 @@ def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progres
         total_loss, correct, n = 0.0, 0, 0
         for x, y in data.eval_batches():
             batch_loss, batch_correct = loss_and_correct(spec.loss, trainer.predict(x), y)
-            total_loss, correct, n = total_loss + batch_loss, correct + batch_correct, n + len(y)
+            total_loss, correct, n = total_loss + batch_loss, correct + batch_correct, n + y.size
         record.update(eval_loss=total_loss / n, eval_accuracy=correct / n)
         if not math.isfinite(record["eval_loss"]):
             record.update(eval_loss=None, status="diverged", reason="evaluation loss is not finite")

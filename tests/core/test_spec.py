@@ -68,7 +68,7 @@ def test_pitfall_specs_are_valid(path):
     (lambda d: d.update(batch_size="many"), "batch_size: Input should be a valid integer"),
     (lambda d: d["layers"].insert(1, {"type": "conv2d", "filters": 4, "kernel_size": 3}),
      "layers[1] (conv2d): expects an image input [H, W, C], got shape [784]"),
-    (lambda d: d["layers"].pop(0), "layers[0] (dense): expects a vector input, got shape [28, 28, 1]"),
+    (lambda d: d["layers"].pop(0), "layers[0] (dense): expects a vector or a sequence, got an image [28, 28, 1]"),
     (lambda d: d["layers"][-1].update(units=7), "the network outputs [7] but sparse_categorical_crossentropy"),
     (lambda d: d["loss"].pop("from_logits"), "loss.from_logits: Field required"),
 ])

@@ -14,11 +14,13 @@ from harness.cli import main
 from harness.errors import HarnessError
 from harness.model import data, memory
 from harness.model.graph import infer
-from harness.model.spec import ModelSpec, validate
+from harness.model.spec import SEQUENCE_LAYERS, ModelSpec, validate
 from harness.precision import parse_precision
 
 SCHEMA = ModelSpec.model_json_schema()
 HEAD = ({"type": "flatten"},)  # then a dense layer of num_classes units: the network ends as the loss needs
+# what a sequence of token embeddings takes before it is pooled
+SEQUENCE_BODY = ("position_embedding", "attention", "rmsnorm", "layernorm", "dense", "relu", "gelu", "dropout")
 WRONG = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8) \
     | st.lists(st.integers(), max_size=3) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
 
@@ -92,13 +94,24 @@ def specs(draw):
     doc = draw(_from(SCHEMA, 0))
     if draw(st.booleans()):
         # fresh copies: a fault below may change a value in place, and a shared HEAD would break every later doc
-        doc["layers"] = doc["layers"][:3] + [dict(layer) for layer in HEAD] + [
-            {"type": "dense", "units": doc["dataset"]["num_classes"]}]
+        doc["dataset"]["num_classes"] = min(doc["dataset"].get("num_classes") or 2, 64)
+        for key in ("path", "task", "corpus_hash"):
+            doc["dataset"].pop(key, None)
+        if draw(st.booleans()):  # images or vectors: digits and image folders have constraints of their own
+            doc["layers"] = [layer for layer in doc["layers"] if layer["type"] not in SEQUENCE_LAYERS][:3] + [
+                dict(layer) for layer in HEAD]
+            doc["input"]["shape"] = doc["input"]["shape"][:1] if draw(st.booleans()) else \
+                (doc["input"]["shape"] * 3)[:3]
+            doc["input"].pop("vocab", None)
+            doc["dataset"]["name"] = "synthetic"
+        else:  # a token sequence classified: the layers a sequence takes between an embedding and a pool
+            doc["layers"] = [{"type": "embedding", "dim": draw(st.sampled_from([4, 6, 8]))}] + [
+                layer for layer in doc["layers"] if layer["type"] in SEQUENCE_BODY][:3] + [
+                {"type": "sequence_pool", "mode": draw(st.sampled_from(["mean", "first", "last"]))}]
+            doc["input"] = {"shape": doc["input"]["shape"][:1], "vocab": draw(st.integers(2, 300))}
+            doc["dataset"].update(name="synthetic_tokens", task="classification")
+        doc["layers"].append({"type": "dense", "units": doc["dataset"]["num_classes"]})
         doc["loss"] = {"type": "sparse_categorical_crossentropy", "from_logits": True}
-        doc["input"]["shape"] = doc["input"]["shape"][:1] if draw(st.booleans()) else (doc["input"]["shape"] * 3)[:3]
-        doc["dataset"]["num_classes"] = min(doc["dataset"]["num_classes"], 64)
-        doc["dataset"]["name"] = "synthetic"  # digits and image folders have constraints of their own
-        doc["dataset"].pop("path", None)
         doc["layers"][-1]["units"] = doc["dataset"]["num_classes"]
     if draw(st.booleans()):
         *parent, key = draw(st.sampled_from([p for p in _places(doc) if p]))
