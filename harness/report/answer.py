@@ -36,7 +36,7 @@ class Entry:
     advice: str | None
     accuracy: str | None
     accuracy_flag: bool
-    ms: str
+    ms: str  # the step time, with tokens/s beside it for a sequence model (Cell.step)
     unstable: bool
     not_run: str | None = None
 
@@ -62,8 +62,8 @@ def verdict(s: Comparison) -> str:
 
 
 def acceptable(s: Comparison) -> bool:
-    """Accuracy does not rule this precision out: only a measured loss against fp32's seed-to-seed spread
-    (lower, or stalled at chance level) does (accuracy.Check)."""
+    """Accuracy (a next-token model's eval loss) does not rule this precision out: only a measured loss of
+    quality against fp32's seed-to-seed spread (worse, or stalled at chance level) does (accuracy.Check)."""
     return s.accuracy_check.acceptable
 
 
@@ -103,19 +103,19 @@ def spread(s: Comparison) -> str:
 def _entry(kind: str, s: Comparison) -> Entry:
     v = verdict(s)
     if kind == "keep":
-        text = f"{VERDICTS[v]} but less accurate" if v == "faster" else VERDICTS[v]
+        text = f"{VERDICTS[v]} but {s.accuracy_check.metric.worse_words}" if v == "faster" else VERDICTS[v]
     else:
         text = VERDICTS[kind]
     cell = s.cell
     return Entry(s.precision + cell.scale_note, cell.setting_note.strip(" []"), kind, v, text, _speed(s), s.ci,
                  f"{spread(s)}: {RERUN_NOISY}" if kind == "undecided" else None, s.accuracy_check.phrase,
-                 not acceptable(s), f"{f.ms(cell.median_ms)} ms/step", s.unstable)
+                 not acceptable(s), cell.step, s.unstable)
 
 
 def _plain_entry(cells: list[Cell], why: str) -> Entry:
     fastest = min(cells, key=lambda c: c.median_ms)
     return Entry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
-                 None, None, None, None, False, f"{f.ms(fastest.median_ms)} ms/step", False)
+                 None, None, None, None, False, fastest.step, False)
 
 
 def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dict]) -> list[Block]:
@@ -165,8 +165,7 @@ def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell]) -> 
     there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons."""
     fastest = min(mcells, key=lambda c: c.median_ms)
     of = f", best of {len(mcells)} cells" if len(mcells) > 1 else ""
-    tail = (f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} "
-            f"{f.ms(fastest.median_ms)} ms/step")
+    tail = f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} {fastest.step}"
     if not comparisons:
         return f"{model}: no framework ran both fp32 and another precision, so no speed-up to compare; {tail}."
 

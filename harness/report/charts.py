@@ -277,25 +277,27 @@ def gradient_histogram(series: dict[str, dict], scale_exp: int | None, title: st
     return fig.render()
 
 
-def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: str) -> str:
-    """Final eval accuracy and skipped steps against log2 of the loss scale ('none' at the left, 'dynamic' at
-    the right), the diagnosed static window shaded."""
+def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: str, figure: str = "accuracy",
+                     label: str = "eval accuracy") -> str:
+    """The final judged figure (points' `figure`, fp32's `fp32_<figure>`: eval accuracy, or a next-token model's
+    eval loss) and skipped steps against log2 of the loss scale ('none' at the left, 'dynamic' at the right), the
+    diagnosed static window shaded."""
     points = [p for p in points if finite(p.get("x"))]
     xs = [p["x"] for p in points]
     shaded = bool(window and window[0] is not None and window[1] is not None and finite(window[0])
                   and finite(window[1]) and window[0] <= window[1])
-    fp32 = points[0].get("fp32_accuracy") if points else None
+    fp32 = points[0].get(f"fp32_{figure}") if points else None
     fp32 = fp32 if finite(fp32) else None
     entries = []
     if shaded:
         entries.append(("diagnosed safe window", {"patch": "#55a868", "opacity": 0.15}))
-    entries.append(("eval accuracy", {"line": "#4c72b0", "width": 1.5, "marker": "o", "size": 7}))
+    entries.append((label, {"line": "#4c72b0", "width": 1.5, "marker": "o", "size": 7}))
     if fp32 is not None:
         entries.append(("fp32", {"line": "#4c72b0", "width": 1, "dash": "dotted"}))
     entries.append(("skipped steps", {"patch": "#c44e52", "opacity": 0.35, "bar": True}))
     span = xs + (list(window) if shaded else [])
     x = Scale(*padded(min(span, default=0) - 0.4, max(span, default=1) + 0.4, margin=0.03))
-    accuracies = [p.get("accuracy") for p in points]
+    accuracies = [p.get(figure) for p in points]
     yticks, ylo, yhi = _lin_range(accuracies + [fp32], bins=5)
     skipped = [p.get("skipped") for p in points]
     sticks, slo, shi = _lin_range([s for s in skipped if finite(s) and s >= 0], bins=5, integer=True, zero=True)
@@ -321,7 +323,7 @@ def loss_scale_study(points: list[dict], window: tuple[int, int] | None, title: 
         ax.hline(fp32, "#4c72b0", width=1, dash="dotted")
     ax.line(xs, accuracies, "#4c72b0", width=1.5)
     ax.markers(xs, accuracies, "o", "#4c72b0", size=7)
-    ax.yaxis(yticks, labels, "eval accuracy")
+    ax.yaxis(yticks, labels, label)
     bars.yaxis(sticks, slabels, "skipped steps", right=True)
     ax.xaxis(xs, names, "loss scale", rotate=rotate)
     return fig.render()

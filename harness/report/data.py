@@ -15,7 +15,7 @@ import numpy as np
 
 from harness import stats
 from harness.report import format as f
-from harness.report.accuracy import Check
+from harness.report.accuracy import Check, metric, perplexity
 from harness.identity import setting
 
 if TYPE_CHECKING:  # they build on the objects here
@@ -45,7 +45,7 @@ class Cell:
         self.setting = setting(r0)
         self.device = self.setting.device or "-"
         self.fp32: Cell | None = None  # the fp32 cell of the same setting (itself for an fp32 cell), set by view
-        self.judged = True  # False: fp32 scored at chance level, accuracy figures mean nothing (see accuracy.py)
+        self.judged = True  # False: fp32 scored at chance level, its judged figures mean nothing (see accuracy.py)
         self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
         # one figure per repeat (fresh processes are independent; steps of one process are not)
         self.repeat_ms = [float(np.median(t)) for t in self.repeats]
@@ -56,6 +56,9 @@ class Cell:
         self.unstable = self.cv is not None and self.cv > stats.UNSTABLE_CV
         self.first_step_ms = median(r.get("first_step_ms") for r in records)
         self.samples_per_s = r0["batch_size"] / (self.median_ms / 1e3)
+        # token sequences (schema 5): the T tokens of each sample, so a sequence model's throughput is tokens/s
+        self.tokens_per_sample = r0.get("tokens_per_sample")
+        self.tokens_per_s = self.samples_per_s * self.tokens_per_sample if self.tokens_per_sample else None
         self.gflops = r0["flops_per_step"] / (self.median_ms / 1e3) / 1e9 if r0.get("flops_per_step") else None
         self.efficiency = median(r.get("efficiency") for r in records)
         self.peak_mb = median(r.get("peak_memory_mb") for r in records)
@@ -63,6 +66,8 @@ class Cell:
         self.state_mb = r0.get("state_memory_mb") or {}
         self.eval_accuracy = mean(r.get("eval_accuracy") for r in records)
         self.eval_loss = mean(r.get("eval_loss") for r in records)
+        self.perplexity = perplexity(self.eval_loss)
+        self.metric = metric(records)  # what its accuracy comparisons judge: accuracy, or a next-token model's loss
         self.batch_size = r0["batch_size"]
         self.flops_per_step = r0.get("flops_per_step")
 
@@ -70,6 +75,17 @@ class Cell:
     def baseline(self) -> Cell | None:
         """The fp32 cell this one is compared with: None for an fp32 cell and where no fp32 ran."""
         return self.fp32 if self.fp32 is not self else None
+
+    @property
+    def step(self) -> str:
+        """Its step time as the first screen and the prose say it, with tokens/s beside it for a sequence model."""
+        tokens = f", {f.number(self.tokens_per_s, 0)} tokens/s" if self.tokens_per_s else ""
+        return f"{f.ms(self.median_ms)} ms/step{tokens}"
+
+    @property
+    def figure(self) -> float | None:
+        """The mean of what its accuracy comparisons judge (accuracy.metric): eval accuracy, or eval loss."""
+        return getattr(self, self.metric.field)
 
     def loss_curve(self) -> list:
         curves = [r["loss"] for r in self.records if r.get("loss")]
@@ -180,6 +196,7 @@ class SpeedRow:
     precision: str
     batch: int
     median: str
+    tokens: str  # tokens/s, for a sequence model ("-" otherwise)
     spread: str
     samples: str
     first: str
@@ -207,8 +224,9 @@ class AccuracyRow:
     model: str
     framework: str
     precision: str
-    accuracy: str
+    accuracy: str  # a next-token model's is "-": it is judged by loss and perplexity
     loss: str
+    perplexity: str  # exp(eval loss), for a next-token model ("-" otherwise)
     judged: bool
     delta: str  # the change against fp32 in words; fp32's own row: its seed-to-seed spread
     flag: bool
@@ -236,6 +254,7 @@ class Fastest:
     device: str
     framework: str
     median: str
+    tokens: str  # tokens/s, for a sequence model ("-" otherwise)
     of: int
 
 
@@ -269,6 +288,7 @@ class Study:
     precision: str
     rows: list[dict]
     chart: str
+    next_token: bool = False  # judged by eval loss: its rows show perplexity, not accuracy (accuracy.TokenLoss)
 
 
 @dataclass(frozen=True)
@@ -328,11 +348,15 @@ class View:
     summary: list[Comparison]
     fastest: list[Fastest]
     speed: list[SpeedRow]
+    any_tokens: bool  # some model reads token sequences: the tables get a tokens/s column
     memory: list[MemoryRow]
     memory_note: str
     accuracy: list[AccuracyRow]
     accuracy_rule: str
-    any_too_short: bool
+    any_too_short: bool  # a classifier's fp32 scored at chance level
+    any_next_token: bool  # some model is judged by eval loss and perplexity (accuracy.TokenLoss)
+    loss_margin: float
+    any_too_short_loss: bool  # a next-token model's fp32 eval loss is not clearly below ln(vocabulary)
     scaling: list[ScalingRow]
     sections: list[Section]
     why: list[Why]

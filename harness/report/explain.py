@@ -216,8 +216,10 @@ def _too_small(device: str, small: list[Comparison], peaks: dict) -> Why:
         c = s.cell
         fp32_peak = (peaks.get(c.framework) or {}).get("float32")
         share = f", {f.percent(c.gflops / fp32_peak)} of its measured float32 matmul peak" if fp32_peak else ""
+        tokens = f"{f.number(c.tokens_per_s, 0)} tokens/s, " if c.tokens_per_s else ""
         cases.append(f"{c.model} ({c.label} {c.precision}): {f.mflop(c.flops_per_step)} MFLOP per step at batch "
-                     f"{c.batch_size}, {f.number(c.median_ms)} ms per step ({f.number(c.gflops, 1)} GFLOP/s{share}), "
+                     f"{c.batch_size}, {f.number(c.median_ms)} ms per step ({tokens}{f.number(c.gflops, 1)} GFLOP/s"
+                     f"{share}), "
                      f"{f.ratio(s.ratio)} against fp32 ({s.ci})")
     models = sorted({s.model for s in small})
     return Why(title=f"Likely too small for precision to matter on {device}: {', '.join(models)}",

@@ -30,6 +30,22 @@ def number(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
+def signed(value, digits: int = 4) -> str:
+    """A signed number with a fixed number of decimals: "+0.0123" (a bound of an interval of loss changes)."""
+    return MISSING if missing(value) else f"{value:+,.{digits}f}"
+
+
+def nats(delta, digits: int = 4) -> str:
+    """A change of loss (cross-entropy, natural log) in signed nats: "+0.0123 nats"."""
+    return MISSING if missing(delta) else f"{signed(delta, digits)} nats"
+
+
+def number_span(low, high, digits: int = 2) -> str:
+    """Two numbers as one span: "2.1040-2.1210"; one number where they read the same."""
+    a, b = number(low, digits), number(high, digits)
+    return a if a == b else f"{a}-{b}"
+
+
 def significant(value, digits: int = 3) -> str:
     """`digits` significant digits: 0.0123, 4.57, 1.23e+03."""
     return MISSING if missing(value) else f"{value:.{digits}g}"

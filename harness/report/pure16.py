@@ -1,7 +1,8 @@
 """The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
 rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32,
 per model, framework and setting (harness.identity: device, node, threads, variant, version, batch; and
-each arm's loss-scale setting): eval accuracy judged against fp32's seed-to-seed spread (harness.report.accuracy),
+each arm's loss-scale setting): eval accuracy (a next-token model's eval loss, with its perplexity) judged against
+fp32's seed-to-seed spread (harness.report.accuracy),
 the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`, per model: the numerics
 of fp32 training), weight memory, and one computed sentence per entry.
 
@@ -14,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from harness.report import format as f
-from harness.report.accuracy import Check, compare, num_classes, too_short
+from harness.report.accuracy import Check, Metric, compare, metric, num_classes
 from harness.identity import compatible, describe, loss_scale_setting, setting, varying
 
 #: the arms in the order the table shows them; fp32 is the reference
@@ -36,7 +37,7 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-def _arm(records: list[dict], name: str) -> dict:
+def _arm(records: list[dict], name: str, metric_: Metric) -> dict:
     ok = [r for r in records if r.get("status") == "ok"]
     curves = [r["loss"] for r in ok if r.get("loss")]
     length = min((len(c) for c in curves), default=0)
@@ -44,7 +45,7 @@ def _arm(records: list[dict], name: str) -> dict:
     state = (ok or records)[0].get("state_memory_mb") or {}
     return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
             "failed": [f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"],
-            "accuracy": _mean([r.get("eval_accuracy") for r in ok]),
+            "figure": _mean([r.get(metric_.field) for r in ok]),  # what it is judged by: accuracy, or eval loss
             "final_loss": _mean([r.get("final_train_loss") for r in ok]),
             # what keeps the weights: Kahan's compensation buffer counts with them
             "weights_mb": None if state.get("weights") is None else state["weights"] + state.get("compensation", 0.0),
@@ -91,38 +92,43 @@ def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> lis
         rows = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs for (p, scale), rs in arms.items()}
         if "fp32" not in rows or not PURE & {_base(p) for p in rows}:
             continue
-        rows = {name: _arm(rs, name) for name, rs in rows.items()}
-        classes = num_classes([r for rs in arms.values() for r in rs])
-        judged = not too_short(rows["fp32"]["accuracy"], classes)
+        every = [r for rs in arms.values() for r in rs]
+        metric_ = metric(every)
+        rows = {name: _arm(rs, name, metric_) for name, rs in rows.items()}
+        classes = num_classes(every)
+        judged = not metric_.at_chance(rows["fp32"]["figure"], classes)  # fp32 too short to judge
         for name, arm in rows.items():
             if name != "fp32":
                 arm["check"] = compare(arm["records"], rows["fp32"]["records"], classes)
         ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
         fields = varying(s for (_, fw, s) in groups if fw == framework)
         label = f"{framework}{describe(setting_, fields)}"
-        out.append({"model": model, "framework": label, "arms": ordered, "judged": judged,
+        out.append({"model": model, "framework": label, "arms": ordered, "judged": judged, "metric": metric_,
                     "swamped": swamped.get(model, {}),
-                    "sentence": sentence(model, label, rows, judged, swamped.get(model, {}))})
+                    "sentence": sentence(model, label, rows, judged, swamped.get(model, {}), metric_)})
     return out
 
 
-NEAREST_VERBS = {"stalls": "stalls", "lower": "falls behind", "unchanged": "keeps up", "higher": "does better",
+#: by the accuracy Check's outcome (its verdict as a quality: worse or better)
+NEAREST_VERBS = {"stalls": "stalls", "worse": "falls behind", "unchanged": "keeps up", "better": "does better",
                  "undecided": "is not clearly level", "one seed": "reaches"}
-REMEDY_VERBS = {"unchanged": "recovers", "higher": "recovers", "lower": "reaches only", "stalls": "reaches only",
+REMEDY_VERBS = {"unchanged": "recovers", "better": "recovers", "worse": "reaches only", "stalls": "reaches only",
                 "undecided": "reaches", "one seed": "reaches"}
 CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no spread to judge against"}
 
 
-def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float]) -> str:
+def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float],
+             metric_: Metric) -> str:
     """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding falls
     behind (71.2% vs fp32 over 3 seeds: 93.1-93.5%); stochastic rounding recovers 93.0% with half the weight
-    memory". The verbs come from each arm's accuracy Check against fp32."""
+    memory" (a next-token model's figures: its eval loss and perplexity). The verbs come from each arm's accuracy
+    Check against fp32."""
     fp32 = rows["fp32"]
     head = f"{model} ({framework}): "
-    if fp32["accuracy"] is None:
-        return head + "no fp32 accuracy to compare against"
+    if fp32["figure"] is None:
+        return head + f"no fp32 {metric_.subject} to compare against"
     if not judged:
-        return head + f"fp32 scores at chance level ({f.percent(fp32['accuracy'])}): too short to judge"
+        return head + f"fp32 scores at chance level ({metric_.show(fp32['figure'])}): too short to judge"
     parts = []
     for family, (nearest, remedies) in NEAREST.items():
         arms = {p: a for p, a in rows.items() if _base(p) in (nearest, *remedies)}
@@ -132,11 +138,11 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
         for p, near in sorted((p, a) for p, a in arms.items() if _base(p) == nearest):
             label = f"{p} with nearest rounding" if family != "fixed16" else "16-bit fixed point with nearest rounding"
             check: Check = near["check"]
-            if near["accuracy"] is None:
+            if near["figure"] is None:
                 clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
                 continue
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-            clauses.append(f"{label} {NEAREST_VERBS[check.verdict]} ({f.percent(near['accuracy'])} vs "
+            clauses.append(f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(near['figure'])} vs "
                            f"{check.fp32.label}"
                            + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
@@ -144,10 +150,10 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
                            key=lambda item: (remedies.index(_base(item[0])), item[0])):
             remedy = REMEDIES[_base(p)]
-            if a["accuracy"] is None:
+            if a["figure"] is None:
                 clauses.append(f"{remedy} ({p}) did not finish")
                 continue
-            verb = REMEDY_VERBS[a["check"].verdict]
+            verb = REMEDY_VERBS[a["check"].outcome]
             if remedy.endswith("updates"):  # plural subject
                 verb = verb.replace("recovers", "recover").replace("reaches", "reach")
             memory = ""
@@ -157,7 +163,7 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                     (f" with {f.rough(ratio)}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
             caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
-            clauses.append(f"{remedy} ({p}) {verb} {f.percent(a['accuracy'])}{memory}{caveat}")
+            clauses.append(f"{remedy} ({p}) {verb} {metric_.show(a['figure'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
 
@@ -175,12 +181,20 @@ def _curves_svg(entry: dict) -> str:
 @dataclass(frozen=True)
 class Pure16Section:
     """The section as data: `entries` (pure16_view), their `sentences`, and `shown`: the entries with their
-    figures formatted and their charts drawn, as templates/_pure16.*.j2 render them."""
+    figures formatted, their table's header and their charts drawn, as templates/_pure16.*.j2 render them."""
     entries: list[dict]
     sentences: list[str]
     shown: list[dict]
-    header: tuple[str, ...] = ("precision", "ok runs", "eval accuracy (mean)", "vs fp32 (paired by seed)",
-                               "final train loss", "weights (+compensation) MB", "peak MB (measured)")
+
+
+#: an entry's table header: its judged figure's columns (a next-token model's: loss and perplexity) in the middle
+HEADER = ("precision", "ok runs", "vs fp32 (paired by seed)", "final train loss", "weights (+compensation) MB",
+          "peak MB (measured)")
+FIGURE_HEADER = {"eval_accuracy": ("eval accuracy (mean)",), "eval_loss": ("eval loss (mean)", "perplexity")}
+
+
+def _header(metric_: Metric) -> tuple[str, ...]:
+    return HEADER[:2] + FIGURE_HEADER[metric_.field] + HEADER[2:]
 
 
 def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> Pure16Section:
@@ -190,10 +204,10 @@ def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, cha
     return Pure16Section(entries, [e["sentence"] for e in entries], _shown(entries, charts))
 
 
-def _row_cells(arm: dict) -> list[str]:
+def _row_cells(arm: dict, metric_: Metric) -> list[str]:
     check = arm["check"]
-    change = "-" if check is None or check.delta is None else f"{f.points(check.delta)} ({check.verdict})"
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", f.percent(arm["accuracy"]), change,
+    change = "-" if check is None or check.delta is None else f"{metric_.delta(check.delta)} ({check.verdict})"
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *metric_.cells(arm["figure"]), change,
             f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
@@ -202,7 +216,7 @@ def _shown(entries: list[dict], charts: bool) -> list[dict]:
 
     return [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
              "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
-             "rows": [_row_cells(arm) for arm in entry["arms"]],
+             "header": _header(entry["metric"]), "rows": [_row_cells(arm, entry["metric"]) for arm in entry["arms"]],
              "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
              "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
             for entry in entries]

@@ -45,6 +45,10 @@ def write_report(records: list[dict], out: Path, parity_records: list[dict] | No
     # per-step lists are summarised by their statistics (step_time_ms.*, final_train_loss) and stay whole in the
     # records: over 10,000 runs they would make the CSV hundreds of MB
     frame = frame.drop(columns=[c for c in frame.columns if c in PER_STEP or c.startswith(("fingerprint.", "diagnosis."))])
+    if {"tokens_per_sample", "samples_per_s"} <= set(frame.columns) and frame["tokens_per_sample"].notna().any():
+        # a sequence model's throughput in tokens, beside the samples/s its worker measured
+        frame.insert(frame.columns.get_loc("samples_per_s") + 1, "tokens_per_s",
+                     frame["samples_per_s"] * frame["tokens_per_sample"])
     for column in frame.columns:  # what is left of lists and option dicts as JSON cells
         if frame[column].dtype == object:
             frame[column] = frame[column].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)

@@ -100,9 +100,9 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     for k, c in cells.items():
         if k[3] == "fp32":
             fp32_cells.setdefault(k[:3], c)
-    for key, c in cells.items():  # judged against the fp32 baseline's accuracy, or its own without one
+    for key, c in cells.items():  # judged against the fp32 baseline's figure, or its own without one
         c.fp32 = fp32_cells.get(key[:3])
-        c.judged = not accuracy.too_short((c.fp32 or c).eval_accuracy, classes.get(c.model))
+        c.judged = not c.metric.at_chance((c.fp32 or c).figure, classes.get(c.model))  # fp32 too short to judge
 
     summary: list[Comparison] = []
     speed, memory, accuracy_rows, scaling, sections = [], [], [], [], []
@@ -121,7 +121,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
             base = c.baseline
             row = {"model": model, "framework": c.label, "precision": c.precision}
             speed.append(SpeedRow(**row, batch=c.batch_size, median=f.ms(c.median_ms),
-                                  spread=f"{f.ms(c.p10_ms)} - {f.ms(c.p90_ms)}", samples=f.number(c.samples_per_s, 0),
+                                  tokens=f.number(c.tokens_per_s, 0), spread=f"{f.ms(c.p10_ms)} - {f.ms(c.p90_ms)}",
+                                  samples=f.number(c.samples_per_s, 0),
                                   first=f.ms(c.first_step_ms), gflops=f.number(c.gflops, 1),
                                   efficiency=f.percent(c.efficiency, 1, spaced=True), repeats=len(c.repeats),
                                   cv=f.percent(c.cv, 1, spaced=True), unstable=c.unstable))
@@ -133,9 +134,12 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
             # paired by seed against fp32's seed-to-seed spread (accuracy.compare); fp32's own row shows that spread
             check = accuracy.compare(c.records, base.records, classes.get(c.model)) if base else None
             spread = accuracy.spread(c.records) if c.precision == "fp32" and c.judged else None
+            # a next-token model is judged by its loss and perplexity: its token accuracy is not shown
+            next_token = c.metric is accuracy.TOKEN_LOSS
             accuracy_rows.append(AccuracyRow(
-                **row, accuracy=f.percent(c.eval_accuracy, 1, spaced=True) if c.judged else accuracy.TOO_SHORT,
-                loss=f.number(c.eval_loss, 4), judged=c.judged,
+                **row, accuracy="-" if next_token else judged_figure(f.percent(c.eval_accuracy, 1, spaced=True), c),
+                loss=f.number(c.eval_loss, 4),
+                perplexity=judged_figure(f.number(c.perplexity, 2), c) if next_token else "-", judged=c.judged,
                 delta=check.change if check else (spread.label if spread else "-"),
                 flag=bool(check) and not check.acceptable, check=check))
             if base:
@@ -179,7 +183,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     contenders: dict[tuple, list[Cell]] = {}  # per device: a GPU and a CPU are never ranked together
     for c in cells.values():
         contenders.setdefault((c.model, c.precision, c.device), []).append(c)
-    fastest = [Fastest(model, precision, device, best.label, f.ms(best.median_ms), len(cs))
+    fastest = [Fastest(model, precision, device, best.label, f.ms(best.median_ms), f.number(best.tokens_per_s, 0),
+                       len(cs))
                for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])
                for best in [min(cs, key=lambda c: c.median_ms)]]
 
@@ -191,8 +196,11 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         headline=_headline(summary), any_range=any(not s.interval for s in summary),
         min_repeats=stats.MIN_REPEATS, unstable_cv=stats.UNSTABLE_CV, precise=stats.PRECISE,
         chance_margin=accuracy.CHANCE_MARGIN,
-        summary=summary, fastest=fastest, speed=speed, memory=memory, memory_note=_memory_note(cells),
-        accuracy=accuracy_rows, accuracy_rule=accuracy.RULE, any_too_short=any(not c.judged for c in cells.values()),
+        summary=summary, fastest=fastest, speed=speed, any_tokens=any(c.tokens_per_s for c in cells.values()),
+        memory=memory, memory_note=_memory_note(cells), accuracy=accuracy_rows, accuracy_rule=accuracy.RULE,
+        any_too_short=any(not c.judged for c in cells.values() if c.metric is accuracy.ACCURACY),
+        any_next_token=any(c.metric is accuracy.TOKEN_LOSS for c in cells.values()), loss_margin=accuracy.LOSS_MARGIN,
+        any_too_short_loss=any(not c.judged for c in cells.values() if c.metric is accuracy.TOKEN_LOSS),
         scaling=scaling, sections=sections, why=why, why_short=in_short(why),
         not_run=[NotRun(r.get("model") or "-", r.get("framework"), r.get("precision"), r.get("repeat"),
                         r.get("status"), r.get("reason") or "-") for r in not_run],
@@ -200,6 +208,11 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         parity=[c.row() for c in parity_compare(parity_records)] if parity_records else None,
         numerics=numerics, studies=studies_shown, sixteen_bit_safe=safe,
         pure16=pure16_section(records, diagnoses or []), profile=profiled)
+
+
+def judged_figure(figure: str, c: Cell) -> str:
+    """A cell's judged figure, or "too short to judge" where its fp32 learned nothing (accuracy.py)."""
+    return figure if c.judged else accuracy.TOO_SHORT
 
 
 LOSS_TOLERANCE = 1e-4  # relative: below this, two precisions' loss curves are the same curve
@@ -277,8 +290,10 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         framework_ = framework + describe(setting_, varying(k[3] for k in by_study
                                                             if k[:3] == (study, model, framework)))
         points = _study_points(rs, fp32)
+        next_token = accuracy.metric(rs) is accuracy.TOKEN_LOSS  # judged by its eval loss
+        figure, label = ("loss", "eval loss (nats)") if next_token else ("accuracy", "eval accuracy")
         study_charts.append(Study(study, model, framework_, precision, points, Markup(charts.loss_scale_study(
-            points, window, f"{model} ({framework_} {precision}): loss-scale study"))))
+            points, window, f"{model} ({framework_} {precision}): loss-scale study", figure, label)), next_token))
     return numerics, study_charts, list(safe.values())
 
 
@@ -299,16 +314,23 @@ def _study_points(rs: list[dict], fp32) -> list[dict]:
         points.append({"x": x, "label": "none" if mode == "none" else ("dynamic" if mode == "dynamic"
                                                                        else f.power_of_two(exps[setting_])),
                        "accuracy": float(np.mean([r["eval_accuracy"] for r in ok])) if ok else float("nan"),
+                       "loss": mean(r.get("eval_loss") for r in ok),
                        "eval_loss": f.number(mean(r.get("eval_loss") for r in ok), 4),
+                       "perplexity": f.number(accuracy.perplexity(mean(r.get("eval_loss") for r in ok)), 2),
                        "skipped": float(np.mean([(r.get("loss_scale") or {}).get("skipped_steps") or 0 for r in group])),
                        "status": ", ".join(sorted({r["status"] for r in group})), "runs": len(group),
-                       "fp32_accuracy": fp32.eval_accuracy if fp32 else None})
+                       "fp32_accuracy": fp32.eval_accuracy if fp32 else None,
+                       "fp32_loss": fp32.eval_loss if fp32 else None})
     return sorted(points, key=lambda p: p["x"])
 
 
 def _headline(summary: list[Comparison]) -> list[str]:
+    def change(s: Comparison) -> str:  # a next-token model's phrase names its eval loss
+        return f"accuracy change {s.accuracy}" if s.accuracy_check.metric is accuracy.ACCURACY \
+            else s.accuracy_check.phrase
+
     return [f"{s.model}, {s.framework}: {s.precision} against fp32: {s.text} ({f.ratio(s.ratio)}, {s.ci})"
-            f"{' [unstable timings]' if s.unstable else ''}; memory saved {s.memory}, accuracy change {s.accuracy}."
+            f"{' [unstable timings]' if s.unstable else ''}; memory saved {s.memory}, {change(s)}."
             for s in summary]
 
 

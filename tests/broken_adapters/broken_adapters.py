@@ -102,3 +102,50 @@ class ScalerNeverSkips(_Broken):
             self.optimizer.step()
 
         TorchTrainer._manual_scaled_step = apply_anyway
+
+
+def _unfused_attention(probabilities):
+    """Attention.attend with the unfused math everywhere (no SDPA), its probabilities from `probabilities`."""
+    def attend(self, q, k, v):
+        return self.dropped(probabilities(self, q, k)) @ v
+    return attend
+
+
+class CausalMaskShifted(_Broken):
+    """the causal mask shifted by one: position i also sees position i+1"""
+
+    def break_it(self):
+        import math
+
+        import torch
+        from amp_harness_torch import network
+
+        def probabilities(self, q, k):
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+            if self.causal:
+                length = scores.shape[-1]
+                shifted = torch.ones(length, length, dtype=torch.bool, device=scores.device).triu(2)
+                scores = scores.masked_fill(shifted, float("-inf"))
+            return torch.softmax(scores, dim=-1)
+
+        network.Attention.attend = _unfused_attention(probabilities)
+
+
+class SoftmaxScaleAfter(_Broken):
+    """attention's 1/sqrt(Dh) applied after the softmax instead of to the scores before it"""
+
+    def break_it(self):
+        import math
+
+        import torch
+        from amp_harness_torch import network
+
+        def probabilities(self, q, k):
+            scores = q @ k.transpose(-2, -1)
+            if self.causal:
+                length = scores.shape[-1]
+                future = torch.ones(length, length, dtype=torch.bool, device=scores.device).triu(1)
+                scores = scores.masked_fill(future, float("-inf"))
+            return torch.softmax(scores, dim=-1) / math.sqrt(self.head_dim)
+
+        network.Attention.attend = _unfused_attention(probabilities)

@@ -24,6 +24,8 @@ CASES = {
     "broken_lr32": ("golden and pitfall_dropout_adam", ["pitfall_dropout_adam", "trained with Adam",
                                                         "relative errors against the golden fingerprint"]),
     "broken_scaler": ("fixed_scale", ["every step must be skipped"]),
+    "broken_causal": ("numpy_reference and fp32", ["pitfall_causal_mask", "layers[1] (attention)"]),
+    "broken_softmax_scale": ("numpy_reference and fp32", ["pitfall_causal_mask", "layers[1] (attention)"]),
 }
 
 

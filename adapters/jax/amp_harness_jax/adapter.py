@@ -133,11 +133,13 @@ class JaxTrainer(Trainer):
         self.device = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
         self.is_gpu = device.kind == "gpu"
         self.start_memory(self.is_gpu)
-        # inputs and masks arrive in the weights' dtype; dense and conv layers cast them to the compute dtype
-        self.input_dtype = jnp.dtype(precision.param_dtype)
+        # images, vectors and masks arrive in the weights' dtype (dense and conv layers cast them to the compute
+        # dtype); token ids stay integers, int32 (JAX's index dtype without x64): a 16-bit float rounds ids above 256
+        self.param_dtype = jnp.dtype(precision.param_dtype)
+        self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
         loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
         self.net = net = Network(spec, graph, precision.compute_dtype)
-        put = lambda names: {n: jax.device_put(weights[n].astype(self.input_dtype), self.device)  # noqa: E731
+        put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
                              for n in names}
         self.params, self.statistics = put(net.trainable), put(net.statistics)
         self.start_rounding(precision)
@@ -216,6 +218,7 @@ class JaxTrainer(Trainer):
                         "matmul_precision": matmul_precision,
                         "loss_scaler": "harness (manual, in the jitted step)" if scaling else None,
                         **self.rounding_options(),
+                        "attention": dict(net.attention),
                         "inter_op_threads": NO_INTER_OP}
 
     def _put(self, a: np.ndarray, dtype):
@@ -224,7 +227,7 @@ class JaxTrainer(Trainer):
 
     def to_device(self, x, y, masks):
         batch = (self._put(x, self.input_dtype), self._put(y, np.int32),
-                 {path: self._put(mask, self.input_dtype) for path, mask in masks.items()})
+                 {path: self._put(mask, self.param_dtype) for path, mask in masks.items()})
         return self.jax.block_until_ready(batch)
 
     def set_rounding_noise(self, bits):

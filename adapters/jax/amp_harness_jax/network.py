@@ -1,10 +1,25 @@
 """The spec's network as a pure function of (params, batchnorm statistics, inputs) in jax.numpy.
 
 The canonical layouts are JAX's own (NHWC activations, HWIO conv kernels, [in, out] dense kernels, H, W, C
-flatten order), so weights load without conversion. Mixed precision is written the way Flax modules do it
-(`dtype` / `param_dtype`): dense and conv layers cast their input and their float32 weights to the compute
-dtype, normalisation layers compute in the weights' dtype (the usual advice for batchnorm in JAX mixed
-precision), and every other layer computes in the dtype it receives.
+flatten order, sequences [N, T, D] batch first), so weights load without conversion. Mixed precision is written
+the way Flax modules do it (`dtype` / `param_dtype`): dense, conv, patches and attention layers cast their input
+and their float32 weights to the compute dtype; embedding lookups gather from the float32 table and cast what
+they gathered (as Keras' Embedding does, so that the table's gradient accumulates in float32); position
+embeddings add their rows cast to the compute dtype; normalisation layers (batchnorm, layernorm, rmsnorm)
+compute in the weights' dtype (the usual advice for normalisation in JAX mixed precision); every other layer
+computes in the dtype it receives.
+
+Attention is written out as Flax's dot_product_attention computes it, with the spec's order: scores q k^T /
+sqrt(Dh) in the compute dtype, masked where j > i with jnp.finfo(compute dtype).min (Flax's big_neg; exp of it
+minus the row's maximum is exactly 0 in every dtype, as -inf's would be: a causal row always keeps j = i), the
+softmax in the compute dtype too (Flax's default, force_fp32_for_softmax=False), the core's dropout masks on the
+probabilities. Read from the step's jaxpr under amp_bf16 / amp_fp16: the scores and the masked scores (bfloat16
+min -3.39e38, float16 min -65504) are bfloat16 / float16, and so are the softmax's max, exp and division and the
+probabilities; only its sum accumulates in float32 (jnp.sum upcasts 16-bit inputs) before it is rounded back.
+layernorm and rmsnorm run in float32, their output float32 (the next dense casts it back). The fused
+jax.nn.dot_product_attention (implementation "xla") is not used: its softmax is always float32, 4.5e-8 from the
+reference in a float64 run (not exact), under amp a float32 softmax this adapter's policy (Flax's) does not
+have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
 """
 from __future__ import annotations
 
@@ -35,18 +50,19 @@ def _pads(info, kernel: int, stride: int, padding: str) -> list[tuple[int, int]]
 
 @jax.custom_vjp
 def add_bias(x, bias):
+    """x + bias, the bias broadcast over x's leading axes (a dense bias [D], a position table's rows [T, D])."""
     return x + bias
 
 
 def _add_bias_fwd(x, bias):
-    return x + bias, None
+    return x + bias, bias  # kept only for its number of axes (it is alive in the forward anyway)
 
 
-def _add_bias_bwd(_, grad):
-    # the bias's gradient sums the output's over the batch (and pixels): XLA's CPU reduction of a 16-bit array
-    # accumulates in 16 bits and overflows float16 where the sum itself does not (PyTorch's and cuDNN's bias
-    # gradients accumulate in float32), which would make loss scalers skip steps the other frameworks take
-    total = grad.sum(axis=tuple(range(grad.ndim - 1)), dtype=jnp.promote_types(grad.dtype, jnp.float32))
+def _add_bias_bwd(bias, grad):
+    # the bias's gradient sums the output's over the batch (and pixels, positions): XLA's CPU reduction of a
+    # 16-bit array accumulates in 16 bits and overflows float16 where the sum itself does not (PyTorch's and
+    # cuDNN's bias gradients accumulate in float32), which would make loss scalers skip steps the others take
+    total = grad.sum(axis=tuple(range(grad.ndim - bias.ndim)), dtype=jnp.promote_types(grad.dtype, jnp.float32))
     return grad, total.astype(grad.dtype)
 
 
@@ -184,6 +200,17 @@ def layernorm(info, net):
     return apply
 
 
+@LAYERS.builder("rmsnorm")
+def rmsnorm(info, net):
+    gamma, epsilon = f"{info.path}.gamma", info.spec.epsilon
+
+    def apply(x, run):
+        x = x.astype(run.params[gamma].dtype)
+        return x / jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + epsilon) * run.params[gamma]
+
+    return apply
+
+
 @LAYERS.builder("dropout")
 def dropout(info, net):
     rate, path = info.spec.rate, info.path
@@ -194,6 +221,86 @@ def dropout(info, net):
         if run.masks is None or path not in run.masks:
             raise HarnessError(f"dropout layer {path}: no mask was given with the batch")
         return x * run.masks[path].astype(x.dtype) / (1 - rate)
+
+    return apply
+
+
+@LAYERS.builder("embedding")
+def embedding(info, net):
+    table = f"{info.path}.embeddings"
+    # the rows gathered from the table in its own dtype, then cast: the table's gradient (a scatter-add of the
+    # rows' gradients) accumulates in float32 under mixed precision, as with Keras' Embedding, which casts its
+    # output and not its table
+    return lambda ids, run: jnp.take(run.params[table], ids, axis=0).astype(net.compute)
+
+
+@LAYERS.builder("position_embedding")
+def position_embedding(info, net):
+    table, length = f"{info.path}.embeddings", info.in_shape[0]
+
+    def apply(x, run):  # the table's first T rows; their gradient sums over the batch in float32 (add_bias)
+        return add_bias(x.astype(net.compute), run.params[table][:length].astype(net.compute))
+
+    return apply
+
+
+def _causal_blocked(length: int):
+    """[T, T] True where key position j is after query position i (j > i): the scores a causal row masks."""
+    return jnp.triu(jnp.ones((length, length), bool), k=1)
+
+
+@LAYERS.builder("attention")
+def attention(info, net):
+    spec, path = info.spec, info.path
+    length, dim = info.in_shape
+    heads, head_dim = spec.heads, dim // spec.heads
+    scale = math.sqrt(head_dim)
+    dropped = spec.dropout > 0
+    net.attention[path] = "unfused (attention dropout: the core's masks)" if dropped else "unfused"
+
+    def project(x, name, run):  # a dense layer of the compute dtype: [N, T, D] -> [N, T, H, Dh]
+        out = x @ run.params[f"{path}.{name}_kernel"].astype(net.compute)
+        if spec.use_bias:
+            out = add_bias(out, run.params[f"{path}.{name}_bias"].astype(net.compute))
+        return out
+
+    def apply(x, run):
+        x = x.astype(net.compute)
+        split = lambda value: value.reshape(*value.shape[:-1], heads, head_dim)  # noqa: E731
+        q, k, v = (split(project(x, name, run)) for name in ("query", "key", "value"))
+        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / scale  # [N, H, T, T], scaled before the softmax
+        if spec.causal:
+            scores = jnp.where(_causal_blocked(length), jnp.finfo(scores.dtype).min, scores)
+        probs = jax.nn.softmax(scores, axis=-1)  # over the keys
+        if dropped and run.training:
+            if run.masks is None or path not in run.masks:
+                raise HarnessError(f"attention layer {path}: no attention dropout mask was given with the batch")
+            probs = probs * run.masks[path].astype(probs.dtype) / (1 - spec.dropout)
+        out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(x.shape)  # the heads concatenated in head order
+        out = out @ run.params[f"{path}.output_kernel"].astype(net.compute)
+        return add_bias(out, run.params[f"{path}.output_bias"].astype(net.compute)) if spec.use_bias else out
+
+    return apply
+
+
+@LAYERS.builder("sequence_pool")
+def sequence_pool(info, net):
+    mode = info.spec.mode
+    if mode == "mean":
+        return lambda x, run: x.mean(axis=1)
+    position = 0 if mode == "first" else -1
+    return lambda x, run: x[:, position]
+
+
+@LAYERS.builder("patches")
+def patches(info, net):
+    size, kernel, bias = info.spec.size, f"{info.path}.kernel", f"{info.path}.bias"
+
+    def apply(x, run):  # a conv2d of kernel and stride P, 'valid': [N, H/P, W/P, D], then the patches row-major
+        x = lax.conv_general_dilated(x.astype(net.compute), run.params[kernel].astype(net.compute), (size, size),
+                                     [(0, 0), (0, 0)], dimension_numbers=CONV_DIMENSIONS)
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        return add_bias(x, run.params[bias].astype(net.compute))
 
     return apply
 
@@ -216,6 +323,8 @@ class Network:
         #: the trainable weights' canonical names; batchnorm's moving statistics are state, not parameters
         self.trainable = [n for n in graph.param_shapes() if not n.rsplit(".", 1)[1].startswith("moving_")]
         self.statistics = [n for n in graph.param_shapes() if n.rsplit(".", 1)[1].startswith("moving_")]
+        #: how each attention layer computes (canonical path -> a short name), filled by its builder
+        self.attention: dict[str, str] = {}
         self.layers = self.build(spec.layers, "")
 
     def build(self, specs, prefix: str) -> list[tuple[str, object]]:

@@ -77,14 +77,16 @@ def _spec_optimizer(spec) -> tuple[Callable, Callable]:
 
 
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype. Sparse categorical
+    cross-entropy takes class ids [N] for outputs [N, classes], or next-token ids [N, T] for outputs [N, T, vocab]:
+    then the mean over every token of the batch (N * T)."""
     out = outputs if outputs.dtype == jnp.float64 else outputs.astype(jnp.float32)
     if spec.type == "sparse_categorical_crossentropy":
         if spec.from_logits:
             logp = jax.nn.log_softmax(out, axis=-1)
         else:
             logp = jnp.log(jnp.clip(out / out.sum(axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
-        return -jnp.take_along_axis(logp, labels[:, None], axis=-1).mean()
+        return -jnp.take_along_axis(logp, labels[..., None], axis=-1).mean()
     z, y = out[:, 0], labels.astype(out.dtype)
     if spec.from_logits:
         return (jax.nn.relu(z) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))).mean()

@@ -129,7 +129,7 @@ class MXNetTrainer(Trainer):
         from mxnet.contrib import amp
         from mxnet.contrib.amp.loss_scaler import LossScaler
 
-        from amp_harness_mxnet.network import Network, TrainingLoss
+        from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation
         from amp_harness_mxnet.optimizers import make_optimizer
 
         self.mx = mx
@@ -145,7 +145,6 @@ class MXNetTrainer(Trainer):
         self.dtype = precision.param_dtype
         self.label_dtype = "float64" if self.dtype == "float64" else "float32"  # the loss's dtype
         self.net = Network(spec, graph, self.dtype)
-        self.dropout_rates = {info.path: info.spec.rate for info in graph.layers if info.type == "dropout"}
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
         # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few
@@ -177,20 +176,34 @@ class MXNetTrainer(Trainer):
                         "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                         if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
                         "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32,
-                        "inter_op_threads": cpu_workers()}
+                        "inter_op_threads": cpu_workers(),
+                        "attention": {info.path: attention_implementation(info) for info in graph.layers
+                                      if info.type == "attention"}}
 
-    def _array(self, a: np.ndarray, dtype: str | None = None):
-        if a.ndim == 4:  # NHWC -> NCHW copy, outside the timed step
+    def _array(self, a: np.ndarray, dtype: str | None = None, image: bool = False):
+        """`a` on the device in `dtype` (default: the weights'); an `image` [N, H, W, C] as NCHW."""
+        if image:  # NHWC -> NCHW copy, outside the timed step
             a = np.ascontiguousarray(a.transpose(0, 3, 1, 2))
         return self.mx.nd.array(a, ctx=self.ctx, dtype=dtype or self.dtype)
 
+    def _input(self, x: np.ndarray):
+        # token ids stay the integers they are: in float16 (or bfloat16) ids above 2048 (256) would be rounded
+        return self._array(x, x.dtype.name if x.dtype.kind in "iu" else None, image=x.ndim == 4)
+
     def _masks(self, masks: dict[str, np.ndarray]) -> list:
         # divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)
-        return [self._array(masks[path].astype(np.float64) / (1 - self.dropout_rates[path]))
-                for path in self.net.mask_paths]
+        return [self._mask(masks[path].astype(np.float64) / (1 - rate), path) for path, rate, _ in self.net.masked]
+
+    def _mask(self, mask: np.ndarray, path: str):
+        # a dropout's mask on an image [N, H, W, C] as NCHW; an attention's [N, heads, T, T] as it is
+        return self._array(mask, image=mask.ndim == 4 and self.net.infos[path].type == "dropout")
+
+    def inference_masks(self, n: int) -> list:
+        """Ones for every mask of `n` samples: what the network takes outside training (dropout's identity)."""
+        return [self._mask(np.ones((n, *shape)), path) for path, _, shape in self.net.masked]
 
     def to_device(self, x, y, masks):
-        batch = self._array(x), self._array(y, self.label_dtype), self._masks(masks)
+        batch = self._input(x), self._array(y, self.label_dtype), self._masks(masks)
         self.mx.nd.waitall()
         return batch
 
@@ -265,7 +278,7 @@ class MXNetTrainer(Trainer):
         # The inference network (running statistics, no dropout), recorded in training mode all the same: after
         # an inference-mode forward, oneDNN's max-pooling backward has no workspace and drops gradients
         with mx.autograd.record(train_mode=True):
-            out = self.net.layer_outputs(self._array(x), self.ctx, probe)
+            out = self.net.layer_outputs(self._input(x), self.ctx, probe)
             out = out[0] if isinstance(out, (list, tuple)) else out
             loss = loss_fn(mx.nd, self.net.spec.loss, out, self._array(y, self.label_dtype), self.block.cast_outputs)
         loss.backward()
@@ -279,8 +292,7 @@ class MXNetTrainer(Trainer):
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
-        ones = [self._array(np.ones((len(x), *self.net.infos[path].out_shape))) for path in self.net.mask_paths]
-        out = self.net(self._array(x), *ones)  # outside autograd.record: inference mode, no dropout
+        out = self.net(self._input(x), *self.inference_masks(len(x)))  # outside autograd.record: inference mode
         out = out[0] if isinstance(out, (list, tuple)) else out
         return self.output(out)
 

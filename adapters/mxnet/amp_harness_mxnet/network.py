@@ -3,6 +3,28 @@ TrainingLoss, the network with the spec's loss, which the trainer hybridizes int
 
 Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatten` transposes to NHWC first
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
+Sequences are [N, T, D] as the spec's, batch first: layers of the spec's "last axis" (dense, layernorm, rmsnorm,
+softmax) act on axis 1 of an image (its channels) and on the last axis of a vector or a sequence. Token ids come
+as integers (int64, never a float dtype) into MXNet's Embedding; `patches` is a convolution of kernel and stride P
+whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
+
+Attention is the spec's math in operators: three FullyConnected projections, heads split by reshape and transpose
+into [N*H, T, Dh], batch_dot, the scores divided by sqrt(Dh), a causal layer's constant [T, T] mask added (0, or
+-inf where j > i: exp gives exactly 0, as the spec's -inf), softmax on the last axis, the core's dropout mask
+[N, H, T, T] multiplied in, batch_dot with the values. MXNet 1.9 has no fused attention with a softmax.
+
+Under mxnet.contrib.amp, from its lists (contrib/amp/lists/symbol_fp16.py, symbol_bf16.py) and measured by typing
+the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel runs on this CPU):
+- amp_fp16: FullyConnected (and the patch Convolution) run in float16 (FP16_FUNCS); batch_dot and the additions
+  follow their widest input (WIDEST_TYPE_CASTS), so q k^T and its scaling are float16, and the causal mask (a
+  float32 constant) widens the scores to float32 before it is added: the masked scores are -inf in float32, never
+  a 16-bit value (without a mask, softmax's own cast widens the float16 scores). softmax, log_softmax, LayerNorm,
+  mean, sum, square and exp run in float32 (FP32_FUNCS), so the probabilities are float32, and so is their
+  product with the (widened) values; rmsnorm is float32 throughout. Embedding runs in its table's dtype
+  (FP16_FP32_FUNCS): float32.
+- amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
+  FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
+- amp_cast leaves integer arrays alone: the token ids stay int64 under both.
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
 convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope): names in the graph, free at run time, which
@@ -39,6 +61,17 @@ def _scope(F, scope: str):
 def _pad_width(padding) -> tuple[int, ...]:
     top, bottom, left, right = padding.explicit
     return 0, 0, 0, 0, top, bottom, left, right  # NCHW
+
+
+def _feature_axis(shape: tuple[int, ...]) -> int:
+    """The axis a layer of the spec's "last axis" acts on, for a layer input of canonical `shape` (no batch axis):
+    the channels of an NCHW image, the last axis of a vector or a sequence [N, T, D]."""
+    return 1 if len(shape) == 3 else -1
+
+
+def _feature_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape that broadcasts a [C] vector along _feature_axis."""
+    return (1, -1, 1, 1) if len(shape) == 3 else (1,) * len(shape) + (-1,)
 
 
 @dataclass
@@ -139,7 +172,8 @@ def activation(info, net):  # the Activation operator has oneDNN kernels; F.relu
 
 @LAYERS.builder("softmax")
 def softmax(info, net):
-    return lambda x, run: run.F.softmax(x, axis=1)  # channels in NCHW, features in [N, F]
+    axis = _feature_axis(info.in_shape)
+    return lambda x, run: run.F.softmax(x, axis=axis)
 
 
 @LAYERS.builder("gelu")
@@ -189,14 +223,15 @@ def batchnorm(info, net):
 def layernorm(info, net):
     epsilon = info.spec.epsilon
 
+    axis, shape = _feature_axis(info.in_shape), _feature_shape(info.in_shape)
+
     def apply(x, run):
         F, gamma, beta = run.F, run.weight(info.path, "gamma"), run.weight(info.path, "beta")
         if net.float64:  # the operator takes epsilon as a float32 attribute
-            shape = (1, -1, 1, 1) if len(info.in_shape) == 3 else (1, -1)
-            centred = F.broadcast_sub(x, F.mean(x, axis=1, keepdims=True))
-            norm = F.broadcast_div(centred, F.sqrt(F.mean(F.square(centred), axis=1, keepdims=True) + epsilon))
+            centred = F.broadcast_sub(x, F.mean(x, axis=axis, keepdims=True))
+            norm = F.broadcast_div(centred, F.sqrt(F.mean(F.square(centred), axis=axis, keepdims=True) + epsilon))
             return F.broadcast_add(F.broadcast_mul(norm, F.reshape(gamma, shape=shape)), F.reshape(beta, shape=shape))
-        return F.LayerNorm(x, gamma, beta, axis=1, eps=epsilon)
+        return F.LayerNorm(x, gamma, beta, axis=axis, eps=epsilon)
 
     return apply
 
@@ -204,6 +239,117 @@ def layernorm(info, net):
 @LAYERS.builder("dropout")
 def dropout(info, net):  # the core's mask, pre-divided by 1 - rate; ones in inference
     return lambda x, run: x * run.masks[info.path] if info.path in run.masks else x
+
+
+@LAYERS.builder("embedding")
+def embedding(info, net):
+    vocab, dim = info.params["embeddings"]
+
+    def apply(ids, run):  # the ids stay integer (MXNetTrainer.to_device): a float16 id above 2048 is rounded
+        return run.F.Embedding(ids, run.weight(info.path, "embeddings"), input_dim=vocab, output_dim=dim,
+                               dtype=net.dtype)
+
+    return apply
+
+
+@LAYERS.builder("position_embedding")
+def position_embedding(info, net):
+    length = info.in_shape[0]
+
+    def apply(x, run):
+        F = run.F
+        rows = F.slice_axis(run.weight(info.path, "embeddings"), axis=0, begin=0, end=length)
+        return F.broadcast_add(x, F.expand_dims(rows, axis=0))
+
+    return apply
+
+
+def attention_implementation(info) -> str:
+    """What runs an attention layer (the trainer's options["attention"]): MXNet 1.9 has no fused attention with
+    a softmax (its contrib interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved
+    projections), so every layer runs the spec's math in batch_dot and softmax."""
+    how = "unfused: batch_dot, softmax"
+    if info.spec.causal:
+        how += ", causal: an additive -inf mask"
+    if info.spec.dropout:
+        how += ", attention dropout: the core's masks"
+    return how
+
+
+@LAYERS.builder("attention")
+def attention(info, net):
+    spec = info.spec
+    length, dim = info.in_shape
+    heads, head_dim = spec.heads, dim // spec.heads
+    root = math.sqrt(head_dim)
+
+    def apply(x, run):
+        F = run.F
+
+        def project(name, value):
+            bias = run.weight(info.path, f"{name}_bias") if spec.use_bias else None
+            return F.FullyConnected(value, run.weight(info.path, f"{name}_kernel"), bias, num_hidden=dim,
+                                    no_bias=not spec.use_bias, flatten=False)
+
+        def split(value):  # [N, T, D] -> [N*H, T, Dh], head h the columns h*Dh .. (h+1)*Dh-1
+            heads_last = F.reshape(value, shape=(0, 0, -4, heads, head_dim))  # [N, T, H, Dh]
+            return F.reshape(F.transpose(heads_last, axes=(0, 2, 1, 3)), shape=(-3, 0, 0))
+
+        q, k, v = (split(project(name, x)) for name in ("query", "key", "value"))
+        scores = F.batch_dot(q, k, transpose_b=True) / root  # [N*H, T, T], scaled before the softmax
+        if spec.causal:  # 0 where j <= i, -inf where j > i: exp gives exactly 0 there, as the spec's -inf
+            scores = F.broadcast_add(scores, F.expand_dims(run.weight(info.path, "causal_mask"), axis=0))
+        probs = F.softmax(scores, axis=-1)
+        if info.path in run.masks:  # [N, H, T, T], pre-divided by 1 - rate; ones in inference
+            probs = probs * F.reshape(run.masks[info.path], shape=(-3, 0, 0))
+        merged = F.reshape(F.batch_dot(probs, v), shape=(-4, -1, heads, 0, 0))  # [N, H, T, Dh]
+        return project("output", F.reshape(F.transpose(merged, axes=(0, 2, 1, 3)), shape=(0, 0, -3)))
+
+    return apply
+
+
+def causal_mask(length: int) -> np.ndarray:
+    """[T, T]: 0 where key j <= query i, -inf where j > i (added to the scores)."""
+    return np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, 0.0)
+
+
+@LAYERS.builder("rmsnorm")
+def rmsnorm(info, net):
+    epsilon = info.spec.epsilon
+
+    def apply(x, run):  # MXNet 1.9 has no RMSNorm operator; written in operators whose scalars are float64
+        F = run.F
+        norm = F.broadcast_div(x, F.sqrt(F.mean(F.square(x), axis=-1, keepdims=True) + epsilon))
+        return F.broadcast_mul(norm, F.reshape(run.weight(info.path, "gamma"), shape=(1, 1, -1)))
+
+    return apply
+
+
+@LAYERS.builder("sequence_pool")
+def sequence_pool(info, net):
+    mode, length = info.spec.mode, info.in_shape[0]
+    if mode == "mean":
+        return lambda x, run: run.F.mean(x, axis=1)
+    position = 0 if mode == "first" else length - 1
+
+    def apply(x, run):
+        F = run.F
+        return F.reshape(F.slice_axis(x, axis=1, begin=position, end=position + 1), shape=(0, -1))
+
+    return apply
+
+
+@LAYERS.builder("patches")
+def patches(info, net):
+    size, dim = info.spec.size, info.spec.dim
+
+    def apply(x, run):  # a convolution of kernel and stride P on NCHW, its [N, D, H/P, W/P] rows joined in order
+        F = run.F
+        grid = F.Convolution(x, run.weight(info.path, "kernel"), run.weight(info.path, "bias"), kernel=(size, size),
+                             stride=(size, size), num_filter=dim)
+        return F.transpose(F.reshape(grid, shape=(0, 0, -1)), axes=(0, 2, 1))  # [N, H/P * W/P, D]
+
+    return apply
 
 
 @LAYERS.builder("residual")
@@ -219,18 +365,21 @@ def residual(info, net):
 
 
 class Network(gluon.HybridBlock):
-    """Called as net(x, *masks): the dropout masks in `mask_paths` order, each already divided by its
-    1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get dropout's identity.
+    """Called as net(x, *masks): the dropout masks (dropout layers' and attention dropout's) in `mask_paths`
+    order, each already divided by its 1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get
+    dropout's identity.
 
     Returns the outputs; in a float64 run with batchnorm, (outputs, mean, inv_std, mean, inv_std, ...) with
     each batchnorm's batch statistics in `batchnorm_paths` order (MXNetTrainer updates the running ones)."""
 
     def __init__(self, spec, graph: Graph, dtype: str):
         super().__init__(prefix="spec_")
-        self.spec, self.float64 = spec, dtype == "float64"
+        self.spec, self.dtype, self.float64 = spec, dtype, dtype == "float64"
         self.infos = {info.path: info for info in graph.layers}
         self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
-        self.mask_paths = [path for path, _, _ in DropoutMasks(graph, spec.seed).layers]
+        # (path, rate, mask shape per sample) of each dropout layer and attention dropout
+        self.masked = DropoutMasks(graph, spec.seed).layers
+        self.mask_paths = [path for path, _, _ in self.masked]
         self.handles = {}  # canonical weight name -> Parameter
         self.registered = {}  # what hybrid_forward receives as **params: handles and constants, by key
         with self.name_scope():
@@ -238,15 +387,19 @@ class Network(gluon.HybridBlock):
                 state = name.rsplit(".", 1)[1].startswith("moving_")
                 # attributes, because Gluon passes only attribute-registered parameters to hybrid_forward
                 self.handles[name] = self._register(_key(name), self.params.get(
-                    _key(name), shape=to_channels_first(np.empty(shape)).shape, dtype=dtype,
+                    _key(name), shape=to_channels_first(np.empty(shape), name).shape, dtype=dtype,
                     init=mx.init.Zero(), grad_req="null" if state else "write", differentiable=not state))
-            for layer in graph.layers:  # the core's divisors for asymmetric 'same' average pooling
+            for layer in graph.layers:  # constants: the core's divisors for asymmetric 'same' average pooling,
+                constant = None  # causal attention's mask
                 if layer.type == "avgpool2d":
                     k, s = layer.spec.pool_size, layer.spec.strides or layer.spec.pool_size
                     if window_padding(layer.in_shape, k, s, layer.spec.padding).explicit:
-                        divisors = avgpool_divisors(layer.in_shape, k, s, layer.spec.padding)[None, None]
-                        key = _key(f"{layer.path}.divisors")
-                        self._register(key, self.params.get_constant(key, mx.nd.array(divisors, dtype=dtype)))
+                        constant = "divisors", avgpool_divisors(layer.in_shape, k, s, layer.spec.padding)[None, None]
+                elif layer.type == "attention" and layer.spec.causal:
+                    constant = "causal_mask", causal_mask(layer.in_shape[0])
+                if constant:
+                    key = _key(f"{layer.path}.{constant[0]}")
+                    self._register(key, self.params.get_constant(key, mx.nd.array(constant[1], dtype=dtype)))
         self.layers = self.build(spec.layers, "")
 
     def _register(self, key: str, param):
@@ -256,14 +409,14 @@ class Network(gluon.HybridBlock):
 
     def load(self, weights: dict[str, np.ndarray], ctx) -> None:
         for name, param in self.handles.items():
-            param.set_data(mx.nd.array(to_channels_first(weights[name]), ctx=ctx, dtype=param.dtype))
+            param.set_data(mx.nd.array(to_channels_first(weights[name], name), ctx=ctx, dtype=param.dtype))
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(_numpy(p.data())) for name, p in self.handles.items()}
+        return {name: from_channels_first(_numpy(p.data()), name) for name, p in self.handles.items()}
 
     @staticmethod
     def canonical_gradients(grads: list, names: list[str]) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(_numpy(g)) for name, g in zip(names, grads)}
+        return {name: from_channels_first(_numpy(g), name) for name, g in zip(names, grads)}
 
     def build(self, specs, prefix: str) -> list[tuple[str, object]]:
         """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""

@@ -125,10 +125,10 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
 def _zero_batch(trainer, n: int) -> list:
     """Inputs of the step's shapes for `n` samples (block(x, labels, *masks)) for the untimed passes: values do
     not matter."""
-    net = trainer.net
-    x = trainer._array(np.zeros((n, *net.infos["0"].in_shape)))
-    masks = [trainer._array(np.ones((n, *net.infos[path].out_shape))) for path in net.mask_paths]
-    return [x, trainer._array(np.zeros(n), trainer.label_dtype), *masks]
+    spec = trainer.net.spec
+    x = np.zeros((n, *spec.input.shape), np.int64 if spec.tokens else np.float32)
+    labels = np.zeros((n, spec.input.shape[0]) if spec.dataset.next_token else n)
+    return [trainer._input(x), trainer._array(labels, trainer.label_dtype), *trainer.inference_masks(n)]
 
 
 def _settle(trainer, batch) -> None:

@@ -149,22 +149,28 @@ class TorchTrainer(Trainer):
                         (None if loss_scale.mode == "none" else "harness (manual)"),
                         **self.rounding_options(),
                         "inter_op_threads": torch.get_num_interop_threads()}
+        if net.attention_kernels:
+            self.options["attention"] = dict(net.attention_kernels)
 
     def _input(self, x: np.ndarray):
         t = self.torch.from_numpy(x).to(self.device, non_blocking=True)
+        if not t.is_floating_point():  # token ids stay integers (bfloat16 would round ids above 256)
+            return t
         if self.images:  # NHWC memory seen as NCHW: a channels-last view, no copy
             t = t.permute(0, 3, 1, 2)
             if not self.channels_last:
                 t = t.contiguous()
         return t.to(self.param_dtype) if self.autocast_dtype is None else t
 
-    def _mask(self, mask: np.ndarray):
+    def _mask(self, path: str, mask: np.ndarray):
         t = self.torch.from_numpy(mask).to(self.device, dtype=self.param_dtype, non_blocking=True)
-        return t.permute(0, 3, 1, 2) if t.dim() == 4 else t  # canonical NHWC seen as NCHW, like the input
+        # an image's dropout mask: canonical NHWC seen as NCHW, like the input; an attention layer's [N, H, T, T]
+        # (and every sequence's) is torch's layout already
+        return t.permute(0, 3, 1, 2) if t.dim() == 4 and path not in self.net.attention_kernels else t
 
     def to_device(self, x, y, masks):
         batch = self._input(x), self.torch.from_numpy(y).to(self.device), \
-            {path: self._mask(mask) for path, mask in masks.items()}
+            {path: self._mask(path, mask) for path, mask in masks.items()}
         if self.is_cuda:
             self.torch.cuda.synchronize()
         return batch
@@ -175,7 +181,7 @@ class TorchTrainer(Trainer):
         owners = self.net._owners
         self.optimizer.given_bits = {
             getattr(owners[name][0], owners[name][1]):
-                self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value))).to(self.device)
+                self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value, name))).to(self.device)
             for name, value in bits.items()}
 
     # -- training -------------------------------------------------------------------------------------
@@ -247,7 +253,9 @@ class TorchTrainer(Trainer):
         torch = self.torch
         self.net.eval()
         try:
-            inputs = self._input(x).detach().requires_grad_(True)  # so that every layer's output has a gradient
+            inputs = self._input(x).detach()
+            if inputs.is_floating_point():  # so that every layer's output has a gradient (an embedding's has one)
+                inputs.requires_grad_(True)
             with self._autocast():
                 outputs, out = self.net.layer_outputs(inputs)
                 loss = self.loss_fn(self.spec.loss, out, torch.from_numpy(y).to(self.device))

@@ -2,10 +2,29 @@
 
 Activations are NCHW tensors (torch's convention) whose memory may be channels-last. `flatten` permutes to
 NHWC first so that it flattens in the spec's H, W, C order and the canonical dense kernel needs no reordering.
+Sequences are [N, T, D], the canonical layout (dense, the norms and softmax act on the last axis); token ids
+come in as int64 and go to F.embedding as they are.
+
+Attention: F.scaled_dot_product_attention where the layer has no dropout (on CPU torch 2.13 picks its flash
+kernel for float64, float32, bfloat16 and float16 alike; it matched the unfused math to 3e-16 in float64, forward
+and backward, and to 2e-7 in float32); with dropout the math written out, softmax(q k^T / sqrt(Dh)) with the
+core's mask on the probabilities, because SDPA's dropout draws its own mask.
+
+Under autocast on CPU (dtypes printed, torch 2.13): the projections and q k^T run in the autocast dtype, and the
+unfused causal mask, masked_fill(-inf) on those 16-bit scores, leaves -inf in bfloat16/float16. torch.softmax,
+F.layer_norm and F.rms_norm keep their input's dtype (CPU autocast casts none of them to float32): softmax of 16-bit
+scores gives 16-bit probabilities; a norm after a 16-bit dense gives 16 bits, a norm on the residual stream float32
+(a 16-bit branch plus the float32 shortcut promotes to float32, so the stream stays float32). F.rms_norm with a
+16-bit input and float32 gamma takes torch's composite path (it warns once that it cannot use the fused kernel).
+SDPA's CPU flash kernel takes and returns 16 bits but keeps its scores, running max and sums in float32 (accum_t,
+the opmath type) with -inf for masked keys (read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, not
+measured). The loss is float32 (optimizers.loss_fn). CUDA autocast's lists cast softmax and layer_norm to
+float32 instead (torch's documentation; not measured here, no GPU).
 """
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import torch
@@ -30,7 +49,9 @@ class Layer(nn.Module):
         super().__init__()
         self.info = info
         for name in info.params:
-            value = torch.from_numpy(np.ascontiguousarray(to_channels_first(net.weights[f"{info.path}.{name}"])))
+            canonical = f"{info.path}.{name}"
+            # a copy: a view of the core's array (vectors and embedding tables keep their layout) would train it too
+            value = torch.tensor(to_channels_first(net.weights[canonical], canonical))
             if name.startswith("moving_"):
                 self.register_buffer(name, value)
             else:
@@ -111,7 +132,7 @@ class Activation(Layer):
             return torch.tanh(x)
         if self.type == "sigmoid":
             return torch.sigmoid(x)
-        return torch.softmax(x, dim=1)  # the channel/feature axis in NCHW and [N, F]
+        return torch.softmax(x, dim=1 if x.dim() == 4 else -1)  # the channel axis in NCHW, the last otherwise
 
 
 @LAYERS.builder("batchnorm")
@@ -164,6 +185,108 @@ class Dropout(Layer):
         return x * self.mask.to(x.dtype) / (1 - self.rate)
 
 
+@LAYERS.builder("embedding")
+class Embedding(Layer):
+    def forward(self, ids):  # integer ids [N, T], never cast to a float dtype
+        return F.embedding(ids, self.embeddings)
+
+
+@LAYERS.builder("position_embedding")
+class PositionEmbedding(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.length = info.in_shape[0]  # the table's first T rows
+
+    def forward(self, x):
+        return x + self.embeddings[:self.length]
+
+
+SDPA = "sdpa"
+UNFUSED = "unfused (attention dropout: the core's masks)"
+
+
+@LAYERS.builder("attention")
+class Attention(Layer):
+    """Multi-head self-attention. Without dropout: torch's fused F.scaled_dot_product_attention (its math is the
+    spec's; on CPU its flash kernel matched the unfused math to 3e-16 in float64). With dropout: the math written
+    out, because SDPA's dropout draws its own mask and the core's must be applied to the probabilities."""
+
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        spec = info.spec
+        length, dim = info.in_shape
+        self.heads, self.head_dim, self.causal, self.rate = spec.heads, dim // spec.heads, spec.causal, spec.dropout
+        self.kernel = SDPA if self.rate == 0 else UNFUSED
+        self.mask = None  # this step's dropout mask [N, H, T, T] (set by Network.forward)
+        if self.causal and self.kernel == UNFUSED:  # the keys after the query's position (j > i)
+            self.register_buffer("future", torch.ones(length, length, dtype=torch.bool).triu(1), persistent=False)
+
+    def forward(self, x):
+        n, length, dim = x.shape
+        q, k, v = (self._project(name, x).view(n, length, self.heads, self.head_dim).transpose(1, 2)
+                   for name in ("query", "key", "value"))
+        heads = self.attend(q, k, v)  # [N, H, T, Dh]
+        return self._project("output", heads.transpose(1, 2).reshape(n, length, dim))
+
+    def _project(self, name, x):
+        return F.linear(x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None))
+
+    def attend(self, q, k, v):
+        """softmax(q k^T / sqrt(Dh), causal) v per head, with the core's dropout on the probabilities in training."""
+        if self.kernel == SDPA:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=1 / math.sqrt(self.head_dim))
+        return self.dropped(self.probabilities(q, k)) @ v
+
+    def probabilities(self, q, k):
+        """The unfused softmax over keys of the scores, scaled before it; future keys (j > i) at -inf if causal."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if self.causal:
+            scores = scores.masked_fill(self.future, float("-inf"))
+        return torch.softmax(scores, dim=-1)
+
+    def dropped(self, probs):
+        """The core's dropout mask for this step applied to the probabilities (training only)."""
+        if not self.training or self.rate == 0:
+            return probs
+        if self.mask is None:
+            raise HarnessError(f"attention layer {self.info.path}: no dropout mask was given with the batch")
+        return probs * self.mask.to(probs.dtype) / (1 - self.rate)
+
+
+@LAYERS.builder("rmsnorm")
+class RMSNorm(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.eps, self.channels = info.spec.epsilon, info.in_shape[-1]
+
+    def forward(self, x):
+        return F.rms_norm(x, (self.channels,), self.gamma, self.eps)  # epsilon inside the root, as the spec's
+
+
+@LAYERS.builder("sequence_pool")
+class SequencePool(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.mode = info.spec.mode
+
+    def forward(self, x):
+        if self.mode == "mean":
+            return x.mean(dim=1)
+        return x[:, 0] if self.mode == "first" else x[:, -1]
+
+
+@LAYERS.builder("patches")
+class Patches(Layer):
+    """A conv2d of kernel and stride P; its [N, D, H/P, W/P] output read as H/P * W/P patches in row-major order."""
+
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.size = info.spec.size
+
+    def forward(self, x):
+        return F.conv2d(x, self.kernel, self.bias, self.size).flatten(2).transpose(1, 2)
+
+
 @LAYERS.builder("residual")
 class Residual(Layer):
     def __init__(self, info, net):
@@ -191,15 +314,18 @@ class Network(nn.Module):
         del self.infos, self.weights
         self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
                         for name in m.info.params}
-        self._dropouts = {m.info.path: m for m in self.modules() if isinstance(m, Dropout) and m.rate > 0}
+        # the layers that take a dropout mask with each batch: dropout layers, and attention layers' probabilities
+        self._masked = {m.info.path: m for m in self.modules() if isinstance(m, (Dropout, Attention)) and m.rate > 0}
+        #: which attention ran in each attention layer, by canonical path (the trainer's options["attention"])
+        self.attention_kernels = {m.info.path: m.kernel for m in self.modules() if isinstance(m, Attention)}
 
     def build(self, specs, prefix: str) -> nn.ModuleList:
         """The modules of `specs`, the layers at `prefix`0, `prefix`1..."""
         return nn.ModuleList(LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs)))
 
     def forward(self, x, masks=None):
-        for path, dropout in self._dropouts.items():
-            dropout.mask = masks.get(path) if masks else None
+        for path, layer in self._masked.items():
+            layer.mask = masks.get(path) if masks else None
         for layer in self.layers:
             x = layer(x)
         return x
@@ -245,11 +371,12 @@ class Network(nn.Module):
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         """The trainable weights' current .grad in canonical names and layouts."""
-        return {name: from_channels_first(_numpy(getattr(module, attr).grad))
+        return {name: from_channels_first(_numpy(getattr(module, attr).grad), name)
                 for name, (module, attr) in self._owners.items() if not attr.startswith("moving_")}
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(_numpy(getattr(module, attr))) for name, (module, attr) in self._owners.items()}
+        return {name: from_channels_first(_numpy(getattr(module, attr)), name)
+                for name, (module, attr) in self._owners.items()}
 
 
 def _numpy(t) -> np.ndarray:

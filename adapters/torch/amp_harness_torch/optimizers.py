@@ -48,9 +48,11 @@ def make_optimizer(spec, params) -> torch.optim.Optimizer:
 
 
 def loss_fn(spec, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype; a next-token batch
+    (outputs [N, T, vocab], labels [N, T]) is the mean over all N*T tokens."""
     out = outputs if outputs.dtype == torch.float64 else outputs.float()
     if spec.type == "sparse_categorical_crossentropy":
+        out, labels = out.reshape(-1, out.shape[-1]), labels.reshape(-1)
         if spec.from_logits:
             return F.cross_entropy(out, labels)
         probs = (out / out.sum(dim=1, keepdim=True)).clamp(PROB_EPSILON, 1 - PROB_EPSILON)
