@@ -15,8 +15,9 @@ def tox_commands(command: str) -> list[list[str]]:
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
     section = tox["framework"]
-    lines = [line.replace("{[framework]models}", section["models"]).replace(
-        "{[framework]variant_models}", section["variant_models"]) for line in section["commands"].splitlines()]
+    lines = section["commands"].splitlines()
+    for name in ("models", "variant_models", "transformer_models"):
+        lines = [line.replace(f"{{[framework]{name}}}", section[name]) for line in lines]
     return [args for args in map(shlex.split, lines) if args[:2] == ["amp-harness", command]]
 
 

@@ -92,6 +92,19 @@ class TensorFlowAdapter(Adapter):
         return run
 
 
+def _dense(gradient):
+    """A gradient as a dense tensor. An embedding lookup's (tf.gather's) is IndexedSlices, the rows it read: the
+    spec's optimizers update every row (Adam's moments decay in rows no token read), and a captured gradient is
+    the whole table. The sum into the table's shape is built in the scope of the lookup's gradient, so that a
+    profile gives it to the embedding layer's backward."""
+    import tensorflow as tf
+
+    if not isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    with tf.name_scope(gradient.values.op.name.rpartition("/")[0] + "/"):  # a trailing "/" re-enters that scope
+        return tf.convert_to_tensor(gradient)
+
+
 class TensorFlowTrainer(Trainer):
     def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
         import keras
@@ -109,8 +122,8 @@ class TensorFlowTrainer(Trainer):
         keras.config.set_floatx(floatx)
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(spec.seed)
-        self.input_dtype = floatx
         self.net = Network(spec, graph, weights, floatx)
+        self.input_dtype, self.mask_dtype = self.net.input_dtype, floatx  # token ids stay integer
         model = self.net.train_model
         self.start_rounding(precision)
         self.rounded = None
@@ -152,7 +165,7 @@ class TensorFlowTrainer(Trainer):
                     loss = loss_fn(spec.loss, outputs, y)
                 with tf.name_scope(LOSS_SCALE_SCOPE):
                     scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
-            grads = tape.gradient(scaled, variables)
+            grads = [_dense(g) for g in tape.gradient(scaled, variables)]
             if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
                 with tf.name_scope(LOSS_SCALE_SCOPE) if self.scaler else contextlib.nullcontext():
                     unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
@@ -177,13 +190,14 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function",
+                        **({"attention": dict(self.net.attention)} if self.net.attention else {}),
                         **self.rounding_options(),
                         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
             batch = (self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y),
-                     *(self.tf.constant(masks[path], dtype=self.input_dtype) for path in self.net.mask_paths))
+                     *(self.tf.constant(masks[path], dtype=self.mask_dtype) for path in self.net.mask_paths))
         if self.is_gpu:
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch

@@ -1,7 +1,24 @@
 """The spec's network as a Keras 3 functional model (channels-last), holding the core's canonical weights.
 
 Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in, out] and [in, out] kernels, H, W, C
-flatten order) and its 'same' padding is the spec's, so weights load without conversion.
+flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
+load without conversion. Token ids stay int64 from the input to Keras' Embedding (ops.take on the float32 table).
+
+Attention: SelfAttention below, Keras' fused ops.dot_product_attention where the layer has no dropout, the math
+written out in keras.ops with the core's masks where it has (as keras.layers.MultiHeadAttention itself switches).
+Under the mixed policies (measured from the traced graphs, Keras 3.15 on TensorFlow 2.21; the layers compute in
+the policy's float16/bfloat16, with float32 variables cast on read, unless said):
+- ops.dot_product_attention multiplies q k^T in the compute dtype, then casts the scores to
+  result_type(compute dtype, float32) = float32: the scale, the causal mask (tf.where with -0.7 * 3.38953e38 =
+  -2.37e38 in float32, never -inf; the float16 constant -0.7 * 65500 only for float16 scores, which this path
+  never has) and the softmax run in float32; the probabilities go back to the compute dtype before p v.
+- the unfused path (attention dropout) scales, masks (-inf) and takes the softmax in the compute dtype, as
+  MultiHeadAttention's explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else:
+  -9.98e8 once rounded to bfloat16).
+- keras.layers.Softmax (the spec's softmax) runs in the compute dtype: float16 / bfloat16 in and out.
+- LayerNormalization (autocast off) and ops.rms_normalization (the spec's rmsnorm) compute in float32 (moments,
+  rsqrt) and return the compute dtype; rmsnorm's gamma is read cast to the compute dtype first, layernorm's is not.
+- the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 """
 from __future__ import annotations
 
@@ -15,11 +32,6 @@ from harness.adapter import layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
-
-# canonical parameter name -> attribute of the Keras layer holding that variable
-ATTRIBUTES = {"kernel": "kernel", "bias": "bias", "gamma": "gamma", "beta": "beta",
-              "moving_mean": "moving_mean", "moving_variance": "moving_variance"}
-
 
 class GELU(keras.layers.Layer):
     """GELU with its constants in the compute dtype: Keras' (tf.nn.gelu) rounds them to float32 first,
@@ -37,6 +49,11 @@ class GELU(keras.layers.Layer):
         return c(0.5) * x * (c(1.0) + ops.erf(x / c(math.sqrt(2.0))))
 
 
+def _dropped(x, mask, rate: float):
+    """x * mask / (1 - rate): the core's dropout, its constant in x's dtype."""
+    return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - rate, dtype=x.dtype)
+
+
 class MaskedDropout(keras.layers.Layer):
     """Dropout with the core's mask (harness.model.dropout), a second input of the training model."""
 
@@ -45,7 +62,111 @@ class MaskedDropout(keras.layers.Layer):
         self.rate = rate
 
     def call(self, x, mask):
-        return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - self.rate, dtype=x.dtype)
+        return _dropped(x, mask, self.rate)
+
+
+class CanonicalLayer(keras.layers.Layer):
+    """A layer of this adapter's own, holding the core's canonical weights as attributes named as they are
+    (`query_kernel`, `embeddings`...), created holding them (_given)."""
+
+    def __init__(self, info, net, **kwargs):
+        super().__init__(name=layer_scope(info.path), **kwargs)
+        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
+                           for param, shape in info.params.items()]
+
+    def build(self, input_shape):
+        for param, shape, initializer in self._canonical:
+            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
+
+
+class PositionEmbedding(CanonicalLayer):
+    def call(self, x):  # the table's first T rows, autocast to the compute dtype by the policy
+        return x + self.embeddings[:x.shape[1]]
+
+
+class RMSNorm(CanonicalLayer):
+    def __init__(self, info, net, **kwargs):
+        super().__init__(info, net, **kwargs)
+        self.epsilon = info.spec.epsilon
+
+    def call(self, x):  # Keras' own op: x * rsqrt(mean(x^2) + epsilon) * scale, in at least float32
+        return ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.epsilon)
+
+
+class SequencePool(keras.layers.Layer):
+    def __init__(self, mode: str, **kwargs):
+        super().__init__(**kwargs)
+        self.mode = mode
+
+    def call(self, x):
+        if self.mode == "mean":
+            return ops.mean(x, axis=1)
+        return x[:, 0] if self.mode == "first" else x[:, -1]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+
+class Patches(keras.layers.Conv2D):
+    """The spec's patch embedding: a conv2d of kernel and stride P ('valid'), whose [N, H/P, W/P, D] output read
+    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one)."""
+
+    def call(self, x):
+        out = super().call(x)
+        return ops.reshape(out, (-1, out.shape[1] * out.shape[2], out.shape[3]))
+
+    def compute_output_shape(self, input_shape):
+        n, h, w, d = super().compute_output_shape(input_shape)
+        return (n, h * w, d)
+
+
+FUSED = "keras.ops.dot_product_attention"
+UNFUSED = "unfused (attention dropout: the core's masks)"
+
+
+class SelfAttention(CanonicalLayer):
+    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec).
+
+    Without dropout: Keras' own fused op, ops.dot_product_attention (on TensorFlow an einsum, the scale, a
+    tf.where mask and a softmax, with the scores in result_type(compute dtype, float32): float32 under the mixed
+    policies, float64 in fp64 runs); the scale goes in as a tensor of that dtype, since the op casts a Python float
+    through float32 (inexact in fp64). With dropout, which the fused op would draw itself, the same math written
+    out in keras.ops in the compute dtype with the core's mask [N, H, T, T] (a second input in training):
+    scores scaled before the softmax, -inf where j > i when causal, softmax over keys, p * mask / (1 - rate)."""
+
+    def __init__(self, info, net, **kwargs):
+        super().__init__(info, net, **kwargs)
+        spec = info.spec
+        self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
+        self.implementation = UNFUSED if self.rate > 0 else FUSED
+
+    def _project(self, x, name: str):
+        out = ops.matmul(x, getattr(self, f"{name}_kernel"))
+        return out + getattr(self, f"{name}_bias") if self.use_bias else out
+
+    def call(self, x, mask=None):
+        length, dim = x.shape[1], x.shape[2]
+        head_dim = dim // self.heads
+        # [N, T, H, Dh]: head h is columns h*Dh .. (h+1)*Dh-1
+        q, k, v = (ops.reshape(self._project(x, name), (-1, length, self.heads, head_dim))
+                   for name in ("query", "key", "value"))
+        scale = 1 / math.sqrt(head_dim)
+        if self.implementation == FUSED:
+            scale = ops.convert_to_tensor(scale, dtype=keras.backend.result_type(x.dtype, "float32"))
+            heads = ops.dot_product_attention(q, k, v, scale=scale, is_causal=self.causal)
+        else:
+            scores = ops.einsum("btnh,bsnh->bnts", q, k) * ops.convert_to_tensor(scale, dtype=x.dtype)
+            if self.causal:  # j > i: above the diagonal
+                above = ops.triu(ops.ones((length, length), dtype="bool"), k=1)
+                scores = ops.where(above, ops.convert_to_tensor(-math.inf, dtype=x.dtype), scores)
+            probs = ops.softmax(scores, axis=-1)
+            if mask is not None:
+                probs = _dropped(probs, mask, self.rate)
+            heads = ops.einsum("bnts,bsnh->btnh", probs, v)
+        return self._project(ops.reshape(heads, (-1, length, dim)), "output")
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
 
 def _given(weights: dict[str, np.ndarray], name: str):
@@ -55,6 +176,7 @@ def _given(weights: dict[str, np.ndarray], name: str):
     return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
 
 
+TOKEN_DTYPE = "int64"  # never a float: bfloat16 holds integers exactly up to 256 only
 LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
 
 
@@ -131,6 +253,38 @@ def dropout(info, net):  # called as layer(x, mask): _apply passes the core's ma
     return MaskedDropout(info.spec.rate, **_named(info, net))
 
 
+@LAYERS.builder("embedding")
+def embedding(info, net):  # the ids stay integer: Keras' own lookup (ops.take), its output in the compute dtype
+    vocab, dim = info.params["embeddings"]
+    return keras.layers.Embedding(vocab, dim, **_named(info, net))
+
+
+@LAYERS.builder("position_embedding")
+def position_embedding(info, net):
+    return PositionEmbedding(info, net)
+
+
+@LAYERS.builder("attention")
+def attention(info, net):  # called as layer(x, mask) in training with attention dropout: _apply passes the mask
+    return SelfAttention(info, net)
+
+
+@LAYERS.builder("rmsnorm")
+def rmsnorm(info, net):
+    return RMSNorm(info, net)
+
+
+@LAYERS.builder("sequence_pool")
+def sequence_pool(info, net):
+    return SequencePool(info.spec.mode, **_named(info, net))
+
+
+@LAYERS.builder("patches")
+def patches(info, net):
+    size = info.spec.size
+    return Patches(info.spec.dim, size, strides=size, padding="valid", **_named(info, net))
+
+
 @LAYERS.builder("residual")
 def residual(info, net):  # called as layer([main, shortcut]): _apply runs the block's branches
     return keras.layers.Add(**_named(info, net))
@@ -149,6 +303,8 @@ def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict
         elif spec.type == "dropout":
             if masks is not None and path in masks:
                 x = layers[path](x, masks[path])
+        elif spec.type == "attention" and masks is not None and path in masks:
+            x = layers[path](x, masks[path])
         else:
             x = layers[path](x)
         if record is not None:
@@ -160,20 +316,26 @@ class Network:
     """Two functional models sharing every layer: `train_model` takes [inputs, *dropout masks] (masks in
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
-    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], input_dtype: str):
-        inputs = keras.Input(shape=tuple(spec.input.shape), dtype=input_dtype)
+    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str):
+        # token ids stay integer (int64, as the core gives them: the lookup takes them without a cast); images and
+        # vectors come in floatx
+        self.input_dtype = TOKEN_DTYPE if spec.tokens else floatx
+        inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
         dropouts = DropoutMasks(graph, spec.seed).layers
         self.mask_paths = [path for path, _, _ in dropouts]
-        masks = {path: keras.Input(shape=shape, dtype=input_dtype) for path, _, shape in dropouts}
+        masks = {path: keras.Input(shape=shape, dtype=floatx) for path, _, shape in dropouts}
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
         self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
         self.train_model = keras.Model([inputs, *masks.values()],
                                        _apply(spec.layers, "", inputs, layers, masks)) if masks else self.model
+        #: which attention ran, by canonical layer path (the trainer's options["attention"])
+        self.attention = {path: layer.implementation for path, layer in layers.items()
+                          if isinstance(layer, SelfAttention)}
         self.variables = {}
-        for name in graph.param_shapes():
+        for name in graph.param_shapes():  # Keras' attribute names (and this adapter's layers') are the canonical
             path, param = name.rsplit(".", 1)
-            self.variables[name] = getattr(layers[path], ATTRIBUTES[param])
+            self.variables[name] = getattr(layers[path], param)
         self.name_of = {id(v): name for name, v in self.variables.items()}  # canonical name of each variable
 
     def layer_outputs(self, x):

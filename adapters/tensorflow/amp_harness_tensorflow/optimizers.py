@@ -106,14 +106,16 @@ def make_optimizer(spec, variables) -> keras.optimizers.Optimizer:
 
 
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype."""
+    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype. Next-token labels
+    [N, T] with outputs [N, T, vocab]: the mean over every token of the batch."""
     out = outputs if outputs.dtype == "float64" else ops.cast(outputs, "float32")
     if spec.type == "sparse_categorical_crossentropy":
         if spec.from_logits:  # one fused kernel (log-softmax and pick), and its gradient softmax - onehot
             return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out))
         logp = ops.log(ops.clip(out / ops.sum(out, axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
-        # one gather, not take_along_axis (a dozen index-building operations)
-        return -ops.mean(tf.gather(logp, labels, axis=1, batch_dims=1))
+        # one gather, not take_along_axis (a dozen index-building operations): each label's class, on the last axis
+        rank = len(labels.shape)
+        return -ops.mean(tf.gather(logp, labels, axis=rank, batch_dims=rank))
     z, y = out[:, 0], ops.cast(labels, out.dtype)
     if spec.from_logits:
         return ops.mean(ops.relu(z) - z * y + ops.log1p(ops.exp(-ops.abs(z))))
