@@ -1,9 +1,10 @@
 """What this device can run, proved on it rather than assumed from the framework.
 
 A precision the adapter does not rule out itself (``Adapter.unsupported``: limits it knows without running
-anything) is proved by the probe: the adapter builds PROBE_SPEC (dense, conv2d, max, average and global pooling,
-batchnorm, layernorm, dropout, a residual) in that precision, takes one training step and one prediction,
-through the same kernels a run uses. A framework error on the way makes the precision ``unsupported`` with the
+anything) is proved by the probe: the adapter builds each of PROBE_SPECS (an image network: dense, conv2d, max
+and average pooling, batchnorm, layernorm, dropout, a residual; a token network: embedding, positions, causal
+attention with dropout, rmsnorm, sequence pooling) in that precision and takes one training step and one
+prediction with it, through the same kernels a run uses. A framework error on the way makes the precision ``unsupported`` with the
 library's own words (and the adapter's reading of them, ``Adapter.explain_probe_failure``); a Python programming
 error or a HarnessError is a failure of the adapter, not of the device, and is raised.
 
@@ -24,7 +25,7 @@ from harness.errors import HarnessError, one_line
 from harness.run.cache import MISSING, cached, lookup
 from harness.run.measure import cpu_info
 
-PROBE_SPEC = {
+IMAGE_PROBE = {
     "name": "capability_probe",
     "description": "one step through every kernel family a run uses, to prove a precision on this device",
     "input": {"shape": [8, 8, 3]},
@@ -46,17 +47,33 @@ PROBE_SPEC = {
     "steps": 1,
     "seed": 0,
 }
+# integer ids through an embedding take other paths than float inputs (MXNet's amp_cast refuses int64 in oneDNN)
+TOKEN_PROBE = {
+    **IMAGE_PROBE,
+    "name": "capability_probe_tokens",
+    "input": {"shape": [6], "vocab": 16},
+    "dataset": {"name": "synthetic_tokens", "num_classes": 4, "size": 16},
+    "layers": [{"type": "embedding", "dim": 8},
+               {"type": "position_embedding"},
+               {"type": "residual", "layers": [{"type": "rmsnorm"},
+                                               {"type": "attention", "heads": 2, "causal": True, "dropout": 0.25}]},
+               {"type": "layernorm"},
+               {"type": "sequence_pool", "mode": "mean"},
+               {"type": "dense", "units": 4}],
+}
+PROBE_SPECS = (IMAGE_PROBE, TOKEN_PROBE)
 # errors in the adapter's own Python code: a bug to fix, not a kernel this device lacks
 PROGRAMMING_ERRORS = (HarnessError, AttributeError, NameError, TypeError, ImportError, KeyError, IndexError,
                       AssertionError)
 SUBPROCESS_TIMEOUT_S = 600
 KIND = "capabilities"
+PROBES_HASH = hashlib.sha256(json.dumps(PROBE_SPECS, sort_keys=True).encode()).hexdigest()[:8]  # new probes, new key
 
 
 def key(adapter, precision, device) -> str:
     model, flags = cpu_info(every_flag=True)
     return json.dumps([adapter.name, adapter.framework_version(), device.name, device.description, model,
-                       hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16], precision.name])
+                       hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16], PROBES_HASH, precision.name])
 
 
 def unsupported(adapter, precision, device, in_process: bool = False) -> str | None:
@@ -85,17 +102,18 @@ def _probe(adapter, precision, device) -> dict:
     from harness.model.weights import initial_weights
     from harness.precision import parse_loss_scale
 
-    spec = validate(PROBE_SPEC, "the capability probe")
-    graph = infer(spec)
-    data, masks = Data(spec), DropoutMasks(graph, spec.seed)
-    x, y = data.train_batch(0)
     started = time.perf_counter()
     reason = None
     try:
-        trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision,
-                                parse_loss_scale(None, precision), device, next(iter(adapter.variants)))
-        trainer.train_step(trainer.to_device(x, y, masks.for_step(0, len(y))))
-        trainer.predict(x)
+        for probe in PROBE_SPECS:
+            spec = validate(probe, "the capability probe")
+            graph = infer(spec)
+            data, masks = Data(spec), DropoutMasks(graph, spec.seed)
+            x, y = data.train_batch(0)
+            trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision,
+                                    parse_loss_scale(None, precision), device, next(iter(adapter.variants)))
+            trainer.train_step(trainer.to_device(x, y, masks.for_step(0, len(y))))
+            trainer.predict(x)
     except PROGRAMMING_ERRORS:
         raise
     except Exception as exc:  # the framework's own error: this precision cannot run here

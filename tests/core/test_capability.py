@@ -32,6 +32,16 @@ def test_a_failing_probe_makes_the_run_unsupported_with_the_frameworks_words(tmp
     assert "<td>amp_bf16</td>" in not_run and NO_KERNEL in not_run[:not_run.index("</table>")]
 
 
+def test_the_probe_steps_through_a_token_network_too(tmp_path, machine_cache):
+    """Token ids through an embedding and attention take kernels an image network never reaches (MXNet's amp_cast
+    refused int64 ids only there): a precision whose token network fails is unsupported for every model."""
+    out = amp("run", *SHORT, "--precision", "fp32", "--out", str(tmp_path),
+              faults=f"{capability.TOKEN_PROBE['name']}=nokernel")
+    assert out.returncode == 0, out.stderr
+    [record] = results.read_records([tmp_path])
+    assert record["status"] == "unsupported" and record["reason"].endswith(NO_KERNEL)
+
+
 def test_the_probe_is_cached_per_machine(tmp_path):
     amp("run", *SHORT, "--precision", "amp_bf16", "--out", str(tmp_path / "a"), faults="amp_bf16=nokernel")
     # the same machine, the fault gone: the cache answers, the probe does not run again

@@ -35,6 +35,7 @@ from harness.adapter import (
 from harness.errors import HarnessError
 
 NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
+TOKEN_DTYPE = "int32"  # MXNetTrainer._input
 
 
 class MXNetAdapter(Adapter):
@@ -187,8 +188,10 @@ class MXNetTrainer(Trainer):
         return self.mx.nd.array(a, ctx=self.ctx, dtype=dtype or self.dtype)
 
     def _input(self, x: np.ndarray):
-        # token ids stay the integers they are: in float16 (or bfloat16) ids above 2048 (256) would be rounded
-        return self._array(x, x.dtype.name if x.dtype.kind in "iu" else None, image=x.ndim == 4)
+        # token ids stay integers (in float16 or bfloat16 ids above 2048 or 256 would be rounded), as int32: under
+        # amp_bf16 the Embedding's input goes through amp_cast, whose oneDNN path in 1.9.1 refuses int64 ("unknown
+        # type for MKLDNN :6") and leaves int32 as it is
+        return self._array(x, TOKEN_DTYPE if x.dtype.kind in "iu" else None, image=x.ndim == 4)
 
     def _masks(self, masks: dict[str, np.ndarray]) -> list:
         # divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)

@@ -5,7 +5,7 @@ Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatt
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
 Sequences are [N, T, D] as the spec's, batch first: layers of the spec's "last axis" (dense, layernorm, rmsnorm,
 softmax) act on axis 1 of an image (its channels) and on the last axis of a vector or a sequence. Token ids come
-as integers (int64, never a float dtype) into MXNet's Embedding; `patches` is a convolution of kernel and stride P
+as int32 (never a float dtype, and not int64: see MXNetTrainer._input) into MXNet's Embedding; `patches` is a convolution of kernel and stride P
 whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
 
 Attention is the spec's math in operators: three FullyConnected projections, heads split by reshape and transpose
@@ -24,7 +24,8 @@ the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel run
   (FP16_FP32_FUNCS): float32.
 - amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
   FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
-- amp_cast leaves integer arrays alone: the token ids stay int64 under both.
+- amp_cast leaves int32 arrays alone: the token ids stay int32 under both (an int64 array fails in its oneDNN
+  path, on any CPU).
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
 convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope): names in the graph, free at run time, which
