@@ -213,7 +213,7 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
                 f"they are lost and training stalls; keep fp32 master weights (amp_{precision}) or write the "
                 f"updates with stochastic rounding ({precision}_sr{', ' + precision + '_kahan' if precision == 'bf16' else ''};"
                 f" harness.rounding)")
-        elif optimizer in ("adam", "rmsprop") and squares > MAX_FLUSHED:
+        elif optimizer in ("adam", "adamw", "rmsprop") and squares > MAX_FLUSHED:
             out[precision] = "the optimizer's second moment underflows", (
                 f"{precision}: {_pct(squares)} of squared gradients flush to zero in {fmt.name}, so {optimizer}'s "
                 f"second moment underflows and its update lr*m/(sqrt(v)+eps) blows up; keep optimizer state in "

@@ -73,7 +73,7 @@ def state_memory_mb(graph: Graph, optimizer, precision) -> dict[str, float]:
     size = DTYPE_BYTES[precision.param_dtype] / 2**20
     trainable = graph.param_count
     weights = sum(math.prod(shape) for shape in graph.param_shapes().values())
-    slots = {"adam": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
+    slots = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
     state = {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
     if precision.rounding is not None and precision.rounding.mode == "kahan":
         state["compensation"] = trainable * size
