@@ -40,3 +40,18 @@ def weight_decay(optimizer, name: str) -> float:
         return 0.0
     exempt = NO_DECAY_OF_KIND.get(weight_kind(name))
     return 0.0 if exempt in optimizer.no_decay else optimizer.weight_decay
+
+
+def describe(optimizer, steps: int) -> str:
+    """One line for `amp-harness check`: the optimizer, its schedule, decay and clipping."""
+    parts = [f"{optimizer.type}, learning rate {optimizer.learning_rate:g}"]
+    if scheduled(optimizer):
+        schedule = optimizer.schedule
+        parts[0] += (f": warm-up over {schedule.warmup_steps} steps, cosine to {schedule.min_learning_rate:g} at step "
+                     f"{schedule.decay_steps or steps}")
+    if optimizer.type == "adamw":
+        exempt = f" (not on {', '.join(k.replace('_', ' ') for k in optimizer.no_decay)})" if optimizer.no_decay else ""
+        parts.append(f"weight decay {optimizer.weight_decay:g}{exempt}")
+    if optimizer.clip_norm is not None:
+        parts.append(f"gradients clipped to a global norm of {optimizer.clip_norm:g}")
+    return "; ".join(parts)

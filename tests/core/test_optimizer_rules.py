@@ -98,3 +98,14 @@ def test_clip_norm_and_schedule_are_allowed_on_every_optimizer_and_old_hashes_ho
         assert validate(doc, "x").optimizer.clip_norm == 0.5
     doc["optimizer"] = {**GPT["optimizer"], "clip_norm": 0.5}
     assert validate(doc, "x").spec_hash() != before  # a spec that clips hashes apart
+
+
+def test_check_prints_the_optimizer_its_schedule_decay_and_clipping(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**GPT, "optimizer": ADAMW}))
+    assert main(["check", str(path)]) == 0
+    assert ("  optimizer adamw, learning rate 0.0003: warm-up over 10 steps, cosine to 3e-05 at step 300; weight "
+            "decay 0.1 (not on biases, norm scales); gradients clipped to a global norm of 1\n"
+            in capsys.readouterr().out)
+    assert main(["check", "tiny_gpt"]) == 0
+    assert "  optimizer adam, learning rate 0.002\n" in capsys.readouterr().out
