@@ -255,7 +255,7 @@ def cmd_diagnose(args) -> int:
         steps = diagnosis["captured_steps"]
         print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
               f"from {steps[0]}, and the last, {steps[-1]}):")
-        for line in diagnosis["verdicts"].values():
+        for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values()]:
             print(f"  {line}")
     return _exit_code(records)
 

@@ -61,6 +61,7 @@ class Diagnosis(_Strict):
     updates: dict[str, dict[str, Number]] | None = None
     optimizer: str | None = None
     verdicts: dict[str, str] | None = None
+    attention: dict[str, str] | None = None  # per attention layer (harness.numerics.attention_verdicts)
     loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
 
     @model_validator(mode="before")

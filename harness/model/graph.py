@@ -56,6 +56,15 @@ class Graph:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
 
+    @staticmethod
+    def input_of(path: str) -> str | None:
+        """The path of the layer whose output is `path`'s input ("5.layers.0" -> the one before block 5), or None
+        where it is the network's input."""
+        head, _, index = path.rpartition(".")
+        if int(index) > 0:
+            return f"{head}.{int(index) - 1}" if head else str(int(index) - 1)
+        return Graph.input_of(head.rpartition(".")[0]) if head else None
+
     def trainable_shapes(self) -> dict[str, tuple[int, ...]]:
         """param_shapes without batchnorm's moving statistics (state, not parameters)."""
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()
