@@ -317,11 +317,12 @@ def causal_mask(length: int) -> np.ndarray:
 @LAYERS.builder("rmsnorm")
 def rmsnorm(info, net):
     epsilon = info.spec.epsilon
+    axis, shape = _feature_axis(info.in_shape), _feature_shape(info.in_shape)  # a vector's too, not only tokens'
 
     def apply(x, run):  # MXNet 1.9 has no RMSNorm operator; written in operators whose scalars are float64
         F = run.F
-        norm = F.broadcast_div(x, F.sqrt(F.mean(F.square(x), axis=-1, keepdims=True) + epsilon))
-        return F.broadcast_mul(norm, F.reshape(run.weight(info.path, "gamma"), shape=(1, 1, -1)))
+        norm = F.broadcast_div(x, F.sqrt(F.mean(F.square(x), axis=axis, keepdims=True) + epsilon))
+        return F.broadcast_mul(norm, F.reshape(run.weight(info.path, "gamma"), shape=shape))
 
     return apply
 
