@@ -104,6 +104,27 @@ class ScalerNeverSkips(_Broken):
         TorchTrainer._manual_scaled_step = apply_anyway
 
 
+class ClipBeforeUnscale(_Broken):
+    """the global norm taken of the scaled gradients: clipping before the loss scale is divided out"""
+
+    def break_it(self):
+        from amp_harness_torch.adapter import TorchTrainer
+
+        def clip_scaled(self, loss, capture):
+            scale = self.scaler.scale
+            (loss * scale).backward()
+            self._prepare_update()  # the schedule's rate, and the clip, here on gradients still scaled
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+            self.torch._foreach_mul_(grads, 1.0 / scale)
+            self.skipped = self.scaler.update(finite=all(bool(g.isfinite().all()) for g in grads))
+            if capture is not None:
+                capture.update(self.net.canonical_gradients())
+            if not self.skipped:
+                self.optimizer.step()
+
+        TorchTrainer._manual_scaled_step = clip_scaled
+
+
 def _unfused_attention(probabilities):
     """Attention.attend with the unfused math everywhere (no SDPA), its probabilities from `probabilities`."""
     def attend(self, q, k, v):
