@@ -375,8 +375,10 @@ class Network(nn.Module):
                 if not attr.startswith("moving_")}
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
-        """The trainable weights' current .grad in canonical names and layouts."""
-        return {name: from_channels_first(_numpy(p.grad), name) for name, p in self.canonical_parameters().items()}
+        """The trainable weights' current .grad in canonical names and layouts: copies, since on CPU the numpy array
+        would share the gradient's memory, which clipping then scales in place."""
+        return {name: np.array(from_channels_first(_numpy(p.grad), name))
+                for name, p in self.canonical_parameters().items()}
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
         return {name: from_channels_first(_numpy(getattr(module, attr)), name)
