@@ -304,9 +304,6 @@ class Adam(_Optimizer):
     epsilon: float = Field(gt=0)
 
 
-NO_DECAY_KINDS = ("biases", "norm_scales", "embeddings")
-
-
 class AdamW(Adam):
     type: Literal["adamw"]
     weight_decay: float = Field(ge=0, lt=1)
