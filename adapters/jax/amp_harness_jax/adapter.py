@@ -167,8 +167,8 @@ class JaxTrainer(Trainer):
         self._scale = self._device_scale = None
         scaling = self.scaler is not None
         self.start_optimizer(spec)
-        # the dtype the update computes in: float32 for the rounded optimizer and for 16-bit weights' bias
-        # corrections, float64 in a float64 run
+        # a scheduled rate arrives in the dtype its update computes it in: float32 at least (the rounded optimizer's,
+        # and Adam's bias corrections of 16-bit weights), float64 in a float64 run
         self._rate_dtype = np.dtype(jnp.float32) if rounding else jnp.promote_types(self.param_dtype, jnp.float32)
         self.scheduled = scheduled(spec.optimizer)
         constant_rate, clip_norm = spec.optimizer.learning_rate, spec.optimizer.clip_norm
@@ -194,7 +194,7 @@ class JaxTrainer(Trainer):
                     finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
             lr = constant_rate if rate is None else rate
             with jax.named_scope(UPDATE_SCOPE):
-                # the rounded optimizer takes its gradients in float32, the dtype its update computes in
+                # clipped gradients go to the rounded optimizer in float32, the dtype its update computes in
                 clipped = grads if clip_norm is None else clip_by_global_norm(
                     grads, clip_norm, finite if scaling else None, jnp.float32 if rounding else None)
                 new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits) if rounding \
