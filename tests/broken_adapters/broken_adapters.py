@@ -42,13 +42,13 @@ class SamePaddingTopLeft(_Broken):
 
 def _adam(real, epsilon_inside: bool, float32_lr: bool):
     """torch's make_optimizer (`real`) with Adam's epsilon inside the square root, or a float32 learning rate."""
-    def make_optimizer(spec, params):
+    def make_optimizer(spec, named_params):
         import numpy as np
         import torch
 
         lr = float(np.float32(spec.learning_rate)) if float32_lr else spec.learning_rate
         if spec.type != "adam" or not epsilon_inside:
-            return real(spec.model_copy(update={"learning_rate": lr}), params)
+            return real(spec.model_copy(update={"learning_rate": lr}), named_params)
 
         class Adam(torch.optim.Optimizer):  # lr*m_hat/sqrt(v_hat + eps) instead of lr*m_hat/(sqrt(v_hat) + eps)
             @torch.no_grad()
@@ -65,7 +65,7 @@ def _adam(real, epsilon_inside: bool, float32_lr: bool):
                         m_hat, v_hat = state["m"] / (1 - b1**t), state["v"] / (1 - b2**t)
                         p.sub_(lr * m_hat / (v_hat + spec.epsilon).sqrt())
 
-        return Adam(list(params), {})
+        return Adam(list(named_params.values()), {})
     return make_optimizer
 
 
