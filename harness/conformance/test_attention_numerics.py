@@ -51,7 +51,8 @@ def test_scores_beyond_float16_are_unsafe_in_that_layer_and_bfloat16_is_safe(fra
 
 def test_small_scores_are_safe(framework):
     spec = SPECS["pitfall_pre_norm"]  # pre-norm: layernorm before the attention keeps its scores near 2^2
-    attention, verdicts = _attention_verdicts(framework, spec.name, spec.with_overrides(steps=2).model_dump(mode="json"))
+    resolved = spec.with_overrides(steps=2).model_dump(mode="json")
+    attention, verdicts = _attention_verdicts(framework, spec.name, resolved)
     assert list(attention) == ["2.layers.1"], attention
     assert "float16 holds them" in attention["2.layers.1"] and "bfloat16 is safe" in attention["2.layers.1"], attention
     assert "attention scores" not in verdicts["amp_fp16"], verdicts["amp_fp16"]

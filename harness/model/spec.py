@@ -407,9 +407,9 @@ def _where(loc: tuple) -> str:
 
 
 def _known_fields() -> set[str]:
-    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D, AvgPool2D, GELU,
-              BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches,
-              Residual]
+    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D,
+              AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm,
+              SequencePool, Patches, Residual]
     return {name for model in models for name in model.model_fields}
 
 

@@ -58,4 +58,5 @@ def test_the_verdicts_name_the_layer_the_overflow_and_the_loss_scale():
                    "pass (65504 is its largest value); their gradients reach 2^-3.0 and overflow float16 at a loss "
                    "scale of 2^19 or more; bfloat16 is safe")
     small = numerics.attention_verdicts(_histograms(6.0, 2.0, 2.0, 2.0**-10))["3.layers.1"]
-    assert "float16 holds them" in small and "loss scale of 2^26 or more" in small and small.endswith("bfloat16 is safe")
+    assert "float16 holds them" in small and "loss scale of 2^26 or more" in small
+    assert small.endswith("bfloat16 is safe")
