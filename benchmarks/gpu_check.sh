@@ -12,7 +12,9 @@
 # tiny_gpt and vit_tiny timed in torch and JAX in every mixed precision (tokens/s in the report), the transformer
 # pitfall specs fingerprinted on the GPU in both (fused attention where exact: which one ran is in each record's
 # options.attention) and held to each other by `parity`, and tiny_gpt diagnosed and profiled (the cast map of
-# attention and normalisation under CUDA autocast, whose op lists differ from the CPU's).
+# attention and normalisation under CUDA autocast, whose op lists differ from the CPU's, and the attention
+# numerics verdict per layer). The optimizer pitfall specs (AdamW's decay and exemptions, warm-up and cosine
+# schedules, clipping while the fp16 scaler skips) fingerprinted on the GPU in both and held to each other.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -53,6 +55,12 @@ for fw in torch jax; do
     --model "$transformers" --no-progress --out "$out/parity_transformers"
 done
 python3 -m harness parity "$out/parity_transformers"
+optimizers=tests/specs/pitfall_adamw_decay.yaml,tests/specs/pitfall_norm_decay.yaml,tests/specs/pitfall_clip_scaled.yaml,tests/specs/pitfall_warmup_cosine.yaml
+for fw in torch jax; do
+  python3 -m harness fingerprint --framework $fw --device gpu --precision fp32,amp_bf16,amp_fp16 \
+    --model "$optimizers" --no-progress --out "$out/parity_optimizers"
+done
+python3 -m harness parity "$out/parity_optimizers"
 python3 -m harness diagnose --framework torch --device gpu --model tiny_gpt --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
 python3 -m harness profile --framework torch --device gpu --model tiny_gpt,vit_tiny \

@@ -22,7 +22,10 @@ Rules:
   padding and pooling geometry (``harness.model.graph.window_padding``, ``avgpool_divisors``), the precision
   policy (``Precision.compute_dtype`` / ``param_dtype``), the loss-scale rules (``harness.precision.LossScaler``;
   a framework's own scaler is checked against them after every step) and dropout masks
-  (``harness.model.dropout``: applied as given, ``x * mask / (1 - rate)``, never drawn by the framework).
+  (``harness.model.dropout``: applied as given, ``x * mask / (1 - rate)``, never drawn by the framework) and the
+  optimizer's rules (``harness.model.optimizer``: the step's scheduled rate from ``Trainer.learning_rate``,
+  AdamW's decay per weight; clipping of the unscaled gradients after the scaler's finite check, as the spec's
+  docstring says).
 - A float64 (``fp64``) run computes entirely in float64, constants and hyper-parameters included: the parity
   check holds float64 fingerprints to 1e-9.
 - ``build`` creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
@@ -140,6 +143,9 @@ class Trainer(ABC):
     #: the allocator has a peak counter (_memory_peak); False: the core samples _memory_in_use after each step
     memory_peak_counter: bool = True
     loss_scale: LossScale | None = None  # the run's settings (start_loss_scale)
+    optimizer_spec = None  # the spec's optimizer (start_optimizer)
+    schedule_steps: int = 0  # the spec's steps, which a schedule spans (start_optimizer)
+    steps_taken: int = 0  # train_step and captured_step calls so far: the schedule's step index
     rounding = None  # the precision's harness.rounding.Rounding, or None (start_rounding)
     rounding_seed: int | None = None  # the seed of the on-device rounding noise (start_rounding)
     _memory_start: int | None = None  # bytes in use when the build began (a GPU only)
@@ -169,6 +175,16 @@ class Trainer(ABC):
 
     def start_loss_scale(self, loss_scale: LossScale) -> None:
         self.loss_scale = loss_scale
+
+    def start_optimizer(self, spec: ModelSpec) -> None:
+        """Before the first step: the optimizer whose schedule learning_rate follows."""
+        self.optimizer_spec, self.schedule_steps = spec.optimizer, spec.steps
+
+    def learning_rate(self) -> float:
+        """The learning rate of the step about to run (the spec's schedule, harness.model.optimizer)."""
+        from harness.model.optimizer import learning_rate
+
+        return learning_rate(self.optimizer_spec, self.steps_taken, self.schedule_steps)
 
     def loss_scale_state(self) -> LossScaleState | None:
         """After a step: the loss scaler's state, or None when the run uses no loss scaling."""
@@ -219,7 +235,9 @@ class Trainer(ABC):
 
     def train_step(self, batch: Any) -> float:
         """One optimizer step; return the (unscaled, float32) loss once the device has finished."""
-        return self.run_step(batch, None)
+        loss = self.run_step(batch, None)
+        self.steps_taken += 1
+        return loss
 
     @abstractmethod
     def run_step(self, batch: Any, capture: dict[str, np.ndarray] | None) -> float:
@@ -247,7 +265,9 @@ class Trainer(ABC):
         before the update, by canonical weight name in canonical layouts (trainable weights only). None: this
         adapter cannot capture (the report then says "not available"; override to return None)."""
         gradients: dict[str, np.ndarray] = {}
-        return self.run_step(batch, gradients), gradients
+        loss = self.run_step(batch, gradients)
+        self.steps_taken += 1
+        return loss, gradients
 
     def layer_outputs(self, x: np.ndarray, y: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
         """Diagnose mode only (optional): on this batch, in inference mode and changing no state, each layer's

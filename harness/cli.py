@@ -127,6 +127,7 @@ MEMORY_PRECISIONS = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16", "bf16_kahan
 
 def cmd_check(args) -> int:
     from harness.model import data, memory
+    from harness.model.optimizer import describe as describe_optimizer
     from harness.precision import parse_precision
     from harness.run.plan import resolve
 
@@ -146,6 +147,7 @@ def cmd_check(args) -> int:
                   f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
         print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
               f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")
+        print(f"  optimizer {describe_optimizer(spec.optimizer, spec.steps)}")
         print(f"  memory of a training step at batch {spec.batch_size} (estimate; the framework's own workspace "
               f"comes on top):")
         for e in estimates:
@@ -253,7 +255,7 @@ def cmd_diagnose(args) -> int:
         steps = diagnosis["captured_steps"]
         print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
               f"from {steps[0]}, and the last, {steps[-1]}):")
-        for line in diagnosis["verdicts"].values():
+        for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values()]:
             print(f"  {line}")
     return _exit_code(records)
 

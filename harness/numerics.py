@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("weights", "gradients", "updates", "activations", "activation_gradients")
+# inside each attention layer (harness.model.reference.attention_numerics): q, k, the scaled scores the softmax
+# takes and their gradients
+ATTENTION_KINDS = ("attention_q", "attention_k", "attention_scores", "attention_score_gradients")
+KINDS = ("weights", "gradients", "updates", "activations", "activation_gradients", *ATTENTION_KINDS)
 MAX_FLUSHED = 0.01  # the static loss-scale window's lower end: at most this share of gradients flushed
 STALL_SWAMPED = 0.10  # more updates than this lost to rounding: pure 16-bit training stalls
 
@@ -152,7 +155,40 @@ def overflowing(layers: dict[str, dict], fmt: Format) -> list[tuple[str, float]]
     return sorted(found, key=lambda item: -item[1])
 
 
-OVERFLOW_WORDS = {"activations": "outputs", "weights": "weights", "gradients": "weight gradients"}
+OVERFLOW_WORDS = {"activations": "outputs", "weights": "weights", "gradients": "weight gradients",
+                  "attention_scores": "attention scores"}
+
+
+def all_gradients(groups: dict) -> dict:
+    """Every captured gradient in one histogram: the weights', the layer outputs' and the attention scores' (the
+    loss scale multiplies all of them)."""
+    return merge([h for kind in ("gradients", "activation_gradients", "attention_score_gradients")
+                  for h in groups.get(kind, {}).values()])
+
+
+def _exp(value: float) -> str:
+    return f"2^{math.log2(value):.1f}" if value > 0 else "0"
+
+
+def attention_verdicts(diagnosis: dict) -> dict[str, str]:
+    """Per attention layer, a sentence on what its scores and their gradients need of float16 and bfloat16."""
+    groups = diagnosis["groups"]
+    fp16, bf16 = FORMATS["float16"], FORMATS["bfloat16"]
+    out = {}
+    for layer, scores in sorted(groups.get("attention_scores", {}).items()):
+        q, k = (groups.get(f"attention_{part}", {}).get(layer, {}).get("max_abs", 0.0) for part in ("q", "k"))
+        grads = groups.get("attention_score_gradients", {}).get(layer, {}).get("max_abs", 0.0)
+        top = scores["max_abs"]
+        words = [f"attention {layer}: scores reach {_exp(top)} (q {_exp(q)}, k {_exp(k)})"]
+        words.append(f"float16 overflows in the forward pass ({fp16.max:g} is its largest value)" if top > fp16.max
+                     else "float16 holds them")
+        if grads:
+            first = math.floor(math.log2(fp16.max / grads)) + 1  # the smallest power-of-two scale that overflows
+            words.append(f"their gradients reach {_exp(grads)} and overflow float16 at a loss scale of 2^{first} "
+                         f"or more")
+        words.append("bfloat16 is safe" if max(top, q, k, grads) <= bf16.max else "bfloat16 overflows too")
+        out[layer] = "; ".join(words)
+    return out
 
 
 def _range_problems(groups: dict, fmt: Format, kinds: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -176,7 +212,7 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
     loss-scale window, and updates swamped where the weights are 16-bit."""
     groups = diagnosis["groups"]
     weight_grads = groups.get("gradients", {})
-    gradients = merge(list(weight_grads.values()) + list(groups.get("activation_gradients", {}).values()))
+    gradients = all_gradients(groups)
     fp16, bf16 = FORMATS["float16"], FORMATS["bfloat16"]
     out = {}
     worst_layer, worst = max(((layer, shares(h, fp16)["flushed"]) for layer, h in weight_grads.items()),
@@ -213,7 +249,7 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
                 f"they are lost and training stalls; keep fp32 master weights (amp_{precision}) or write the "
                 f"updates with stochastic rounding ({precision}_sr{', ' + precision + '_kahan' if precision == 'bf16' else ''};"
                 f" harness.rounding)")
-        elif optimizer in ("adam", "rmsprop") and squares > MAX_FLUSHED:
+        elif optimizer in ("adam", "adamw", "rmsprop") and squares > MAX_FLUSHED:
             out[precision] = "the optimizer's second moment underflows", (
                 f"{precision}: {_pct(squares)} of squared gradients flush to zero in {fmt.name}, so {optimizer}'s "
                 f"second moment underflows and its update lr*m/(sqrt(v)+eps) blows up; keep optimizer state in "
@@ -244,9 +280,11 @@ def judge(diagnosis: dict) -> dict[str, tuple[str, str]]:
                               sentence + "; layer outputs were not captured, so not checked")
     # values beyond the compute dtype's range become inf (mixed precision: the activations; pure 16-bit: the
     # weights and their gradients too), whatever the figures above say
-    for precision, fmt, kinds in (("amp_fp16", fp16, ("activations",)), ("amp_bf16", bf16, ("activations",)),
-                                  ("fp16", fp16, ("activations", "weights", "gradients")),
-                                  ("bf16", bf16, ("activations", "weights", "gradients"))):
+    # (attention scores: every framework's mixed precision computes q k^T in the 16-bit dtype)
+    for precision, fmt, kinds in (("amp_fp16", fp16, ("activations", "attention_scores")),
+                                  ("amp_bf16", bf16, ("activations", "attention_scores")),
+                                  ("fp16", fp16, ("activations", "attention_scores", "weights", "gradients")),
+                                  ("bf16", bf16, ("activations", "attention_scores", "weights", "gradients"))):
         problems = _range_problems(groups, fmt, kinds)
         if problems:
             remedy = "keep those layers in float32" + (" or use amp_bf16" if fmt is fp16 else "")

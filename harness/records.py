@@ -9,7 +9,8 @@ number), and do not convert them.
 
 Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3 num_classes;
 4 seed (a timed run's repeat r trains from the spec's seed + r); 5 task and tokens_per_sample (token sequences:
-"next_token" or "classification", and the T tokens each sample holds, for tokens/s). Every field added since 1 is optional, so a
+"next_token" or "classification", and the T tokens each sample holds, for tokens/s); 6 nonfinite (where a
+diverged run's first inf or NaN came from). Every field added since 1 is optional, so a
 record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused (harness.results.read_records).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -51,6 +52,19 @@ class Histogram(_Strict):
     max_abs: Number
 
 
+class NonFinite(_Strict):
+    """Where a diverged run's first inf or NaN came from (harness.run.nonfinite.locate)."""
+    found: bool
+    why: str | None = None  # not found: why not
+    step: Count | None = None
+    layer: str | None = None
+    layer_type: str | None = None
+    pass_: Literal["forward", "backward"] | None = Field(None, alias="pass")
+    tensor: Literal["output", "output gradient"] | None = None
+    values: Literal["inf", "nan"] | None = None
+    input_range: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+
+
 class Diagnosis(_Strict):
     """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge); a diagnosis
     that could not capture holds nothing else to read."""
@@ -61,6 +75,7 @@ class Diagnosis(_Strict):
     updates: dict[str, dict[str, Number]] | None = None
     optimizer: str | None = None
     verdicts: dict[str, str] | None = None
+    attention: dict[str, str] | None = None  # per attention layer (harness.numerics.attention_verdicts)
     loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
 
     @model_validator(mode="before")
@@ -192,6 +207,7 @@ class Record(_Strict):
     fingerprint: Fingerprint | None = None
     diagnosis: Diagnosis | None = None
     variant_choice: dict | None = None  # --variant auto: which variant was chosen and why (harness.run.variants)
+    nonfinite: NonFinite | None = None  # a diverged run: where its first inf or NaN came from
 
     #: what an ok record of this kind holds besides what identifies a run: what the report and `parity` read
     OK_HOLDS: ClassVar[tuple[str, ...]] = ("model",)

@@ -56,6 +56,15 @@ class Graph:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
 
+    @staticmethod
+    def input_of(path: str) -> str | None:
+        """The path of the layer whose output is `path`'s input ("5.layers.0" -> the one before block 5), or None
+        where it is the network's input."""
+        head, _, index = path.rpartition(".")
+        if int(index) > 0:
+            return f"{head}.{int(index) - 1}" if head else str(int(index) - 1)
+        return Graph.input_of(head.rpartition(".")[0]) if head else None
+
     def trainable_shapes(self) -> dict[str, tuple[int, ...]]:
         """param_shapes without batchnorm's moving statistics (state, not parameters)."""
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()
@@ -73,7 +82,7 @@ def state_memory_mb(graph: Graph, optimizer, precision) -> dict[str, float]:
     size = DTYPE_BYTES[precision.param_dtype] / 2**20
     trainable = graph.param_count
     weights = sum(math.prod(shape) for shape in graph.param_shapes().values())
-    slots = {"adam": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
+    slots = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
     state = {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
     if precision.rounding is not None and precision.rounding.mode == "kahan":
         state["compensation"] = trainable * size

@@ -109,13 +109,18 @@ def _layer(layer, path, w, x, training, masks, record):
 
 def _attention(layer, path, w, x, mask):
     """Multi-head self-attention as the spec defines it (harness.model.spec); `mask` [N, H, T, T] in training."""
+    return _attention_parts(layer, path, w, x, mask)["out"]
+
+
+def _attention_parts(layer, path, w, x, mask=None) -> dict[str, np.ndarray]:
+    """The attention's intermediate values: q, k, v [N, H, T, Dh], the scaled scores (masked ones -inf), the
+    probabilities (after dropout) and the output."""
     n, length, dim = x.shape
     heads = layer.heads
     head_dim = dim // heads
 
     def project(name, value):
-        out = value @ w[f"{path}.{name}_kernel"] + w.get(f"{path}.{name}_bias", 0.0)
-        return out
+        return value @ w[f"{path}.{name}_kernel"] + w.get(f"{path}.{name}_bias", 0.0)
 
     def split(value):  # [N, T, D] -> [N, H, T, Dh]
         return value.reshape(n, length, heads, head_dim).transpose(0, 2, 1, 3)
@@ -123,10 +128,35 @@ def _attention(layer, path, w, x, mask):
     q, k, v = (split(project(name, x)) for name in ("query", "key", "value"))
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
     if layer.causal:
-        scores = np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, scores)
+        scores = np.where(causal_mask(length), -np.inf, scores)
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = e / e.sum(axis=-1, keepdims=True)
     if mask is not None and layer.dropout > 0:
         probs = probs * mask / (1 - layer.dropout)
     heads_out = (probs @ v).transpose(0, 2, 1, 3).reshape(n, length, dim)
-    return project("output", heads_out)
+    return {"q": q, "k": k, "v": v, "scores": scores, "probs": probs, "out": project("output", heads_out)}
+
+
+def causal_mask(length: int) -> np.ndarray:
+    """[T, T], True where a causal attention masks the score (j > i)."""
+    return np.triu(np.ones((length, length), bool), 1)
+
+
+def attention_numerics(layer, path, w, x, out_grad) -> dict[str, np.ndarray]:
+    """Inference-mode attention's values that 16-bit formats must hold, in float64 from the layer's input `x`
+    [N, T, D], the weights and the loss's gradient with respect to the layer's output `out_grad`: q and k, the
+    scaled scores the softmax takes and the loss's gradient with respect to them (masked entries left out: they
+    are -inf by definition, and their gradient is 0)."""
+    x, out_grad = np.asarray(x, np.float64), np.asarray(out_grad, np.float64)
+    w = {name: np.asarray(value, np.float64) for name, value in w.items() if name.startswith(f"{path}.")}
+    parts = _attention_parts(layer, path, w, x)
+    n, length, dim = x.shape
+    head_dim = dim // layer.heads
+    # back through the output projection and the heads' concatenation, then p @ v and the softmax
+    d_heads = (out_grad @ w[f"{path}.output_kernel"].T).reshape(n, length, layer.heads, head_dim).transpose(0, 2, 1, 3)
+    d_probs = d_heads @ parts["v"].transpose(0, 1, 3, 2)
+    probs = parts["probs"]
+    d_scores = probs * (d_probs - (d_probs * probs).sum(axis=-1, keepdims=True))
+    kept = ~causal_mask(length) if layer.causal else np.ones((length, length), bool)
+    return {"q": parts["q"], "k": parts["k"], "scores": parts["scores"][..., kept],
+            "score_gradients": d_scores[..., kept]}

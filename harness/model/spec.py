@@ -9,7 +9,20 @@ The spec defines the math. Every adapter must reproduce it exactly:
 - batchnorm: running = momentum*running + (1-momentum)*batch, with the *biased* batch variance;
 - rmsprop: v = rho*v + (1-rho)*g^2; p -= lr*g/sqrt(v+eps) ("inside") or lr*g/(sqrt(v)+eps) ("outside");
 - adam: bias-corrected moments, p -= lr*m_hat/(sqrt(v_hat)+eps) (PyTorch's form, epsilon outside);
+- adamw: adam's update plus decoupled weight decay, p -= lr*(m_hat/(sqrt(v_hat)+eps) + weight_decay*p), with p
+  before the update on both sides, lr the step's scheduled rate (decay follows the schedule, as in PyTorch,
+  Keras and optax); `no_decay` names the kinds of weight that get no decay (default biases, norm betas
+  included, and norm scales; harness.model.optimizer.decays);
 - sgd: buf = momentum*buf + g; p -= lr*buf (nesterov: p -= lr*(g + momentum*buf));
+- every optimizer's `schedule` gives lr per step t = 0, 1, ... (every step the trainer takes, untimed warm-up
+  and steps the loss scaler skips included; harness.model.optimizer.learning_rate): constant, or
+  warmup_cosine: lr*(t+1)/warmup_steps for t < warmup_steps, then min_lr + (lr - min_lr)*(1 + cos(pi*u))/2 with
+  u = (t - warmup_steps)/(decay_steps - warmup_steps) (decay_steps: default the spec's `steps`), min_lr from
+  t >= decay_steps on;
+- every optimizer's `clip_norm` c: the global norm n = sqrt(sum of g^2 over every weight's gradient) of the
+  *unscaled* gradients, after the loss scaler's finite check (a skipped step is neither clipped nor applied);
+  every gradient is multiplied by c / max(n, c) (no epsilon: PyTorch's clip_grad_norm_ divides by n + 1e-6,
+  which fp64 parity would see) before the update;
 - dropout: x * mask / (1 - rate) in training, with the masks the core draws (harness.model.dropout);
   identity in inference;
 - losses are batch means computed in float32 (float64 in float64 runs); probabilities are clipped to
@@ -245,30 +258,67 @@ class Loss(_Strict):
     from_logits: bool  # explicit: the frameworks' defaults differ
 
 
-class SGD(_Strict):
-    type: Literal["sgd"]
+class ConstantSchedule(_Strict):
+    type: Literal["constant"]
+
+
+class WarmupCosine(_Strict):
+    type: Literal["warmup_cosine"]
+    warmup_steps: int = Field(ge=0, le=MAX_STEPS)
+    min_learning_rate: float = Field(0.0, ge=0)
+    decay_steps: Optional[PositiveInt] = Field(None, le=MAX_STEPS)  # to the floor; default the spec's steps
+
+
+Schedule = Annotated[Union[ConstantSchedule, WarmupCosine], Field(discriminator="type")]
+SCHEDULE_TYPES = ("constant", "warmup_cosine")
+
+
+class _Optimizer(_Strict):
     learning_rate: float = Field(gt=0)
+    clip_norm: Optional[float] = Field(None, gt=0)  # of the unscaled gradients' global norm
+    schedule: Optional[Schedule] = None  # none: the constant learning_rate
+
+    @model_validator(mode="after")
+    def _schedule_fits(self):
+        schedule = self.schedule
+        if isinstance(schedule, WarmupCosine):
+            if schedule.min_learning_rate > self.learning_rate:
+                raise ValueError(f"schedule.min_learning_rate: {schedule.min_learning_rate} is above learning_rate "
+                                 f"{self.learning_rate}")
+            if schedule.decay_steps is not None and schedule.decay_steps <= schedule.warmup_steps:
+                raise ValueError(f"schedule.decay_steps: {schedule.decay_steps} must be above warmup_steps "
+                                 f"{schedule.warmup_steps}")
+        return self
+
+
+class SGD(_Optimizer):
+    type: Literal["sgd"]
     momentum: float = Field(ge=0, lt=1)
     nesterov: bool
 
 
-class Adam(_Strict):
+class Adam(_Optimizer):
     type: Literal["adam"]
-    learning_rate: float = Field(gt=0)
     beta_1: float = Field(ge=0, lt=1)
     beta_2: float = Field(ge=0, lt=1)
     epsilon: float = Field(gt=0)
 
 
-class RMSprop(_Strict):
+class AdamW(Adam):
+    type: Literal["adamw"]
+    weight_decay: float = Field(ge=0, lt=1)
+    no_decay: list[Literal["biases", "norm_scales", "embeddings"]] = ["biases", "norm_scales"]
+
+
+class RMSprop(_Optimizer):
     type: Literal["rmsprop"]
-    learning_rate: float = Field(gt=0)
     rho: float = Field(gt=0, lt=1)
     epsilon: float = Field(gt=0)
     epsilon_placement: Literal["inside", "outside"]  # Keras/MXNet: inside the sqrt; PyTorch: outside
 
 
-Optimizer = Annotated[Union[SGD, Adam, RMSprop], Field(discriminator="type")]
+Optimizer = Annotated[Union[SGD, Adam, AdamW, RMSprop], Field(discriminator="type")]
+OPTIMIZER_TYPES = ("sgd", "adam", "adamw", "rmsprop")
 
 
 class ModelSpec(_Strict):
@@ -336,7 +386,8 @@ class ModelSpec(_Strict):
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
         # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
-        for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash")):
+        for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash"),
+                          ("optimizer", "clip_norm"), ("optimizer", "schedule")):
             if data[part][key] is None:
                 del data[part][key]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -348,7 +399,7 @@ def _where(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in LAYER_TYPES + ("sgd", "adam", "rmsprop"):
+        elif part in LAYER_TYPES + OPTIMIZER_TYPES + SCHEDULE_TYPES:
             continue  # the discriminator's branch name, not a place in the file
         else:
             out += f".{clip(part, 40)}" if out else clip(part, 40)
@@ -356,9 +407,9 @@ def _where(loc: tuple) -> str:
 
 
 def _known_fields() -> set[str]:
-    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, RMSprop, Dense, Conv2D, MaxPool2D, AvgPool2D, GELU,
-              BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches,
-              Residual]
+    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D,
+              AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm,
+              SequencePool, Patches, Residual]
     return {name for model in models for name in model.model_fields}
 
 
@@ -373,7 +424,10 @@ def validate(data: object, source: str) -> ModelSpec:
         msg = err["msg"]
         if err["type"] == "union_tag_invalid":
             msg = f"unknown type '{clip(err['input'].get('type'), 40)}'" if isinstance(err.get("input"), dict) else msg
-            msg += f" (valid: {', '.join(LAYER_TYPES) if 'layers' in err['loc'] or 'projection' in err['loc'] else 'sgd, adam, rmsprop'})"
+            loc = err["loc"]
+            valid = LAYER_TYPES if "layers" in loc or "projection" in loc else \
+                SCHEDULE_TYPES if "schedule" in loc else OPTIMIZER_TYPES
+            msg += f" (valid: {', '.join(valid)})"
         elif err["type"] == "extra_forbidden":
             import difflib
 

@@ -13,11 +13,17 @@ import numpy as np
 from harness.model.graph import Graph
 
 
+def weight_kind(name: str) -> str:
+    """A canonical weight's kind from its name: kernel, bias, beta, gamma, mean, variance or embeddings
+    (attention's query_kernel is a kernel, its query_bias a bias)."""
+    return name.rsplit(".", 1)[-1].rsplit("_", 1)[-1]
+
+
 def initial_weights(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, 0x5EED])
     weights: dict[str, np.ndarray] = {}
     for name, shape in graph.param_shapes().items():
-        kind = name.rsplit(".", 1)[1].rsplit("_", 1)[-1]  # attention's query_kernel is a kernel
+        kind = weight_kind(name)
         if kind == "kernel":  # Glorot uniform, as Keras does by default
             receptive = math.prod(shape[:-2]) if len(shape) > 2 else 1
             fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive

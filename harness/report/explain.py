@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from harness.report import format as f
 from harness.report.data import Cell, Comparison, Why
+from harness.run import nonfinite
 from harness.stats import PRECISE
 
 SMALL_FLOPS = 1e9  # below this many FLOPs per step, fixed per-step costs can outweigh any arithmetic saved
@@ -75,8 +76,9 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
     for r in records:
         ls = r.get("loss_scale") or {}
         if r.get("status") == "diverged":
+            located = f" ({nonfinite.describe(r['nonfinite'])})" if r.get("nonfinite") else ""
             out.append(Why(title=f"{r['precision']} diverged in {r['framework']} ({r['model']})",
-                        text=f"{r.get('reason')}. "
+                        text=f"{r.get('reason')}{located}. "
                                 + ("A likely cause: pure float16 keeps weights and optimizer state in 16 bits "
                                    "with no loss scaling, so small updates and epsilons can underflow (float16's "
                                    "smallest normal value is 6e-5)." if r["precision"] == "fp16" else ""),

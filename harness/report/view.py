@@ -255,7 +255,7 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts; per
     loss-scale study its chart; a "16-bit safe?" line per model. Verdicts are judged here from the captured
     figures (harness.numerics.judge), not read from the record: a diagnosis made before a rule existed gets it."""
-    from harness.numerics import judge, merge
+    from harness.numerics import attention_verdicts, judge, merge
 
     numerics, safe = [], {}
     for d in diagnoses:
@@ -277,7 +277,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
         numerics.append(Diagnosis(d.get("model"), d.get("framework"),
                                   Markup(charts.gradient_histogram(series, shift, title)),
-                                  [sentence for _, sentence in verdicts.values()]))
+                                  [sentence for _, sentence in verdicts.values()]
+                                  + list(attention_verdicts(diagnosis).values())))
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}
     for r in studies:  # the loss scale is what a study varies; every other part of the setting stays apart

@@ -11,6 +11,8 @@ import math
 import numpy as np
 
 from harness import numerics
+from harness.model import reference
+from harness.model.graph import infer
 
 PROJECTIONS = 4  # random projections per gradient in a fingerprint
 
@@ -21,6 +23,7 @@ def _layer(name: str) -> str:
 
 def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None) -> None:
     x_fixed, y_fixed = data.fixed_batch()
+    graph = infer(spec)
     groups: dict[str, dict[str, list]] = {kind: {} for kind in numerics.KINDS}
     counts: dict[str, dict] = {}
     captured, losses, available = [], [], True
@@ -51,9 +54,13 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
                 total = counts.setdefault(layer, dict.fromkeys(found, 0))
                 for key, value in found.items():
                     total[key] += value
-            for layer, (output, output_grad) in (trainer.layer_outputs(x_fixed, y_fixed) or {}).items():
+            outputs = trainer.layer_outputs(x_fixed, y_fixed) or {}
+            for layer, (output, output_grad) in outputs.items():
                 add("activations", layer, output)
                 add("activation_gradients", layer, output_grad)
+            for layer, values in _attention_numerics(graph, after, outputs).items():
+                for kind, value in values.items():
+                    add(f"attention_{kind}", layer, value)
             captured.append(step)
         losses.append(loss)
         if progress:
@@ -62,13 +69,26 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
     diagnosis = {"captured_steps": captured, "every": every, "available": available and bool(captured),
                  "groups": merged, "updates": counts, "optimizer": spec.optimizer.type}
     if diagnosis["available"]:
-        gradients = numerics.merge(list(merged["gradients"].values()) + list(merged["activation_gradients"].values()))
-        low, high = numerics.loss_scale_window(gradients)
+        low, high = numerics.loss_scale_window(numerics.all_gradients(merged))
         diagnosis.update(loss_scale_window=[low, high], verdicts=numerics.verdicts(diagnosis),
+                         attention=numerics.attention_verdicts(diagnosis),
                          outcomes=numerics.outcomes(diagnosis), max_flushed=numerics.MAX_FLUSHED)
     finite = all(math.isfinite(v) for v in losses)
     record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss",
                   loss=[v if math.isfinite(v) else None for v in losses], diagnosis=diagnosis)
+
+
+def _attention_numerics(graph, weights: dict, outputs: dict) -> dict[str, dict[str, np.ndarray]]:
+    """Per attention layer whose input and output were captured: the values inside it that 16-bit formats must
+    hold (harness.model.reference.attention_numerics), from the captured tensors and the current weights, the
+    same in every framework that captures layer outputs."""
+    found = {}
+    for info in graph.layers:
+        source = graph.input_of(info.path) if info.type == "attention" else None
+        if source in outputs and info.path in outputs:
+            found[info.path] = reference.attention_numerics(info.spec, info.path, weights, outputs[source][0],
+                                                            outputs[info.path][1])
+    return found
 
 
 def gradient_fingerprint(gradients: dict[str, np.ndarray], seed: int) -> dict[str, list[float]] | None:

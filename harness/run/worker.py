@@ -30,7 +30,7 @@ from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
 from harness.results import empty_record, sequence_fields
 from harness.rounding import RoundingNoise
-from harness.run import capability, measure, peak, variants
+from harness.run import capability, measure, nonfinite, peak, variants
 from harness.run.diagnose import diagnose, gradient_fingerprint
 from harness.run.metrics import loss_and_correct
 from harness.run.profile import profile, refusal as profile_refusal
@@ -131,7 +131,13 @@ def run(req: RunRequest, progress=None) -> dict:
         elif req.mode == "profile":
             profile(spec, graph, data, masks, trainer, record, req.warmup, progress)
         else:
-            _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb)
+            diverged_at = _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb)
+            if diverged_at is not None:
+                del trainer  # the replay builds its own from the same weights
+                record["nonfinite"] = nonfinite.locate(  # (fresh weights: a framework may train the given arrays)
+                    lambda: adapter.build(spec, graph, initial_weights(graph, seed), precision, loss_scale, device,
+                                          variant), graph,
+                    Data(spec, order_seed=seed), DropoutMasks(graph, seed), diverged_at)
             if record["status"] == "ok" and req.measure_peak:
                 _efficiency(adapter, device, precision, req.threads, record)
     except HarnessError as exc:
@@ -186,11 +192,12 @@ class LossScaleLog:
         return state
 
 
-def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb) -> None:
+def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb) -> int | None:
+    """The timed run; the step whose loss was not finite when it diverged, else None."""
     total = req.warmup + spec.steps
     losses, times_ms, input_ms = [], [], []
     scales = LossScaleLog(loss_scale)
-    status, reason = "ok", None
+    status, reason, diverged_at = "ok", None, None
     for step in range(total):
         x, y = data.train_batch(step, out=buffers[0])
         dropout = masks.for_step(step, len(y), out=buffers[1])
@@ -207,7 +214,7 @@ def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progres
         if progress:
             progress(step + 1, total)
         if not math.isfinite(loss) and not (state and state.skipped):
-            status, reason = "diverged", f"loss became {loss} at step {step}"
+            status, reason, diverged_at = "diverged", f"loss became {loss} at step {step}", step
             break
     timed = times_ms[req.warmup:]
     stats = measure.step_stats(timed)
@@ -239,6 +246,7 @@ def _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progres
         record.update(eval_loss=total_loss / n, eval_accuracy=correct / n)
         if not math.isfinite(record["eval_loss"]):
             record.update(eval_loss=None, status="diverged", reason="evaluation loss is not finite")
+    return diverged_at
 
 
 def _fingerprint(spec, data, masks, trainer, loss_scale, record, noise: RoundingNoise | None = None) -> None:

@@ -42,13 +42,13 @@ class SamePaddingTopLeft(_Broken):
 
 def _adam(real, epsilon_inside: bool, float32_lr: bool):
     """torch's make_optimizer (`real`) with Adam's epsilon inside the square root, or a float32 learning rate."""
-    def make_optimizer(spec, params):
+    def make_optimizer(spec, named_params):
         import numpy as np
         import torch
 
         lr = float(np.float32(spec.learning_rate)) if float32_lr else spec.learning_rate
         if spec.type != "adam" or not epsilon_inside:
-            return real(spec.model_copy(update={"learning_rate": lr}), params)
+            return real(spec.model_copy(update={"learning_rate": lr}), named_params)
 
         class Adam(torch.optim.Optimizer):  # lr*m_hat/sqrt(v_hat + eps) instead of lr*m_hat/(sqrt(v_hat) + eps)
             @torch.no_grad()
@@ -65,7 +65,7 @@ def _adam(real, epsilon_inside: bool, float32_lr: bool):
                         m_hat, v_hat = state["m"] / (1 - b1**t), state["v"] / (1 - b2**t)
                         p.sub_(lr * m_hat / (v_hat + spec.epsilon).sqrt())
 
-        return Adam(list(params), {})
+        return Adam(list(named_params.values()), {})
     return make_optimizer
 
 
@@ -102,6 +102,27 @@ class ScalerNeverSkips(_Broken):
             self.optimizer.step()
 
         TorchTrainer._manual_scaled_step = apply_anyway
+
+
+class ClipBeforeUnscale(_Broken):
+    """the global norm taken of the scaled gradients: clipping before the loss scale is divided out"""
+
+    def break_it(self):
+        from amp_harness_torch.adapter import TorchTrainer
+
+        def clip_scaled(self, loss, capture):
+            scale = self.scaler.scale
+            (loss * scale).backward()
+            self._prepare_update()  # the schedule's rate, and the clip, here on gradients still scaled
+            grads = [p.grad for p in self.net.parameters() if p.grad is not None]
+            self.torch._foreach_mul_(grads, 1.0 / scale)
+            self.skipped = self.scaler.update(finite=all(bool(g.isfinite().all()) for g in grads))
+            if capture is not None:
+                capture.update(self.net.canonical_gradients())
+            if not self.skipped:
+                self.optimizer.step()
+
+        TorchTrainer._manual_scaled_step = clip_scaled
 
 
 def _unfused_attention(probabilities):

@@ -26,6 +26,8 @@ CASES = {
     "broken_scaler": ("fixed_scale", ["every step must be skipped"]),
     "broken_causal": ("numpy_reference and fp32", ["pitfall_causal_mask", "layers[1] (attention)"]),
     "broken_softmax_scale": ("numpy_reference and fp32", ["pitfall_causal_mask", "layers[1] (attention)"]),
+    "broken_clip": ("clipping", ["pitfall_clip_scaled", "clipping: under a fixed loss scale of 1024",
+                                 "clip_norm must act on the unscaled gradients"]),
 }
 
 

@@ -98,7 +98,7 @@ CORPUS = [
     ("one-class", edit(BASE, setpath(["dataset", "num_classes"], 1)), "dataset.num_classes: Input should be greater than or equal to 2"),
     ("unknown-loss", edit(BASE, setpath(["loss", "type"], "hinge")), "loss.type: Input should be"),
     ("no-from-logits", edit(BASE, delpath(["loss", "from_logits"])), "loss.from_logits: Field required"),
-    ("unknown-optimizer", edit(BASE, setpath(["optimizer", "type"], "lamb")), "optimizer: unknown type 'lamb' (valid: sgd, adam, rmsprop)"),
+    ("unknown-optimizer", edit(BASE, setpath(["optimizer", "type"], "lamb")), "optimizer: unknown type 'lamb' (valid: sgd, adam, adamw, rmsprop)"),
     ("rmsprop-placement", edit(BASE, setpath(["optimizer"], {"type": "rmsprop", "learning_rate": 0.1, "rho": 0.9, "epsilon": 1e-7, "epsilon_placement": "middle"})), "optimizer.epsilon_placement: Input should be 'inside' or 'outside'"),
     ("sgd-missing-momentum", edit(BASE, delpath(["optimizer", "momentum"])), "optimizer.momentum: Field required"),
     ("lr-infinite", edit(BASE, setpath(["optimizer", "learning_rate"], float("inf"))), "optimizer.learning_rate: Input should be a finite number"),

@@ -16,7 +16,7 @@ def tox_commands(command: str) -> list[list[str]]:
     tox.read(ROOT / "tox.ini")
     section = tox["framework"]
     lines = section["commands"].splitlines()
-    for name in ("models", "variant_models", "transformer_models"):
+    for name in ("models", "variant_models", "transformer_models", "clipped_model"):
         lines = [line.replace(f"{{[framework]{name}}}", section[name]) for line in lines]
     return [args for args in map(shlex.split, lines) if args[:2] == ["amp-harness", command]]
 
@@ -68,7 +68,12 @@ def features(spec) -> set[str]:
     o = spec.optimizer
     found.add({"sgd": lambda: f"sgd momentum={o.momentum > 0} nesterov={o.nesterov}",
                "adam": lambda: "adam",
+               "adamw": lambda: f"adamw no_decay={','.join(o.no_decay)}",
                "rmsprop": lambda: f"rmsprop epsilon {o.epsilon_placement}"}[o.type]())
+    if o.clip_norm is not None:
+        found.add("clip_norm")
+    if o.schedule is not None:
+        found.add(f"schedule {o.schedule.type}")
     return found
 
 
@@ -83,6 +88,8 @@ REQUIRED = {
     "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",
     "sgd momentum=False nesterov=False", "sgd momentum=True nesterov=False", "sgd momentum=True nesterov=True",
     "adam", "rmsprop epsilon inside", "rmsprop epsilon outside",
+    "adamw no_decay=biases,norm_scales", "adamw no_decay=biases", "clip_norm", "schedule constant",
+    "schedule warmup_cosine",
 }
 
 

@@ -10,7 +10,11 @@ JAX-specific choices:
   float32.
 - JAX has no loss scaler of its own: the step scales the loss, unscales the gradients and, when they are not
   all finite, keeps the old weights and optimizer state (jmp's select_tree idiom); it returns that finiteness,
-  and the scale follows the core's rules (harness.precision.LossScaler) on the host.
+  and the scale follows the core's rules (harness.precision.LossScaler) on the host. The spec's clip_norm
+  scales the unscaled gradients after that finiteness is known, inside the step (optimizers.clip_by_global_norm).
+- A scheduled learning rate (harness.model.optimizer.scheduled) is an argument of the jitted step, a scalar
+  in the update's dtype (float64 in a float64 run) put on the device before each step: the step is compiled
+  once. A constant rate stays a Python constant compiled into the step, as before schedules existed.
 - On a GPU, float32 matmuls and convolutions default to TF32 in JAX: the `highest` matmul precision keeps
   fp32 strict unless the precision asks for TF32.
 - XLA's CPU reductions of 16-bit arrays accumulate in 16 bits: bias gradients are summed in float32
@@ -119,8 +123,9 @@ class JaxTrainer(Trainer):
         import jax.numpy as jnp
 
         from amp_harness_jax.network import Network
-        from amp_harness_jax.optimizers import loss_fn, make_optimizer
+        from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn, make_optimizer
         from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
+        from harness.model.optimizer import scheduled
 
         self.jax, self.spec = jax, spec
         # process-wide switches, set for every build (the contract tests build several precisions in one process)
@@ -161,9 +166,16 @@ class JaxTrainer(Trainer):
         self.skipped = False
         self._scale = self._device_scale = None
         scaling = self.scaler is not None
+        self.start_optimizer(spec)
+        # a scheduled rate arrives in the dtype its update computes it in: float32 at least (the rounded optimizer's,
+        # and Adam's bias corrections of 16-bit weights), float64 in a float64 run
+        self._rate_dtype = np.dtype(jnp.float32) if rounding else jnp.promote_types(self.param_dtype, jnp.float32)
+        self.scheduled = scheduled(spec.optimizer)
+        constant_rate, clip_norm = spec.optimizer.learning_rate, spec.optimizer.clip_norm
 
-        def step(params, opt_state, statistics, x, y, masks, scale, bits=None, capture=False):
-            """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step."""
+        def step(params, opt_state, statistics, x, y, masks, scale, rate, bits=None, capture=False):
+            """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step; `rate` the
+            step's scheduled learning rate, or None for the spec's constant one."""
             # the scopes (and the network's layer scopes) only name the HLO ops' metadata, read by profile
             def objective(params):
                 out, new_statistics = net.apply(params, statistics, x, masks, training=True)
@@ -180,9 +192,13 @@ class JaxTrainer(Trainer):
                 with jax.named_scope(LOSS_SCALE_SCOPE):
                     grads = jax.tree.map(lambda g: (g / scale).astype(g.dtype), grads)
                     finite = jnp.all(jnp.stack([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+            lr = constant_rate if rate is None else rate
             with jax.named_scope(UPDATE_SCOPE):
-                new_params, new_opt_state = optimizer.update(grads, opt_state, params, bits) if rounding else \
-                    optimizer.update(grads, opt_state, params)
+                # clipped gradients go to the rounded optimizer in float32, the dtype its update computes in
+                clipped = grads if clip_norm is None else clip_by_global_norm(
+                    grads, clip_norm, finite if scaling else None, jnp.float32 if rounding else None)
+                new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits) if rounding \
+                    else optimizer.update(clipped, opt_state, params, lr)
             if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
                 # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
                 with jax.named_scope(LOSS_SCALE_SCOPE):
@@ -236,12 +252,13 @@ class JaxTrainer(Trainer):
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         bits, self._bits = self._bits, None
+        rate = self._put(np.asarray(self.learning_rate()), self._rate_dtype) if self.scheduled else None
         if capture is None:
             self.params, self.opt_state, self.statistics, loss, finite = self._step(
-                self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
+                self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
         else:  # diagnose mode: the step's capturing twin
             self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
-                self.params, self.opt_state, self.statistics, *batch, self._device_scale, bits)
+                self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
             capture.update({name: self.output(g) for name, g in grads.items()})
         return self._finish(loss, finite)
 

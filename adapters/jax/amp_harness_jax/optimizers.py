@@ -1,8 +1,11 @@
-"""The spec's optimizers and losses as pure jax.numpy functions.
+"""The spec's optimizers, gradient clipping and losses as pure jax.numpy functions.
 
 The optimizers are written out rather than taken from optax: optax's Adam puts epsilon in the same place but
-its RMSprop has epsilon inside the square root only, and the hyper-parameters here stay Python floats, which
-JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64.
+its RMSprop has epsilon inside the square root only, its adamw decays whatever its mask says rather than the
+weights harness.model.optimizer.weight_decay names, and the hyper-parameters here stay Python floats, which
+JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64. The learning rate
+is an argument of every update: the spec's Python float when it is constant (the step compiles it in as a
+constant), or the step's scheduled rate as a traced scalar (one compiled step for every rate).
 """
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from harness.model.optimizer import weight_decay
 from harness.model.spec import PROB_EPSILON
 
 
 class Optimizer(NamedTuple):
-    update: Callable  # (grads, state, params) -> (new params, new state)
+    update: Callable  # (grads, state, params, learning rate) -> (new params, new state)
     state: Any  # the state of the weights it was made for: every slot, created in build (none lazily in a step)
 
 
@@ -29,51 +33,74 @@ def _map(fn, *trees):
 
 
 def make_optimizer(spec, params) -> Optimizer:
-    """The spec's optimizer over `params` (weight name -> array), with all its state."""
+    """The spec's optimizer over `params` (canonical weight name -> array), with all its state."""
     return bind(*_spec_optimizer(spec), params)
+
+
+def _as(value, dtype):
+    """A Python float or a traced scalar in `dtype`: for a Python float, the constant it becomes, weakly typed,
+    in an operation with an array of that dtype (a traced float32 rate would otherwise promote 16-bit weights)."""
+    return jnp.asarray(value, dtype)
 
 
 def _spec_optimizer(spec) -> tuple[Callable, Callable]:
     """(init, update) of the spec's optimizer."""
-    lr = spec.learning_rate
     if spec.type == "sgd":
         m = spec.momentum
         if m == 0:  # plain SGD keeps no state
-            return lambda params: {}, lambda g, s, p: (_map(lambda p, g: p - lr * g, p, g), s)
+            return lambda params: {}, lambda g, s, p, lr: (_map(lambda p, g: p - _as(lr, p.dtype) * g, p, g), s)
 
-        def sgd(grads, state, params):
+        def sgd(grads, state, params, lr):
             buf = _map(lambda b, g: m * b + g, state["momentum"], grads)
             step = _map(lambda g, b: g + m * b, grads, buf) if spec.nesterov else buf
-            return _map(lambda p, d: p - lr * d, params, step), {"momentum": buf}
+            return _map(lambda p, d: p - _as(lr, p.dtype) * d, params, step), {"momentum": buf}
 
         return lambda params: {"momentum": _map(jnp.zeros_like, params)}, sgd
-    if spec.type == "adam":
+    if spec.type in ("adam", "adamw"):
         b1, b2, eps = spec.beta_1, spec.beta_2, spec.epsilon
 
-        def adam(grads, state, params):
+        def adam(grads, state, params, lr):
             count = state["count"] + 1
             mu = _map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
             nu = _map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
             # the bias corrections in float32 at least (float64 in a float64 run), whatever the weights' dtype
             t = count.astype(jnp.promote_types(jax.tree.leaves(params)[0].dtype, jnp.float32))
-            step_size, root = lr / (1 - b1**t), jnp.sqrt(1 - b2**t)
+            step_size, root = _as(lr, t.dtype) / (1 - b1**t), jnp.sqrt(1 - b2**t)
 
-            # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it
-            def apply(p, m, v):
+            # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it; adamw first
+            # decays p by lr*decay*p, as PyTorch's AdamW does (the same p on both sides)
+            def apply(name, p, m, v):
+                decay = weight_decay(spec, name)
+                if decay:
+                    p = p * _as(1 - lr * decay, p.dtype)
                 return p - step_size.astype(p.dtype) * (m / (jnp.sqrt(v) / root.astype(p.dtype) + eps))
 
-            return _map(apply, params, mu, nu), {"count": count, "m": mu, "v": nu}
+            new_params = {name: apply(name, p, mu[name], nu[name]) for name, p in params.items()}
+            return new_params, {"count": count, "m": mu, "v": nu}
 
         return (lambda params: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, params),
                                 "v": _map(jnp.zeros_like, params)}), adam
     rho, eps, inside = spec.rho, spec.epsilon, spec.epsilon_placement == "inside"
 
-    def rmsprop(grads, state, params):
+    def rmsprop(grads, state, params, lr):
         sq = _map(lambda v, g: rho * v + (1 - rho) * g * g, state["square_avg"], grads)
         denom = _map(lambda v: jnp.sqrt(v + eps) if inside else jnp.sqrt(v) + eps, sq)
-        return _map(lambda p, g, d: p - lr * (g / d), params, grads, denom), {"square_avg": sq}
+        return _map(lambda p, g, d: p - _as(lr, p.dtype) * (g / d), params, grads, denom), {"square_avg": sq}
 
     return lambda params: {"square_avg": _map(jnp.zeros_like, params)}, rmsprop
+
+
+def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
+    """The spec's clip_norm c: every gradient times c / max(n, c), n the global norm of all of them (no epsilon),
+    taken in float32 for 16-bit gradients (float64 in a float64 run). `finite`: the loss scaler's verdict; a step
+    it skips is left unclipped (its update is discarded). The clipped gradients in `dtype` (default their own)."""
+    leaves = jax.tree.leaves(grads)
+    acc = jnp.promote_types(leaves[0].dtype, jnp.float32)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(acc))) for g in leaves))
+    factor = clip_norm / jnp.maximum(norm, clip_norm)
+    if finite is not None:  # a non-finite norm would make the factor NaN: keep the gradients as they are
+        factor = jnp.where(finite, factor, jnp.ones_like(factor))
+    return _map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
 
 
 def loss_fn(spec, outputs, labels):

@@ -9,6 +9,7 @@ import numpy as np
 from jax import lax
 
 from amp_harness_jax.optimizers import Optimizer, bind
+from harness.model.optimizer import weight_decay
 from harness.rounding import Rounding, RoundingOps, write_with
 
 
@@ -40,11 +41,12 @@ OPS = RoundingOps(
 
 
 def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optimizer:
-    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
-    computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
-    nearest rounding, the weights by the precision's rule. `update` takes a fourth argument: the core's bits by
-    weight name (fingerprint runs), or None to draw them from the seed and the step count (timed runs)."""
-    slots = {"sgd": ("momentum",) if getattr(spec, "momentum", 0) else (), "adam": ("m", "v"),
+    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW, RMSprop, in their spec
+    forms) computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
+    nearest rounding, the weights by the precision's rule. `update` takes the step's learning rate (a Python
+    float or a traced float32 scalar) and a fifth argument: the core's bits by weight name (fingerprint runs), or
+    None to draw them from the seed and the step count (timed runs)."""
+    slots = {"sgd": ("momentum",) if getattr(spec, "momentum", 0) else (), "adam": ("m", "v"), "adamw": ("m", "v"),
              "rmsprop": ("square_avg",)}[spec.type] + (("compensation",) if rounding.mode == "kahan" else ())
     key = jax.random.key(seed)
     f32 = jnp.float32
@@ -53,7 +55,7 @@ def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optim
         return {"count": jnp.zeros((), jnp.int32),
                 **{slot: {n: jnp.zeros_like(p) for n, p in params.items()} for slot in slots}}
 
-    def update(grads, state, params, bits=None):
+    def update(grads, state, params, lr, bits=None):
         count = state["count"] + 1
         new_state = {"count": count}
         step_key = jax.random.fold_in(key, count)
@@ -68,8 +70,8 @@ def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optim
                     buf = spec.momentum * state["momentum"][name].astype(f32) + g
                     keep("momentum", buf)
                     direction = g + spec.momentum * buf if spec.nesterov else buf
-                new = w - spec.learning_rate * direction
-            elif spec.type == "adam":
+                new = w - lr * direction
+            elif spec.type in ("adam", "adamw"):
                 m = spec.beta_1 * state["m"][name].astype(f32) + (1 - spec.beta_1) * g
                 v = spec.beta_2 * state["v"][name].astype(f32) + (1 - spec.beta_2) * g * g
                 keep("m", m)
@@ -77,14 +79,16 @@ def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optim
                 # the bias corrections in float32: the step count is traced, and without jax_enable_x64 there is
                 # no float64 (torch and TensorFlow round them from float64: a float32 ulp apart at most)
                 t = count.astype(f32)
-                step_size = (spec.learning_rate / (1 - jnp.power(f32(spec.beta_1), t))).astype(f32)
+                step_size = (lr / (1 - jnp.power(f32(spec.beta_1), t))).astype(f32)
                 root = jnp.sqrt(1 - jnp.power(f32(spec.beta_2), t)).astype(f32)
-                new = w - step_size * (m / (jnp.sqrt(v) / root + spec.epsilon))
+                decay = weight_decay(spec, name)  # adamw's, on w before the update, as optimizers.py does it
+                decayed = w * (1 - lr * decay) if decay else w
+                new = decayed - step_size * (m / (jnp.sqrt(v) / root + spec.epsilon))
             else:
                 v = spec.rho * state["square_avg"][name].astype(f32) + (1 - spec.rho) * g * g
                 keep("square_avg", v)
                 denom = jnp.sqrt(v + spec.epsilon) if spec.epsilon_placement == "inside" else jnp.sqrt(v) + spec.epsilon
-                new = w - spec.learning_rate * (g / denom)
+                new = w - lr * (g / denom)
             given = None
             if rounding.stochastic:
                 given = bits[name] if bits is not None else draw_bits(jax.random.fold_in(step_key, index), p.shape)

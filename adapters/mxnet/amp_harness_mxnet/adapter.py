@@ -132,6 +132,7 @@ class MXNetTrainer(Trainer):
 
         from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation
         from amp_harness_mxnet.optimizers import make_optimizer
+        from harness.model.optimizer import scheduled
 
         self.mx = mx
         self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
@@ -157,7 +158,10 @@ class MXNetTrainer(Trainer):
         self.trainable_names = [name for name, p in self.net.handles.items() if p.grad_req != "null"]
         self.params = [self.net.handles[name] for name in self.trainable_names]
         self.grads = [p.grad(self.ctx) for p in self.params]
-        self.optimizer = make_optimizer(spec.optimizer, self.params)
+        self.optimizer = make_optimizer(spec.optimizer, self.params, self.trainable_names)
+        self.start_optimizer(spec)
+        # a constant rate is the spec's: no schedule to evaluate in each step
+        self.scheduled, self.constant_rate = scheduled(spec.optimizer), spec.optimizer.learning_rate
         self.start_loss_scale(loss_scale)
         self.fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         self.scaler = None
@@ -242,8 +246,9 @@ class MXNetTrainer(Trainer):
                                                 .asscalar())
             self._update_running_statistics(stats)
             if not self.skipped:
-                with part(UPDATE_SCOPE):
-                    self.optimizer.step(1.0 / scale if scale else 1.0)  # the loss is a batch mean already
+                with part(UPDATE_SCOPE):  # the loss is a batch mean already
+                    rate = self.learning_rate() if self.scheduled else self.constant_rate
+                    self.optimizer.step(1.0 / scale if scale else 1.0, rate)
             with part(RUNTIME_SCOPE):  # the engine is asynchronous: wait for the update too, hand back the loss
                 mx.nd.waitall()
                 return float(loss.asscalar())

@@ -5,8 +5,8 @@ Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatt
 so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
 Sequences are [N, T, D] as the spec's, batch first: layers of the spec's "last axis" (dense, layernorm, rmsnorm,
 softmax) act on axis 1 of an image (its channels) and on the last axis of a vector or a sequence. Token ids come
-as int32 (never a float dtype, and not int64: see MXNetTrainer._input) into MXNet's Embedding; `patches` is a convolution of kernel and stride P
-whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
+as int32 (never a float dtype, and not int64: see MXNetTrainer._input) into MXNet's Embedding; `patches` is a
+convolution of kernel and stride P whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
 
 Attention is the spec's math in operators: three FullyConnected projections, heads split by reshape and transpose
 into [N*H, T, Dh], batch_dot, the scores divided by sqrt(Dh), a causal layer's constant [T, T] mask added (0, or
@@ -317,11 +317,12 @@ def causal_mask(length: int) -> np.ndarray:
 @LAYERS.builder("rmsnorm")
 def rmsnorm(info, net):
     epsilon = info.spec.epsilon
+    axis, shape = _feature_axis(info.in_shape), _feature_shape(info.in_shape)  # a vector's too, not only tokens'
 
     def apply(x, run):  # MXNet 1.9 has no RMSNorm operator; written in operators whose scalars are float64
         F = run.F
-        norm = F.broadcast_div(x, F.sqrt(F.mean(F.square(x), axis=-1, keepdims=True) + epsilon))
-        return F.broadcast_mul(norm, F.reshape(run.weight(info.path, "gamma"), shape=(1, 1, -1)))
+        norm = F.broadcast_div(x, F.sqrt(F.mean(F.square(x), axis=axis, keepdims=True) + epsilon))
+        return F.broadcast_mul(norm, F.reshape(run.weight(info.path, "gamma"), shape=shape))
 
     return apply
 

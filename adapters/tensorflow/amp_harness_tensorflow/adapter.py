@@ -127,8 +127,9 @@ class TensorFlowTrainer(Trainer):
         model = self.net.train_model
         self.start_rounding(precision)
         self.rounded = None
+        weight_names = [self.net.name_of[id(v)] for v in model.trainable_variables]
         if self.rounding is None:
-            optimizer = make_optimizer(spec.optimizer, model.trainable_variables)
+            optimizer = make_optimizer(spec.optimizer, model.trainable_variables, weight_names)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
             from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
             from harness.rounding import round_nearest_with
@@ -137,7 +138,10 @@ class TensorFlowTrainer(Trainer):
                 for variable in model.trainable_variables:
                     variable.assign(round_nearest_with(OPS, variable, self.rounding))
             optimizer = self.rounded = make_rounded_optimizer(spec.optimizer, model.trainable_variables,
-                                                              self.rounding, self.rounding_seed)
+                                                              weight_names, self.rounding, self.rounding_seed)
+        # the spec's optimizer, inside the loss-scale wrapper if there is one: a schedule's rate is set on it
+        self.spec_optimizer = optimizer
+        self.start_optimizer(spec)
         self.start_loss_scale(loss_scale)
         self.scaler = None
         if loss_scale.mode == "dynamic":
@@ -186,7 +190,7 @@ class TensorFlowTrainer(Trainer):
         self._step = tf.function(step, jit_compile=self.xla)
         # diagnose mode only (traced on first use): the same step, also returning the gradients
         self._captured = tf.function(lambda *batch: step(*batch, capture=True), jit_compile=self.xla)
-        self._trainable_names = [self.net.name_of[id(v)] for v in variables]
+        self._trainable_names = weight_names
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
         self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
                         "loss_scaler": self.scaler, "train_step": "tf.function",
@@ -208,6 +212,8 @@ class TensorFlowTrainer(Trainer):
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
+        if self.spec_optimizer.scheduled_rate is not None:  # a variable the traced step reads: no retrace
+            self.spec_optimizer.set_rate(self.learning_rate())
         if capture is None:
             loss, self._applied = self._step(*batch)
         else:  # diagnose mode: the step's capturing twin

@@ -1,9 +1,11 @@
 """The spec's optimizers and losses in TensorFlow. Keras' own Adam folds epsilon into a bias-corrected learning
-rate ("epsilon hat"), so its math differs from the spec's, and its optimizers are written out in Keras ops, a
-pass over memory per operation. Adam and SGD here run on TensorFlow's fused training kernels (one pass per
-variable; `tf.raw_ops.ResourceApply*`) with arguments chosen so that each computes the spec's math; RMSprop,
-which has no fused kernel without a momentum slot, is written out. Hyper-parameters are Python floats converted
-to the variable's dtype (not Keras' float learning-rate variable): exact in float64."""
+rate ("epsilon hat") and its AdamW decays every variable not excluded by name, so their math differs from the
+spec's, and its optimizers are written out in Keras ops, a pass over memory per operation. Adam (AdamW too) and
+SGD here run on TensorFlow's fused training kernels (one pass per variable; `tf.raw_ops.ResourceApply*`) with
+arguments chosen so that each computes the spec's math; RMSprop, which has no fused kernel without a momentum
+slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (not Keras' float
+learning-rate variable): exact in float64. A schedule's rate is a float64 variable the trainer sets before each
+step (set_rate), so the compiled step is traced once."""
 from __future__ import annotations
 
 import keras
@@ -11,11 +13,22 @@ import tensorflow as tf
 from keras import ops
 
 from harness.adapter import UPDATE_SCOPE
+from harness.model.optimizer import scheduled, weight_decay
 from harness.model.spec import PROB_EPSILON
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
+    """The spec's rules every optimizer here shares: the step's learning rate (rate), AdamW's decay of each
+    variable (decay_of) and the clipping of the gradients it is given (apply)."""
     SLOTS: tuple[str, ...] = ()
+
+    def __init__(self, spec, weight_names, name):
+        super().__init__(learning_rate=spec.learning_rate, name=name)
+        self.spec = spec
+        # by the order of the variables build is given: the decay harness.model.optimizer gives each weight
+        self.decays = [weight_decay(spec, weight) for weight in weight_names]
+        self.scheduled_rate = tf.Variable(spec.learning_rate, dtype=tf.float64, trainable=False,
+                                          name="scheduled_rate") if scheduled(spec) else None
 
     def build(self, var_list):
         if self.built:
@@ -26,11 +39,38 @@ class SpecOptimizer(keras.optimizers.Optimizer):
     def slot(self, name, variable):
         return self.slots[name][self._get_variable_index(variable)]
 
+    def decay_of(self, variable) -> float:
+        return self.decays[self._get_variable_index(variable)]
+
+    def set_rate(self, learning_rate: float) -> None:
+        """Before a step of a scheduled spec: the step's learning rate."""
+        self.scheduled_rate.assign(learning_rate)
+
+    def rate(self, dtype):
+        """The step's learning rate in `dtype`: the spec's constant converted directly, or the schedule's."""
+        if self.scheduled_rate is None:
+            return ops.convert_to_tensor(self.spec.learning_rate, dtype=dtype)
+        return ops.cast(self.scheduled_rate, dtype)
+
     def apply(self, grads, trainable_variables=None):
-        # a profile's update part, also where LossScaleOptimizer (the loss-scale part) calls this: a name scope is
-        # a name in the graph, free at run time
+        # a profile's update part, also where LossScaleOptimizer (the loss-scale part) calls this, with the
+        # unscaled gradients of a step its finite check let through: a name scope is a name in the graph, free at
+        # run time
         with tf.name_scope(UPDATE_SCOPE):
+            if self.spec.clip_norm is not None:
+                grads = clip_by_global_norm(grads, self.spec.clip_norm)
             return super().apply(grads, trainable_variables)
+
+
+def clip_by_global_norm(grads, clip_norm: float):
+    """Every gradient times c / max(n, c), n the global norm of them all (the spec's clipping, no epsilon), in
+    float32 for 16-bit gradients and float64 for float64 ones: the update casts them to its own dtype."""
+    dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
+    grads = [tf.cast(g, dtype) for g in grads]
+    norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+    c = tf.constant(clip_norm, dtype)
+    scale = c / tf.maximum(norm, c)
+    return [g * scale for g in grads]
 
 
 def _const(value: float, like):
@@ -40,67 +80,74 @@ def _const(value: float, like):
 
 
 class SGD(SpecOptimizer):
-    def __init__(self, learning_rate, momentum, nesterov, **kwargs):
-        super().__init__(learning_rate=learning_rate, name="spec_sgd", **kwargs)
-        self.lr, self.momentum, self.nesterov = learning_rate, momentum, nesterov
-        self.SLOTS = ("momentum",) if momentum else ()  # plain SGD has no state
+    def __init__(self, spec, weight_names):
+        super().__init__(spec, weight_names, name="spec_sgd")
+        self.SLOTS = ("momentum",) if spec.momentum else ()  # plain SGD has no state
 
     def update_step(self, gradient, variable, learning_rate):
-        lr, g = _const(self.lr, variable), ops.cast(gradient, variable.dtype)
-        if self.momentum == 0:
+        spec, lr, g = self.spec, self.rate(variable.dtype), ops.cast(gradient, variable.dtype)
+        if spec.momentum == 0:
             tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=g)
             return
-        # the kernel keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the spec's
-        # w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf)
-        velocity = self.slot("momentum", variable)
-        tf.raw_ops.ResourceApplyKerasMomentum(var=variable.handle, accum=velocity.handle, lr=lr, grad=g,
-                                              momentum=_const(self.momentum, variable), use_nesterov=self.nesterov)
+        buffer, momentum = self.slot("momentum", variable), _const(spec.momentum, variable)
+        if self.scheduled_rate is None:
+            # the kernel keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the spec's
+            # w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf)
+            tf.raw_ops.ResourceApplyKerasMomentum(var=variable.handle, accum=buffer.handle, lr=lr,
+                                                  grad=g, momentum=momentum, use_nesterov=spec.nesterov)
+            return
+        # a velocity in learning-rate units would sum earlier steps' rates: under a schedule the kernel that keeps
+        # the spec's buf (gradient units) and multiplies by this step's rate, w -= lr*buf or lr*(g + m*buf)
+        tf.raw_ops.ResourceApplyMomentum(var=variable.handle, accum=buffer.handle, lr=lr, grad=g, momentum=momentum,
+                                         use_nesterov=spec.nesterov)
 
 
 class Adam(SpecOptimizer):
+    """Adam, and AdamW: the decay of the weights decay_of names."""
     SLOTS = ("m", "v")
 
-    def __init__(self, learning_rate, beta_1, beta_2, epsilon, **kwargs):
-        super().__init__(learning_rate=learning_rate, name="spec_adam", **kwargs)
-        self.lr, self.beta_1, self.beta_2, self.epsilon = learning_rate, beta_1, beta_2, epsilon
+    def __init__(self, spec, weight_names):
+        super().__init__(spec, weight_names, name=f"spec_{spec.type}")
 
     def update_step(self, gradient, variable, learning_rate):
-        c = lambda value: _const(value, variable)  # noqa: E731
+        spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
+        lr = self.rate(variable.dtype)
+        decay = self.decay_of(variable)
+        if decay:  # decoupled, of the weight before the update: p*(1 - lr*wd), then the kernel's Adam step
+            self.assign(variable, variable * ops.cast(1 - self.rate(tf.float64) * decay, variable.dtype))
         t = ops.cast(self.iterations + 1, variable.dtype)
-        beta_1_power, beta_2_power = ops.power(c(self.beta_1), t), ops.power(c(self.beta_2), t)
+        beta_1_power, beta_2_power = ops.power(c(spec.beta_1), t), ops.power(c(spec.beta_2), t)
         # the kernel: w -= lr*sqrt(1-b2^t)/(1-b1^t) * m/(sqrt(v) + eps'); with eps' = eps*sqrt(1-b2^t) that is
         # the spec's lr*m_hat/(sqrt(v_hat) + eps)
-        epsilon = c(self.epsilon) * ops.sqrt(c(1.0) - beta_2_power)
+        epsilon = c(spec.epsilon) * ops.sqrt(c(1.0) - beta_2_power)
         m, v = self.slot("m", variable), self.slot("v", variable)
         tf.raw_ops.ResourceApplyAdam(var=variable.handle, m=m.handle, v=v.handle, beta1_power=beta_1_power,
-                                     beta2_power=beta_2_power, lr=c(self.lr), beta1=c(self.beta_1),
-                                     beta2=c(self.beta_2), epsilon=epsilon, grad=ops.cast(gradient, variable.dtype))
+                                     beta2_power=beta_2_power, lr=lr, beta1=c(spec.beta_1),
+                                     beta2=c(spec.beta_2), epsilon=epsilon, grad=ops.cast(gradient, variable.dtype))
 
 
 class RMSprop(SpecOptimizer):
     SLOTS = ("square_avg",)
 
-    def __init__(self, learning_rate, rho, epsilon, eps_inside, **kwargs):
-        super().__init__(learning_rate=learning_rate, name="spec_rmsprop", **kwargs)
-        self.lr, self.rho, self.epsilon, self.eps_inside = learning_rate, rho, epsilon, eps_inside
+    def __init__(self, spec, weight_names):
+        super().__init__(spec, weight_names, name="spec_rmsprop")
 
     def update_step(self, gradient, variable, learning_rate):
-        c = lambda value: _const(value, variable)  # noqa: E731
+        spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
         g = ops.cast(gradient, variable.dtype)
         v = self.slot("square_avg", variable)
-        self.assign(v, c(self.rho) * v + c(1 - self.rho) * ops.square(g))
-        denom = ops.sqrt(v + c(self.epsilon)) if self.eps_inside else ops.sqrt(v) + c(self.epsilon)
-        self.assign_sub(variable, c(self.lr) * g / denom)
+        self.assign(v, c(spec.rho) * v + c(1 - spec.rho) * ops.square(g))
+        denom = ops.sqrt(v + c(spec.epsilon)) if spec.epsilon_placement == "inside" else ops.sqrt(v) + c(spec.epsilon)
+        self.assign_sub(variable, self.rate(variable.dtype) * g / denom)
 
 
-def make_optimizer(spec, variables) -> keras.optimizers.Optimizer:
-    """The spec's optimizer over these trainable variables, built: every slot created now."""
-    if spec.type == "sgd":
-        optimizer = SGD(spec.learning_rate, spec.momentum, spec.nesterov)
-    elif spec.type == "adam":
-        optimizer = Adam(spec.learning_rate, spec.beta_1, spec.beta_2, spec.epsilon)
-    else:
-        optimizer = RMSprop(spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}
+
+
+def make_optimizer(spec, variables, weight_names) -> keras.optimizers.Optimizer:
+    """The spec's optimizer over these trainable variables (canonically named `weight_names`), built: every slot
+    created now."""
+    optimizer = OPTIMIZERS[spec.type](spec, weight_names)
     optimizer.build(variables)
     return optimizer
 

@@ -50,23 +50,25 @@ OPS = RoundingOps(
 )
 
 
-def make_rounded_optimizer(spec, variables, rounding: Rounding, seed: int) -> RoundedOptimizer:
-    """The spec's optimizer writing the weights by the rounding's rule, over these variables, built."""
-    optimizer = RoundedOptimizer(spec, rounding, seed)
+def make_rounded_optimizer(spec, variables, weight_names, rounding: Rounding, seed: int) -> RoundedOptimizer:
+    """The spec's optimizer writing the weights by the rounding's rule, over these variables (canonically named
+    `weight_names`), built."""
+    optimizer = RoundedOptimizer(spec, weight_names, rounding, seed)
     optimizer.build(variables)
     return optimizer
 
 
 class RoundedOptimizer(SpecOptimizer):
-    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
+    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
     nearest rounding, the weights by the precision's rule (harness.rounding). Every slot is created in build."""
 
-    def __init__(self, spec, rounding: Rounding, seed: int, **kwargs):
-        super().__init__(learning_rate=spec.learning_rate, name="spec_rounded", **kwargs)
-        self.spec, self.rounding = spec, rounding
+    def __init__(self, spec, weight_names, rounding: Rounding, seed: int):
+        super().__init__(spec, weight_names, name="spec_rounded")
+        self.rounding = rounding
         self.SLOTS = {"sgd": ("momentum",) if getattr(spec, "momentum", 0) else (), "adam": ("m", "v"),
-                      "rmsprop": ("square_avg",)}[spec.type] + (("compensation",) if rounding.mode == "kahan" else ())
+                      "adamw": ("m", "v"), "rmsprop": ("square_avg",)}[spec.type] + \
+            (("compensation",) if rounding.mode == "kahan" else ())
         self.generator = tf.random.Generator.from_seed(seed)
         self.given_bits = False  # fingerprint runs: round with the core's bits (set_bits) instead of drawing
         self.traced_drawing = False
@@ -87,28 +89,32 @@ class RoundedOptimizer(SpecOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         spec, f32 = self.spec, tf.float32
         g, w = tf.cast(gradient, f32), tf.cast(variable, f32)
+        lr = self.rate(f32)
         if spec.type == "sgd":
             direction = g
             if spec.momentum:
                 buf = spec.momentum * tf.cast(self.slot("momentum", variable), f32) + g
                 self._keep("momentum", variable, buf)
                 direction = g + spec.momentum * buf if spec.nesterov else buf
-            new = w - spec.learning_rate * direction
-        elif spec.type == "adam":
+            new = w - lr * direction
+        elif spec.type in ("adam", "adamw"):
             m = spec.beta_1 * tf.cast(self.slot("m", variable), f32) + (1 - spec.beta_1) * g
             v = spec.beta_2 * tf.cast(self.slot("v", variable), f32) + (1 - spec.beta_2) * g * g
             self._keep("m", variable, m)
             self._keep("v", variable, v)
             # the bias corrections in float64, then float32, as the torch adapter's Python floats give them
             t = tf.cast(self.iterations + 1, tf.float64)
-            step_size = tf.cast(spec.learning_rate / (1 - tf.pow(tf.constant(spec.beta_1, tf.float64), t)), f32)
+            step_size = tf.cast(self.rate(tf.float64) / (1 - tf.pow(tf.constant(spec.beta_1, tf.float64), t)), f32)
             root = tf.cast(tf.sqrt(1 - tf.pow(tf.constant(spec.beta_2, tf.float64), t)), f32)
-            new = w - step_size * (m / (tf.sqrt(v) / root + spec.epsilon))
+            # AdamW's decoupled decay, of the weight before the update: p*(1 - lr*wd), the factor in float64 first
+            decay = self.decay_of(variable)
+            start = w * tf.cast(1 - self.rate(tf.float64) * decay, f32) if decay else w
+            new = start - step_size * (m / (tf.sqrt(v) / root + spec.epsilon))
         else:
             v = spec.rho * tf.cast(self.slot("square_avg", variable), f32) + (1 - spec.rho) * g * g
             self._keep("square_avg", variable, v)
             denom = tf.sqrt(v + spec.epsilon) if spec.epsilon_placement == "inside" else tf.sqrt(v) + spec.epsilon
-            new = w - spec.learning_rate * (g / denom)
+            new = w - lr * (g / denom)
         variable.assign(self._write(variable, w, new))
 
     def _keep(self, slot, variable, value) -> None:

@@ -96,9 +96,10 @@ class TorchTrainer(Trainer):
         import torch
 
         from amp_harness_torch.network import Network
-        from amp_harness_torch.optimizers import loss_fn, make_optimizer
+        from amp_harness_torch.optimizers import clip_factor, loss_fn, make_optimizer
+        from harness.model.optimizer import scheduled
 
-        self.torch, self.loss_fn = torch, loss_fn
+        self.torch, self.loss_fn, self.clip_factor = torch, loss_fn, clip_factor
         self.spec = spec
         self.device = torch.device(device.name)
         self.is_cuda = self.device.type == "cuda"
@@ -117,8 +118,9 @@ class TorchTrainer(Trainer):
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
         self.start_rounding(precision)
+        params = net.canonical_parameters()
         if self.rounding is None:
-            self.optimizer = make_optimizer(spec.optimizer, net.parameters())
+            self.optimizer = make_optimizer(spec.optimizer, params)
         else:  # the update in float32, the weights written by the core's rule (harness.rounding)
             from amp_harness_torch.rounding import OPS, make_rounded_optimizer
             from harness.rounding import round_nearest_with
@@ -127,13 +129,16 @@ class TorchTrainer(Trainer):
                 with torch.no_grad():
                     for p in net.parameters():
                         p.copy_(round_nearest_with(OPS, p, self.rounding))
-            self.optimizer = make_rounded_optimizer(spec.optimizer, net.parameters(), self.rounding, self.rounding_seed)
+            self.optimizer = make_rounded_optimizer(spec.optimizer, params, self.rounding, self.rounding_seed)
+        self.params = list(params.values())
+        self.scheduled, self.clip_norm = scheduled(spec.optimizer), spec.optimizer.clip_norm
         self.compiled = variant == "compile"
         self.forward = torch.compile(net) if self.compiled else net
         self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
         # the module calls around the layers' ranges are the runtime's dispatch; a compiled graph would run its
         # kernels (the layers' work, which it cannot attribute) in that range too
         self.forward_scope = None if self.compiled else RUNTIME_SCOPE
+        self.start_optimizer(spec)
         self.start_loss_scale(loss_scale)
         self.grad_scaler = None
         self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
@@ -206,6 +211,7 @@ class TorchTrainer(Trainer):
             if capture is not None:
                 capture.update(self.net.canonical_gradients())
             with self._scope(UPDATE_SCOPE):
+                self._prepare_update()  # clip_factor leaves the gradients of a step GradScaler skips as they are
                 self.grad_scaler.step(self.optimizer)
             with self._scope(LOSS_SCALE_SCOPE):
                 self.grad_scaler.update()
@@ -216,6 +222,7 @@ class TorchTrainer(Trainer):
             if capture is not None:
                 capture.update(self.net.canonical_gradients())
             with self._scope(UPDATE_SCOPE):
+                self._prepare_update()
                 self.optimizer.step()
         with self._scope(RUNTIME_SCOPE):  # handing the loss back
             return loss.item()  # waits for the device
@@ -243,7 +250,24 @@ class TorchTrainer(Trainer):
             capture.update(self.net.canonical_gradients())
         if not self.skipped:
             with self._scope(UPDATE_SCOPE):
+                self._prepare_update()
                 self.optimizer.step()
+
+    def _prepare_update(self) -> None:
+        """Just before a step's update (one the loss scaler does not skip): the schedule's rate into every param
+        group, and the unscaled gradients clipped to the global norm clip_norm (the core's rules: Trainer,
+        harness.model.spec). Neither costs anything in a spec without them."""
+        if self.scheduled:
+            lr = self.learning_rate()
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        if self.clip_norm is not None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            factor = self.clip_factor(grads, self.clip_norm)
+            if self.rounding is None:
+                self.torch._foreach_mul_(grads, factor)
+            else:  # the rounded update multiplies its float32 gradients
+                self.optimizer.gradient_factor = factor
 
     def _scope(self, name: str | None):
         """A part's record_function range while profiling; a shared no-op in any other step (or without a name)."""

@@ -369,10 +369,16 @@ class Network(nn.Module):
     def canonical_activation(t) -> np.ndarray:
         return _numpy(t.permute(0, 2, 3, 1) if t.dim() == 4 else t)  # NCHW -> the canonical NHWC
 
+    def canonical_parameters(self) -> dict[str, nn.Parameter]:
+        """The trainable weights by canonical name, in the order of parameters()."""
+        return {name: getattr(module, attr) for name, (module, attr) in self._owners.items()
+                if not attr.startswith("moving_")}
+
     def canonical_gradients(self) -> dict[str, np.ndarray]:
-        """The trainable weights' current .grad in canonical names and layouts."""
-        return {name: from_channels_first(_numpy(getattr(module, attr).grad), name)
-                for name, (module, attr) in self._owners.items() if not attr.startswith("moving_")}
+        """The trainable weights' current .grad in canonical names and layouts: copies, since on CPU the numpy array
+        would share the gradient's memory, which clipping then scales in place."""
+        return {name: np.array(from_channels_first(_numpy(p.grad), name))
+                for name, p in self.canonical_parameters().items()}
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
         return {name: from_channels_first(_numpy(getattr(module, attr)), name)

@@ -33,28 +33,35 @@ OPS = RoundingOps(
 )
 
 
-def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> RoundedUpdate:
-    """The spec's optimizer writing the weights by the rounding's rule, over these parameters (its noise drawn
-    on their device), with all its state."""
-    params = list(params)
-    return RoundedUpdate(params, spec, rounding, params[0].device, seed)
+def make_rounded_optimizer(spec, named_params: dict, rounding: Rounding, seed: int) -> RoundedUpdate:
+    """The spec's optimizer writing the weights by the rounding's rule, over these trainable weights (by canonical
+    name; its noise drawn on their device), with all its state."""
+    return RoundedUpdate(named_params, spec, rounding, next(iter(named_params.values())).device, seed)
 
 
 class RoundedUpdate(torch.optim.Optimizer):
-    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, RMSprop, in their spec forms)
+    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW, RMSprop, in their spec forms)
     computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
-    nearest rounding, the weights by the precision's rule (harness.rounding). Every slot is created here."""
+    nearest rounding, the weights by the precision's rule (harness.rounding). Every slot is created here. Its one
+    param group's lr is the step's rate (the trainer sets it under a schedule); the gradients are multiplied by
+    `gradient_factor` (clipping's, set for the next step) in float32."""
 
-    def __init__(self, params, spec, rounding: Rounding, device: torch.device, seed: int):
-        super().__init__(list(params), {})
+    def __init__(self, named_params: dict, spec, rounding: Rounding, device: torch.device, seed: int):
+        from harness.model.optimizer import weight_decay
+
+        super().__init__(list(named_params.values()), {"lr": spec.learning_rate})
         self.spec, self.rounding = spec, rounding
-        self.slots = {"sgd": ("momentum_buffer",) if getattr(spec, "momentum", 0) else (), "adam": ("exp_avg", "exp_avg_sq"),
-                      "rmsprop": ("square_avg",)}[spec.type] + (("compensation",) if rounding.mode == "kahan" else ())
+        adam = ("exp_avg", "exp_avg_sq")
+        self.slots = {"sgd": ("momentum_buffer",) if getattr(spec, "momentum", 0) else (), "adam": adam,
+                      "adamw": adam, "rmsprop": ("square_avg",)}[spec.type] + \
+            (("compensation",) if rounding.mode == "kahan" else ())
         for p in self.params:
             self.state[p] = {slot: torch.zeros_like(p) for slot in self.slots}
+        self.decay = {p: weight_decay(spec, name) for name, p in named_params.items()}  # AdamW's, by parameter
         self.steps = 0
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.given_bits: dict | None = None  # fingerprint runs: the core's bits for the next step, by parameter
+        self.gradient_factor: torch.Tensor | None = None  # clipping's, for the next step
 
     @property
     def params(self):
@@ -63,32 +70,36 @@ class RoundedUpdate(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self.steps += 1
-        spec, t = self.spec, self.steps
+        spec, t, lr = self.spec, self.steps, self.param_groups[0]["lr"]
         for p in self.params:
             if p.grad is None:
                 continue
             state, g, w = self.state[p], p.grad.float(), p.float()
+            if self.gradient_factor is not None:
+                g = g * self.gradient_factor
             if spec.type == "sgd":
                 direction = g
                 if spec.momentum:
                     buf = spec.momentum * state["momentum_buffer"].float() + g
                     state["momentum_buffer"].copy_(buf)
                     direction = g + spec.momentum * buf if spec.nesterov else buf
-                new = w - spec.learning_rate * direction
-            elif spec.type == "adam":
+                new = w - lr * direction
+            elif spec.type in ("adam", "adamw"):
                 m = spec.beta_1 * state["exp_avg"].float() + (1 - spec.beta_1) * g
                 v = spec.beta_2 * state["exp_avg_sq"].float() + (1 - spec.beta_2) * g * g
                 state["exp_avg"].copy_(m)
                 state["exp_avg_sq"].copy_(v)
-                step_size = spec.learning_rate / (1 - spec.beta_1 ** t)
+                step_size = lr / (1 - spec.beta_1 ** t)
                 new = w - step_size * (m / (v.sqrt() / math.sqrt(1 - spec.beta_2 ** t) + spec.epsilon))
+                if self.decay[p]:  # decoupled: of the weight before the update
+                    new = new - (lr * self.decay[p]) * w
             else:
                 v = spec.rho * state["square_avg"].float() + (1 - spec.rho) * g * g
                 state["square_avg"].copy_(v)
                 denom = (v + spec.epsilon).sqrt() if spec.epsilon_placement == "inside" else v.sqrt() + spec.epsilon
-                new = w - spec.learning_rate * (g / denom)
+                new = w - lr * (g / denom)
             p.copy_(self._write(p, w, new, state))
-        self.given_bits = None
+        self.given_bits = self.gradient_factor = None
         return None
 
     def _write(self, p, w, new, state):

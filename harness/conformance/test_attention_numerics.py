@@ -1,0 +1,58 @@
+"""Attention numerics in diagnose (harness.numerics.attention_verdicts), from the adapter's captured layer outputs:
+a layer whose scores outgrow float16 is called unsafe for float16 and safe for bfloat16, and one with small
+scores safe. The large-score network is ill-conditioned on purpose (a softmax saturated by scores near 2^17), so
+it proves no identity (its fp64 gradients differ by 1e-9 between frameworks) and is not in the parity set."""
+from __future__ import annotations
+
+import pytest
+
+from harness.conformance.specs import SPECS
+from harness.run import worker
+
+# 24 residual blocks of one square dense layer, nothing normalising the stream: each block roughly doubles its
+# variance, so q k^T / sqrt(Dh) passes 65504 while every layer's output stays below 1000
+LARGE_SCORES = {
+    "name": "large_attention_scores",
+    "description": "attention after a residual stream that nothing normalises",
+    "input": {"shape": [12], "vocab": 16},
+    "dataset": {"name": "synthetic_tokens", "task": "classification", "num_classes": 3, "size": 64},
+    "layers": [{"type": "embedding", "dim": 32},
+               *[{"type": "residual", "layers": [{"type": "dense", "units": 32}]}] * 24,
+               {"type": "attention", "heads": 2},
+               {"type": "sequence_pool", "mode": "mean"},
+               {"type": "dense", "units": 3}],
+    "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
+    "optimizer": {"type": "adam", "learning_rate": 1e-5, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
+    "batch_size": 16,
+    "steps": 2,
+    "seed": 25,
+}
+
+
+def _attention_verdicts(framework, name, spec) -> dict[str, str]:
+    record = worker.run(worker.RunRequest(framework=framework, model=name, spec=spec, precision="fp32",
+                                          run_id=f"conformance-{name}", warmup=0, mode="diagnose", every=1,
+                                          threads=2, device="cpu"))
+    assert record["status"] == "ok", f"{name}: the diagnose run is {record['status']}: {record['reason']}"
+    diagnosis = record["diagnosis"]
+    if not diagnosis["available"]:
+        pytest.skip("this adapter cannot capture tensors")
+    return diagnosis["attention"], diagnosis["verdicts"]
+
+
+def test_scores_beyond_float16_are_unsafe_in_that_layer_and_bfloat16_is_safe(framework):
+    attention, verdicts = _attention_verdicts(framework, LARGE_SCORES["name"], LARGE_SCORES)
+    assert list(attention) == ["25"], f"one attention layer, 25: {attention}"
+    assert "float16 overflows in the forward pass" in attention["25"] and "bfloat16 is safe" in attention["25"], (
+        f"its scores reach about 2^17 in every framework: {attention['25']}")
+    assert verdicts["amp_fp16"].startswith("amp_fp16: unsafe: layer 25's attention scores reach"), verdicts["amp_fp16"]
+    assert verdicts["amp_bf16"].startswith("amp_bf16: safe"), verdicts["amp_bf16"]
+
+
+def test_small_scores_are_safe(framework):
+    spec = SPECS["pitfall_pre_norm"]  # pre-norm: layernorm before the attention keeps its scores near 2^2
+    resolved = spec.with_overrides(steps=2).model_dump(mode="json")
+    attention, verdicts = _attention_verdicts(framework, spec.name, resolved)
+    assert list(attention) == ["2.layers.1"], attention
+    assert "float16 holds them" in attention["2.layers.1"] and "bfloat16 is safe" in attention["2.layers.1"], attention
+    assert "attention scores" not in verdicts["amp_fp16"], verdicts["amp_fp16"]
