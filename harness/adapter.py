@@ -66,6 +66,7 @@ import numpy as np
 
 from harness.errors import HarnessError
 from harness.model.graph import Graph
+from harness.model.optimizer import learning_rate
 from harness.model.spec import ModelSpec
 from harness.precision import LossScale, Precision
 from harness.rounding import RoundingOps, device_seed, round_nearest_with, round_stochastic_with
@@ -182,8 +183,6 @@ class Trainer(ABC):
 
     def learning_rate(self) -> float:
         """The learning rate of the step about to run (the spec's schedule, harness.model.optimizer)."""
-        from harness.model.optimizer import learning_rate
-
         return learning_rate(self.optimizer_spec, self.steps_taken, self.schedule_steps)
 
     def loss_scale_state(self) -> LossScaleState | None:

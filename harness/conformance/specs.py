@@ -35,6 +35,26 @@ def _specs() -> tuple[dict[str, ModelSpec], dict[str, str]]:
 SPECS, OTHER_CORPUS = _specs()
 
 
+def residual_stream(name: str, description: str, blocks: int, head: list[dict], seed: int, steps: int) -> dict:
+    """A token classifier whose residual stream nothing normalises: an embedding, then `blocks` residual blocks of
+    one square dense layer each (each roughly doubles the stream's variance), then `head`. The kit's numerics
+    checks grow values past float16's range with it (test_attention_numerics, test_nonfinite)."""
+    return {
+        "name": name,
+        "description": description,
+        "input": {"shape": [12], "vocab": 16},
+        "dataset": {"name": "synthetic_tokens", "task": "classification", "num_classes": 3, "size": 64},
+        "layers": [{"type": "embedding", "dim": 32},
+                   *[{"type": "residual", "layers": [{"type": "dense", "units": 32}]}] * blocks,
+                   *head],
+        "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
+        "optimizer": {"type": "adam", "learning_rate": 1e-5, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
+        "batch_size": 16,
+        "steps": steps,
+        "seed": seed,
+    }
+
+
 def hint(spec: ModelSpec, message: str) -> str:
     """A failure message that names the spec and quotes what it isolates."""
     about = " ".join((spec.description or "").split())

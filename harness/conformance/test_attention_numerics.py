@@ -6,27 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.conformance.specs import SPECS
+from harness.conformance.specs import SPECS, residual_stream
 from harness.run import worker
 
-# 24 residual blocks of one square dense layer, nothing normalising the stream: each block roughly doubles its
-# variance, so q k^T / sqrt(Dh) passes 65504 while every layer's output stays below 1000
-LARGE_SCORES = {
-    "name": "large_attention_scores",
-    "description": "attention after a residual stream that nothing normalises",
-    "input": {"shape": [12], "vocab": 16},
-    "dataset": {"name": "synthetic_tokens", "task": "classification", "num_classes": 3, "size": 64},
-    "layers": [{"type": "embedding", "dim": 32},
-               *[{"type": "residual", "layers": [{"type": "dense", "units": 32}]}] * 24,
-               {"type": "attention", "heads": 2},
-               {"type": "sequence_pool", "mode": "mean"},
-               {"type": "dense", "units": 3}],
-    "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
-    "optimizer": {"type": "adam", "learning_rate": 1e-5, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
-    "batch_size": 16,
-    "steps": 2,
-    "seed": 25,
-}
+# after 24 residual blocks q k^T / sqrt(Dh) passes 65504 while every layer's output stays far inside it
+LARGE_SCORES = residual_stream("large_attention_scores", "attention after a residual stream that nothing normalises",
+                               24, [{"type": "attention", "heads": 2}, {"type": "sequence_pool", "mode": "mean"},
+                                    {"type": "dense", "units": 3}], seed=25, steps=2)
 
 
 def _attention_verdicts(framework, name, spec) -> dict[str, str]:

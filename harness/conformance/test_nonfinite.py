@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.conformance.specs import residual_stream
 from harness.model import reference
 from harness.model.data import Data
 from harness.model.graph import infer
@@ -15,23 +16,12 @@ from harness.numerics import FORMATS
 from harness.run import worker
 from harness.run.nonfinite import _forward_order
 
-# 40 residual blocks of one square dense layer: each roughly doubles the stream's variance; block 37's output is
-# the first past float16's largest value (92091 against 65504; the block before it reaches 45422)
-OVERFLOWING = {
-    "name": "overflowing_stream",
-    "description": "a residual stream that nothing normalises, past float16's range from block 37 on",
-    "input": {"shape": [12], "vocab": 16},
-    "dataset": {"name": "synthetic_tokens", "task": "classification", "num_classes": 3, "size": 64},
-    "layers": [{"type": "embedding", "dim": 32},
-               *[{"type": "residual", "layers": [{"type": "dense", "units": 32}]}] * 40,
-               {"type": "sequence_pool", "mode": "mean"},
-               {"type": "dense", "units": 3}],
-    "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
-    "optimizer": {"type": "adam", "learning_rate": 1e-5, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
-    "batch_size": 16,
-    "steps": 3,
-    "seed": 26,
-}
+# 40 residual blocks: block 37's output is the first past float16's largest value (92091 against 65504; the block
+# before it reaches 45422)
+OVERFLOWING = residual_stream("overflowing_stream",
+                              "a residual stream that nothing normalises, past float16's range from block 37 on",
+                              40, [{"type": "sequence_pool", "mode": "mean"}, {"type": "dense", "units": 3}],
+                              seed=26, steps=3)
 
 
 def _first_overflow_in_float64() -> str:
