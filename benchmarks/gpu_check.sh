@@ -15,6 +15,13 @@
 # attention and normalisation under CUDA autocast, whose op lists differ from the CPU's, and the attention
 # numerics verdict per layer). The optimizer pitfall specs (AdamW's decay and exemptions, warm-up and cosine
 # schedules, clipping while the fp16 scaler skips) fingerprinted on the GPU in both and held to each other.
+# Training in 16 bits: the transformer study (benchmarks/transformer_study.yaml: tiny_gpt with AdamW, clipping
+# and a schedule in fp32, mixed bf16/fp16 and pure bf16/bf16_sr/fp16, 3 seeds) in torch and JAX on the GPU, shown
+# in the report's pure 16-bit section, and `diagnose --nonfinite` naming where pure fp16 and an oversized loss
+# scale first go non-finite there.
+# The scaling study (`study scaling`: tiny_gpt at batch 16, 64, 256 and 1024 in fp32, amp_bf16 and amp_fp16, torch
+# and JAX) in its own out dir and report: where 16-bit starts to pay on the GPU, with the GPU's matmul curve per
+# dtype beside the model's steps (from which n on tensor cores take over).
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -63,6 +70,24 @@ done
 python3 -m harness parity "$out/parity_optimizers"
 python3 -m harness diagnose --framework torch --device gpu --model tiny_gpt --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
+for fw in torch jax; do
+  python3 -m harness run --framework $fw --device gpu --matrix benchmarks/transformer_study.yaml --no-progress \
+    --out "$out/transformer_study"
+  python3 -m harness diagnose --nonfinite --framework $fw --device gpu --model tiny_gpt --precision fp16 --steps 5 \
+    --no-progress --out "$out/nonfinite"
+  python3 -m harness diagnose --nonfinite --framework $fw --device gpu --model tiny_gpt --precision amp_fp16 \
+    --loss-scale dynamic:2^24 --steps 5 --no-progress --out "$out/nonfinite"
+done
+python3 -m harness report "$out/transformer_study" -o "$out/transformer_study.html"
+# where 16-bit starts to pay on the GPU, in each framework's first variant (torch eager, JAX jit), so that no
+# size of the study measures compiled variants first
+for fw in torch jax; do
+  variant=$([ $fw = torch ] && echo eager || echo jit)
+  python3 -m harness study scaling --framework $fw --device gpu --variant $variant --model tiny_gpt \
+    --batch-sizes 16,64,256,1024 --precision fp32,amp_bf16,amp_fp16 --repeats 3 --steps 30 --warmup 10 \
+    --no-progress --out "$out/scaling"
+done
+python3 -m harness report "$out/scaling" -o "$out/scaling.html"
 python3 -m harness profile --framework torch --device gpu --model tiny_gpt,vit_tiny \
   --precision fp32,amp_fp16,amp_bf16 --steps 5 --no-progress --out "$out/profile"
 python3 - "$out" <<'PY'

@@ -41,6 +41,11 @@ Rules:
   without the table, or a framework that cannot bit-cast (``Capabilities.no_bitcast``), has these precisions
   ``unsupported`` with the core's reason.
 - What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons.
+- What a causal attention's mask leaves in the scores it masks is data too: the network module's
+  ``attention_mask(info, precision, device_kind)`` returns a ``harness.numerics.AttentionMask`` (the value, the
+  dtype the masked scores are in, the softmax's dtype and rule), or None where it is not known on that kind of
+  device, and the trainer's build hands it to ``Trainer.declare_attention_masks``; diagnose records the table and
+  the core says what a fully masked row gives.
 - The core's ``Trainer`` does the bookkeeping every framework shares: the memory baseline and peak
   (``start_memory``; the adapter supplies ``_memory_in_use`` / ``_memory_peak``), the loss-scale state
   (``loss_scale_state`` from the adapter's ``_loss_scale_now``), the rounding set-up (``start_rounding``)
@@ -149,6 +154,9 @@ class Trainer(ABC):
     steps_taken: int = 0  # train_step and captured_step calls so far: the schedule's step index
     rounding = None  # the precision's harness.rounding.Rounding, or None (start_rounding)
     rounding_seed: int | None = None  # the seed of the on-device rounding noise (start_rounding)
+    #: per causal attention layer and 16-bit precision, what its mask leaves in the masked scores
+    #: (harness.numerics.mask_table, set by declare_attention_masks); None: not declared
+    attention_masks: dict[str, dict[str, dict[str, str]]] | None = None
     _memory_start: int | None = None  # bytes in use when the build began (a GPU only)
     _memory_sampled: int = 0
 
@@ -196,6 +204,14 @@ class Trainer(ABC):
         (fresh per process, harness.rounding.device_seed)."""
         self.rounding = precision.rounding
         self.rounding_seed = device_seed() if self.rounding is not None else None
+
+    def declare_attention_masks(self, graph: Graph, declare: Callable, device_kind: str) -> None:
+        """In build: `declare(info, precision, device_kind)`, the network module's attention_mask, asked for every
+        causal attention layer in every 16-bit precision on this kind of device ("cpu", "gpu";
+        harness.numerics.mask_table); diagnose records the table."""
+        from harness.numerics import mask_table
+
+        self.attention_masks = mask_table(graph, declare, device_kind)
 
     def rounding_options(self) -> dict[str, Any]:
         """The rounding's entries of `options`."""

@@ -56,6 +56,28 @@ def _positive(text: str) -> int:
     return value
 
 
+def _width(text: str) -> float:
+    from harness.model.spec import MAX_WIDTH
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_WIDTH:
+        raise argparse.ArgumentTypeError(f"'{clip(text, 30)}' is not a width factor in (0, {MAX_WIDTH:g}]")
+    return value
+
+
+def _list_of(parse: Callable[[str], object], what: str) -> Callable[[str], list]:
+    """A comma-separated list of `parse`d values, each once, in the order given (at most 64: a study's grid)."""
+    def check(text: str) -> list:
+        values = [parse(item) for item in _csv(text)]
+        if len(values) > 64:
+            raise argparse.ArgumentTypeError(f"{len(values)} {what}: at most 64")
+        return list(dict.fromkeys(values))
+    return check
+
+
 def _repeats(text: str) -> int | str:
     return "auto" if text == "auto" else _REPEATS(text)
 
@@ -242,8 +264,21 @@ def cmd_fingerprint(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from harness.results import DIAGNOSES_FILE
+    from harness.results import DIAGNOSES_FILE, RESULTS_FILE
+    from harness.run.nonfinite import describe
 
+    if args.nonfinite:  # ordinary runs in the 16-bit precisions, each locating its first non-finite value
+        args.precision = args.precision or ["amp_fp16", "fp16"]
+        records = _run_matrix(args, "run", 1, 0, RESULTS_FILE, nonfinite=True)
+        for r in records:
+            found = r.get("nonfinite")
+            line = describe(found) if found else (
+                f"no non-finite value in {len(r.get('loss') or [])} steps" if r["status"] == "ok" else r.get("reason"))
+            print(f"{r['framework']} {r['model']} {r['precision']}: {r['status']}: {line}")
+        return _exit_code(records)
+    if args.precision:
+        raise HarnessError("diagnose trains in strict float32 (what each 16-bit format would do is derived from it): "
+                           "--precision goes with --nonfinite")
     args.precision = ["fp32"]  # strict float32: what each 16-bit format would do is derived from it
     records = _run_matrix(args, "diagnose", 1, 0, DIAGNOSES_FILE, every=args.every)
     for r in records:
@@ -302,9 +337,47 @@ def cmd_study(args) -> int:
 
     from harness.results import RESULTS_FILE
 
+    if args.kind == "scaling":
+        return _scaling_study(args)
+    for option in ("batch_sizes", "widths", "seq_lens"):
+        if getattr(args, option) is not None:
+            raise HarnessError(f"--{option.replace('_', '-')}: only `study scaling` varies sizes")
+    if not args.scales:
+        raise HarnessError("study loss-scale: --scales is required, e.g. --scales none,2^8,2^16,dynamic")
     study = f"loss-scale-{time.strftime('%Y%m%dT%H%M%S')}"
     records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, loss_scales=args.scales, study=study)
     print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows them")
+    return _exit_code(records)
+
+
+def _scaling_study(args) -> int:
+    """`study scaling`: one cell per combination of --batch-sizes, --widths and --seq-lens, each an ordinary run
+    of every --precision (fp32 first: the speed-ups are over it), tied by one study id
+    (harness.report.scaling reads them)."""
+    import itertools
+    import time
+
+    from harness.identity import SCALING_STUDY
+    from harness.results import RESULTS_FILE
+
+    if args.scales:
+        raise HarnessError("--scales: the loss-scale study's; `study scaling` runs each precision's default scaling")
+    for option, instead in (("batch_size", "--batch-sizes"), ("input_size", None)):
+        if getattr(args, option) is not None:
+            raise HarnessError(f"--{option.replace('_', '-')}: `study scaling` takes "
+                               + (f"{instead} (a list)" if instead else "the spec's input size"))
+    if not (args.batch_sizes or args.widths or args.seq_lens):
+        raise HarnessError("study scaling: give the sizes to vary: --batch-sizes, --widths and/or --seq-lens")
+    args.precision = args.precision or ["fp32", "amp_bf16", "amp_fp16"]
+    if "fp32" not in args.precision:
+        raise HarnessError("study scaling: --precision must hold fp32, the baseline every speed-up is over")
+    args.precision = ["fp32", *[p for p in args.precision if p != "fp32"]]
+    grid = [{"batch_size": b, "width": w, "seq_len": t}
+            for b, w, t in itertools.product(args.batch_sizes or [None], args.widths or [None],
+                                             args.seq_lens or [None])]
+    study = f"{SCALING_STUDY}{time.strftime('%Y%m%dT%H%M%S')}"
+    records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, grid=grid, study=study)
+    print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows the crossover")
     return _exit_code(records)
 
 
@@ -403,15 +476,27 @@ def build_parser() -> argparse.ArgumentParser:
                                                "reduced to histograms and verdicts")
     profile = sub.add_parser("profile", help="why is 16-bit slower here? per-layer times and compute dtypes under "
                              "the framework's own profiler (profiles.jsonl; never mixed with timed runs)")
-    study = sub.add_parser("study", help="studies made of ordinary runs: `study loss-scale` sweeps loss scales")
-    study.add_argument("kind", choices=["loss-scale"])
+    study = sub.add_parser("study", help="studies made of ordinary runs: `study loss-scale` sweeps loss scales, "
+                           "`study scaling` batch sizes, widths and sequence lengths (where 16-bit starts to pay)")
+    study.add_argument("kind", choices=["loss-scale", "scaling"])
     for p in (run, fingerprint, diagnose, study, profile):
         _add_matrix_options(p)
     profile.set_defaults(func=cmd_profile, out="profiles")
     diagnose.add_argument("--every", type=_STEPS, default=10, help="capture after every K steps (and the last)")
+    diagnose.add_argument("--nonfinite", action="store_true",
+                          help="instead: train in --precision (default amp_fp16,fp16) and name the first non-finite "
+                               "value: the layer, pass and tensor of a divergence or of the first step the loss "
+                               "scaler skipped, or the update that made a weight non-finite (results.jsonl)")
     diagnose.set_defaults(func=cmd_diagnose, out="diagnoses")
-    study.add_argument("--scales", type=_csv, required=True,
-                       help="loss scales to sweep, e.g. none,1,2^4,2^8,2^12,2^16,2^20,2^24,2^28,2^32,dynamic")
+    study.add_argument("--scales", type=_csv,
+                       help="loss-scale: the scales to sweep, e.g. none,1,2^4,2^8,2^16,2^24,2^32,dynamic")
+    study.add_argument("--batch-sizes", type=_list_of(_positive, "batch sizes"),
+                       help="scaling: batch sizes, e.g. 1,4,16,64,256")
+    study.add_argument("--widths", type=_list_of(_width, "widths"),
+                       help="scaling: factors on every layer's units, filters and dims (not the output layer's), "
+                            "e.g. 0.5,1,2,4")
+    study.add_argument("--seq-lens", type=_list_of(_positive, "sequence lengths"),
+                       help="scaling, models of token ids only: sequence lengths, e.g. 64,128,256")
     study.add_argument("--warmup", type=_WARMUP, default=5)
     study.add_argument("--repeats", type=_REPEATS, default=MIN_REPEATS)
     study.set_defaults(func=cmd_study, out="results")

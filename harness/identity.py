@@ -5,7 +5,8 @@ already have a result), harness.results.usable (which failed records a later att
 A run is a framework running one spec (its hash) at one precision, in one variant, under one loss-scale
 setting, as one repeat (`RunKey`). A cell of the report is every repeat of one (model, framework, Setting,
 precision, loss-scale setting): `Setting` is what a precision shares with the fp32 run it is compared against
-(device, node, threads, variant, framework version, batch size). Records that differ in any of these are never
+(device, node, threads, variant, framework version, batch size, and a scaling study's width and sequence
+length). Records that differ in any of these are never
 pooled; they become rows of their own, labelled by what differs. `parity` compares the fingerprints of one
 (model, spec hash, precision) across frameworks.
 
@@ -19,6 +20,12 @@ from typing import Iterable, NamedTuple
 from harness.precision import parse_loss_scale, parse_precision
 
 AUTO = "auto"  # the variant of a run whose variant was chosen for it (harness.run.variants)
+SCALING_STUDY = "scaling-"  # how a scaling study's id starts (`study scaling`; harness.report.scaling shows it)
+
+
+def scaling_study(r: dict) -> bool:
+    """Whether a record is a run of a scaling study (its sizes vary; the loss-scale study's vary its scale)."""
+    return str(r.get("study") or "").startswith(SCALING_STUDY)
 
 
 class RunKey(NamedTuple):
@@ -81,6 +88,8 @@ class Setting(NamedTuple):
     variant: str | None
     version: str | None
     batch: int | None
+    width: float | None = None  # a scaling study's width factor (None: the spec's own widths)
+    seq_len: int | None = None  # a scaling study's sequence length (tokens_per_sample; elsewhere the spec's own)
 
 
 def device_key(r: dict) -> str | None:
@@ -100,8 +109,10 @@ def node(r: dict) -> str | None:
 
 
 def setting(r: dict) -> Setting:
+    study = scaling_study(r)  # only a scaling study varies a spec's sizes: elsewhere they are the spec hash's part
     return Setting(device_key(r), node(r), (r.get("env") or {}).get("threads"), variant(r),
-                   r.get("framework_version"), r.get("batch_size"))
+                   r.get("framework_version"), r.get("batch_size"), r.get("width") if study else None,
+                   r.get("tokens_per_sample") if study else None)
 
 
 def cell_key(r: dict) -> tuple:

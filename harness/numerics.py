@@ -171,8 +171,11 @@ def _exp(value: float) -> str:
 
 
 def attention_verdicts(diagnosis: dict) -> dict[str, str]:
-    """Per attention layer, a sentence on what its scores and their gradients need of float16 and bfloat16."""
+    """Per attention layer, a sentence on what its scores and their gradients need of float16 and bfloat16, and
+    for a causal one whose adapter declared its masks (the diagnosis's "attention_masks"), what they leave in the
+    masked scores in each 16-bit precision (mask_clause)."""
     groups = diagnosis["groups"]
+    masks = diagnosis.get("attention_masks") or {}
     fp16, bf16 = FORMATS["float16"], FORMATS["bfloat16"]
     out = {}
     for layer, scores in sorted(groups.get("attention_scores", {}).items()):
@@ -187,8 +190,126 @@ def attention_verdicts(diagnosis: dict) -> dict[str, str]:
             words.append(f"their gradients reach {_exp(grads)} and overflow float16 at a loss scale of 2^{first} "
                          f"or more")
         words.append("bfloat16 is safe" if max(top, q, k, grads) <= bf16.max else "bfloat16 overflows too")
+        if masks.get(layer):
+            words.append(mask_clause(masks[layer]))
         out[layer] = "; ".join(words)
     return out
+
+
+# ---- what a causal mask leaves in the masked scores -----------------------------------------------------
+# Each adapter's network declares, per attention layer, precision and kind of device, what its causal mask puts in
+# the scores it masks (j > i) and where the softmax runs (its attention_mask(info, precision, device_kind) ->
+# AttentionMask, or None where it does not know; the trainer holds the table, Trainer.declare_attention_masks); the
+# rule for what a fully masked row then gives is here, once, computed in numpy.
+MASK_PRECISIONS = ("amp_fp16", "fp16", "amp_bf16", "bf16")  # the 16-bit compute dtypes a diagnosis speaks for
+SOFTMAX_RULES = {"plain": "exp(x - max) / sum: a row of -inf gives NaN",
+                 "safe": "a row whose every score is -inf gives zero weights (torch's _safe_softmax and SDPA kernels)"}
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """What a causal attention's mask leaves in the scores it masks, in one precision: the value, the dtype the
+    masked scores are held in, the dtype the softmax runs in, and the softmax's rule (SOFTMAX_RULES)."""
+    value: float
+    dtype: str
+    softmax: str
+    rule: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.rule not in SOFTMAX_RULES:
+            raise ValueError(f"softmax rule {self.rule!r}: one of {', '.join(SOFTMAX_RULES)}")
+
+    def to_record(self) -> dict[str, str]:
+        """As a diagnosis records it: strings (a record's JSON holds no -inf)."""
+        return {"value": repr(float(self.value)), "dtype": self.dtype, "softmax": self.softmax, "rule": self.rule}
+
+    @classmethod
+    def from_record(cls, found: dict) -> AttentionMask:
+        return cls(float(found["value"]), found["dtype"], found["softmax"], found.get("rule", "plain"))
+
+
+def in_dtype(x, dtype: str) -> np.ndarray:
+    """x rounded to `dtype` ("float16", "bfloat16", "float32", "float64"; a value past its range becomes inf), as
+    a numpy array of that dtype (bfloat16: float32 holding bfloat16 values)."""
+    with np.errstate(over="ignore"):
+        if dtype == "bfloat16":
+            return round_bfloat16(np.asarray(x, np.float32))
+        return np.asarray(x).astype(np.dtype(dtype))
+
+
+def fully_masked_row(mask: AttentionMask, length: int = 4) -> np.ndarray:
+    """The softmax weights of a row of `length` scores that the mask holds every one of, computed as the declared
+    softmax does: the value in the scores' dtype, then in the softmax's, x - max(x), exp, over their sum, each
+    step rounded to the softmax's dtype."""
+    def to(x):
+        return in_dtype(x, mask.softmax)
+
+    row = to(in_dtype(np.full(length, mask.value), mask.dtype))
+    top = row.max()
+    if mask.rule == "safe" and np.isneginf(top):
+        return np.zeros(length)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = to(np.exp(to(row - top)))
+        return np.asarray(to(e / to(e.sum())), np.float64)
+
+
+def masked_row_outcome(mask: AttentionMask) -> str:
+    """What a fully masked row gives (fully_masked_row), in words."""
+    weights = fully_masked_row(mask)
+    if np.isnan(weights).all():
+        return "NaN"
+    if (weights == 0).all():
+        return "zero weights (an output of 0)"
+    if np.isfinite(weights).all() and (weights == weights[0]).all():
+        return "uniform weights (the mean of the values)"
+    return f"weights {', '.join(f'{w:g}' for w in weights)}"
+
+
+def _value(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def mask_clause(masks: dict[str, dict]) -> str:
+    """One clause on a causal attention layer's masked scores, from its declared masks ({precision: AttentionMask
+    record}): per group of precisions that mask alike, the value as the scores' dtype holds it, the softmax's dtype
+    and what a fully masked row would give."""
+    alike: dict[AttentionMask, list[str]] = {}
+    for precision, found in masks.items():
+        alike.setdefault(AttentionMask.from_record(found), []).append(precision)
+    parts = []
+    for mask, precisions in alike.items():
+        held = float(in_dtype(np.array([mask.value]), mask.dtype)[0])
+        value = _value(held) + (f" (from {_value(mask.value)})" if held != mask.value else "")
+        rule = ", all -inf rows give 0" if mask.rule == "safe" else ""
+        parts.append(f"{', '.join(precisions)}: {value} in {mask.dtype}, softmax in {mask.softmax}{rule}, so a fully "
+                     f"masked row would give {masked_row_outcome(mask)}")
+    return "masked scores: " + "; ".join(parts) + " (causal attention never masks a whole row)"
+
+
+def mask_table(graph, declare, device_kind: str = "cpu") -> dict[str, dict[str, dict[str, str]]]:
+    """Per causal attention layer of `graph`, per 16-bit precision (MASK_PRECISIONS), what `declare(info, precision,
+    device_kind)` (an adapter network's attention_mask) says its mask leaves, as a diagnosis records it; a
+    precision it returns None for (not known on this kind of device) is left out, and a layer with none."""
+    from harness.precision import PRECISIONS
+
+    table = {info.path: {name: declare(info, PRECISIONS[name], device_kind) for name in MASK_PRECISIONS}
+             for info in graph.layers if info.type == "attention" and info.spec.causal}
+    return {path: {name: mask.to_record() for name, mask in masks.items() if mask is not None}
+            for path, masks in table.items() if any(mask is not None for mask in masks.values())}
+
+
+# ---- the score gradients' headroom at a run's loss scale ------------------------------------------------
+def score_gradient_headroom(groups: dict, scale: float) -> tuple[str, float, float] | None:
+    """(the attention layer whose score gradients come closest to float16's largest value once multiplied by
+    the loss scale `scale`, log2 of its largest scaled gradient, the doublings left below float16's largest value:
+    negative where they overflow), or None without captured score gradients."""
+    found = [(layer, h["max_abs"]) for layer, h in groups.get("attention_score_gradients", {}).items()
+             if h.get("max_abs", 0.0) > 0]
+    if not found or not scale > 0:
+        return None
+    layer, top = max(found, key=lambda item: (item[1], item[0]))
+    reached = math.log2(top) + math.log2(scale)
+    return layer, reached, math.log2(FORMATS["float16"].max) - reached
 
 
 def _range_problems(groups: dict, fmt: Format, kinds: tuple[str, ...]) -> list[tuple[str, str]]:

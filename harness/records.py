@@ -10,8 +10,10 @@ number), and do not convert them.
 Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3 num_classes;
 4 seed (a timed run's repeat r trains from the spec's seed + r); 5 task and tokens_per_sample (token sequences:
 "next_token" or "classification", and the T tokens each sample holds, for tokens/s); 6 nonfinite (where a
-diverged run's first inf or NaN came from). Every field added since 1 is optional, so a
-record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused (harness.results.read_records).
+diverged run's first inf or NaN came from); 7 width (a scaling study's width factor) and matmul_curve (its runs'
+device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale. Every field added
+since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
+(harness.results.read_records).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -52,17 +54,29 @@ class Histogram(_Strict):
     max_abs: Number
 
 
+Range = Annotated[list[Number], Field(min_length=2, max_length=2)]
+
+
 class NonFinite(_Strict):
-    """Where a diverged run's first inf or NaN came from (harness.run.nonfinite.locate)."""
+    """Where a run's first inf or NaN came from (harness.run.nonfinite.locate): a layer's output or output gradient
+    in a step, or (schema 7) an update that made a weight non-finite."""
     found: bool
     why: str | None = None  # not found: why not
     step: Count | None = None
     layer: str | None = None
     layer_type: str | None = None
-    pass_: Literal["forward", "backward"] | None = Field(None, alias="pass")
-    tensor: Literal["output", "output gradient"] | None = None
+    pass_: Literal["forward", "backward", "update"] | None = Field(None, alias="pass")
+    tensor: Literal["output", "output gradient", "weights"] | None = None
     values: Literal["inf", "nan"] | None = None
-    input_range: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+    input_range: Range | None = None
+    loss_scale: Positive | None = None  # a skipped step's scale, which the gradients were multiplied by
+    weight: str | None = None  # an update's: the weight, the share of its values it made non-finite, its gradient
+    share: Number | None = None
+    gradient_finite: bool | None = None
+    zero_square_share: Number | None = None  # of the values it made non-finite: where the gradient's square is 0
+    gradient_range: Range | None = None
+    epsilon: Number | None = None  # the optimizer's epsilon where the weights' dtype rounds it to 0
+    epsilon_format: str | None = None
 
 
 class Diagnosis(_Strict):
@@ -76,6 +90,8 @@ class Diagnosis(_Strict):
     optimizer: str | None = None
     verdicts: dict[str, str] | None = None
     attention: dict[str, str] | None = None  # per attention layer (harness.numerics.attention_verdicts)
+    #: per causal attention layer and 16-bit precision, what its mask leaves (harness.numerics.AttentionMask)
+    attention_masks: dict[str, dict[str, dict[str, str]]] | None = None
     loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
 
     @model_validator(mode="before")
@@ -159,6 +175,19 @@ class Env(_Strict):
     node: str | None = None
 
 
+class MatmulCurve(_Strict):
+    """One dtype's matmul curve (harness.run.peak.matmul_curve): GFLOP/s of an n x n product at each n measured."""
+    n: list[Annotated[int, Field(gt=0)]]
+    gflops: list[Positive]
+    stopped: str | None = None  # why the larger sizes were not measured (a product over the time cap)
+
+    @model_validator(mode="after")
+    def _paired(self) -> MatmulCurve:
+        if len(self.n) != len(self.gflops):
+            raise PydanticCustomError("paired", "{n} sizes but {g} rates", {"n": len(self.n), "g": len(self.gflops)})
+        return self
+
+
 class Record(_Strict):
     """What every record holds, in the order it is written (None where a figure does not apply or was not
     reached): what ran, how it ended, what it measured and where."""
@@ -177,6 +206,7 @@ class Record(_Strict):
     status: Literal[STATUSES]
     reason: str | None = None
     batch_size: Annotated[int, Field(gt=0)] | None = None
+    width: Positive | None = None  # schema 7: the spec's width factor (a scaling study's --widths); None: 1
     steps: int | None = None
     warmup_steps: Count | None = None
     repeat: int | None = None
@@ -198,6 +228,7 @@ class Record(_Strict):
     achieved_gflops: Number | None = None
     device_peak_gflops: dict[str, Number | None] | None = None
     efficiency: Number | None = None
+    matmul_curve: dict[str, MatmulCurve | None] | None = None  # a scaling study's run: per dtype (None: no kernel)
     param_count: Number | None = None
     options: dict | None = None
     env: Env | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness import numerics
 from harness.conformance.specs import SPECS, residual_stream
 from harness.run import worker
 
@@ -15,7 +16,7 @@ LARGE_SCORES = residual_stream("large_attention_scores", "attention after a resi
                                     {"type": "dense", "units": 3}], seed=25, steps=2)
 
 
-def _attention_verdicts(framework, name, spec) -> dict[str, str]:
+def _diagnosis(framework, name, spec) -> dict:
     record = worker.run(worker.RunRequest(framework=framework, model=name, spec=spec, precision="fp32",
                                           run_id=f"conformance-{name}", warmup=0, mode="diagnose", every=1,
                                           threads=2, device="cpu"))
@@ -23,6 +24,11 @@ def _attention_verdicts(framework, name, spec) -> dict[str, str]:
     diagnosis = record["diagnosis"]
     if not diagnosis["available"]:
         pytest.skip("this adapter cannot capture tensors")
+    return diagnosis
+
+
+def _attention_verdicts(framework, name, spec) -> tuple[dict[str, str], dict[str, str]]:
+    diagnosis = _diagnosis(framework, name, spec)
     return diagnosis["attention"], diagnosis["verdicts"]
 
 
@@ -42,3 +48,18 @@ def test_small_scores_are_safe(framework):
     assert list(attention) == ["2.layers.1"], attention
     assert "float16 holds them" in attention["2.layers.1"] and "bfloat16 is safe" in attention["2.layers.1"], attention
     assert "attention scores" not in verdicts["amp_fp16"], verdicts["amp_fp16"]
+
+
+def test_a_causal_layer_states_what_its_mask_leaves_in_each_16_bit_precision(framework):
+    """The network's declaration (its attention_mask, Trainer.declare_attention_masks) for the causal layer only,
+    in every 16-bit precision, and the verdict saying what a fully masked row would give with it."""
+    spec = SPECS["pitfall_causal_mask"]
+    diagnosis = _diagnosis(framework, spec.name, spec.with_overrides(steps=1).model_dump(mode="json"))
+    masks = diagnosis.get("attention_masks")
+    if not masks:
+        pytest.skip("this adapter does not declare what its attention masks leave (Trainer.declare_attention_masks)")
+    assert list(masks) == ["1"] and list(masks["1"]) == list(numerics.MASK_PRECISIONS), masks
+    for precision, found in masks["1"].items():
+        mask = numerics.AttentionMask.from_record(found)  # a value, dtypes and a rule the core knows
+        assert mask.value < -1e4 and {mask.dtype, mask.softmax} <= {"float16", "bfloat16", "float32"}, (precision, mask)
+    assert diagnosis["attention"]["1"].endswith(numerics.mask_clause(masks["1"])), diagnosis["attention"]["1"]

@@ -69,6 +69,7 @@ from harness.model.yaml_file import read_yaml
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 PROB_EPSILON = 1e-7  # clip for losses on probabilities (Keras' backend epsilon)
+MAX_WIDTH = 64.0  # a width factor beyond this makes a built-in model's step take the machine
 
 
 class _Strict(BaseModel):
@@ -332,6 +333,8 @@ class ModelSpec(_Strict):
     batch_size: PositiveInt
     steps: PositiveInt = Field(le=MAX_STEPS)  # a record holds every step (harness.limits)
     seed: int = Field(0, ge=0, lt=2**32)  # what numpy's generators take
+    # the factor a scaling study's --widths scaled the layers by (with_overrides); None: the file's own widths
+    width: Optional[float] = Field(None, gt=0, le=MAX_WIDTH)
 
     @model_validator(mode="after")
     def _token_input(self) -> "ModelSpec":
@@ -369,8 +372,10 @@ class ModelSpec(_Strict):
         return self.model_copy(update={"dataset": self.dataset.model_copy(update={"corpus_hash": corpus_hash})})
 
     def with_overrides(self, batch_size: int | None = None, steps: int | None = None,
-                       input_size: tuple[int, int] | None = None) -> "ModelSpec":
-        """Return a validated copy with CLI overrides applied (the spec hash covers them)."""
+                       input_size: tuple[int, int] | None = None, width: float | None = None,
+                       seq_len: int | None = None) -> "ModelSpec":
+        """Return a validated copy with CLI overrides applied (the spec hash covers them). `width` scales every
+        layer's units, filters and dims (scaled_layers); `seq_len` is a token model's sequence length T."""
         data = self.model_dump()
         if batch_size is not None:
             data["batch_size"] = batch_size
@@ -380,17 +385,78 @@ class ModelSpec(_Strict):
             if len(self.input.shape) != 3:
                 raise SpecError(f"{self.name}: --input-size applies to image inputs [H, W, C] only")
             data["input"]["shape"] = [*input_size, self.input.shape[2]]
+        if seq_len is not None:
+            if not self.tokens:
+                raise SpecError(f"{self.name}: --seq-lens applies to models of token ids only (input with vocab); "
+                                f"its input is {list(self.input.shape)}")
+            data["input"]["shape"] = [seq_len]
+        if width is not None and width != (self.width or 1.0):
+            if not 0 < width <= MAX_WIDTH:
+                raise SpecError(f"{self.name}: width {width:g}: a factor in (0, {MAX_WIDTH:g}]")
+            factor = width / (self.width or 1.0)
+            data["layers"] = scaled_layers(data["layers"], factor)
+            data["width"] = None if width == 1.0 else width  # width 1 is the file's own network, and its hash
+            _heads_divide(data["layers"], self.name, width)
         return validate(data, self.name)
 
     def spec_hash(self) -> str:
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
+        if data["width"] is None:  # added for scaling studies: every earlier spec keeps its hash
+            del data["width"]
         # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
         for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash"),
                           ("optimizer", "clip_norm"), ("optimizer", "schedule")):
             if data[part][key] is None:
                 del data[part][key]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def scaled_layers(layers: list[dict], factor: float) -> list[dict]:
+    """Layers (as dumped) with every width scaled by `factor`, rounded, at least 1: dense units, conv filters,
+    the embedding's and the patches' dim (the transformer's D, which attention, norms and residual sums follow).
+    The output layer (the last dense at the top level: classes or vocabulary) keeps its units."""
+    def scale(n: int) -> int:
+        return max(1, round(n * factor))
+
+    def walk(items: list[dict], output: int | None) -> list[dict]:
+        out = []
+        for i, layer in enumerate(items):
+            layer = dict(layer)
+            if layer["type"] == "dense" and i != output:
+                layer["units"] = scale(layer["units"])
+            elif layer["type"] == "conv2d":
+                layer["filters"] = scale(layer["filters"])
+            elif layer["type"] in ("embedding", "patches"):
+                layer["dim"] = scale(layer["dim"])
+            elif layer["type"] == "residual":
+                layer["layers"] = walk(layer["layers"], None)
+                if layer.get("projection"):
+                    layer["projection"] = walk(layer["projection"], None)
+            out.append(layer)
+        return out
+
+    dense = [i for i, layer in enumerate(layers) if layer["type"] == "dense"]
+    return walk(layers, dense[-1] if dense else None)
+
+
+def _heads_divide(layers: list[dict], name: str, width: float) -> None:
+    """SpecError (one line) where the scaled model dimension is not a multiple of an attention layer's heads."""
+    dims = [layer["dim"] for layer in layers if layer["type"] in ("embedding", "patches")]
+
+    def attention(items):
+        for layer in items:
+            if layer["type"] == "attention":
+                yield layer
+            elif layer["type"] == "residual":
+                yield from attention(layer["layers"])
+
+    for layer in attention(layers):
+        for dim in dims:
+            if dim % layer["heads"]:
+                raise SpecError(f"{name}: width {width:g} makes the model dimension {dim}, which {layer['heads']} "
+                                f"attention heads do not divide; choose a width that keeps it a multiple of "
+                                f"{layer['heads']}")
 
 
 # ---- loading ------------------------------------------------------------------------------------------

@@ -361,3 +361,78 @@ def time_breakdown(bars: list[dict], order: list[str], title: str) -> str:
     ax.yaxis(range(len(bars)), labels[::-1], size=11)
     ax.xaxis(ticks, [f"{t:g}" for t in ticks], "ms per profiled training step")
     return fig.render()
+
+
+def speedup_scaling(series: dict[str, list[dict]], title: str) -> str:
+    """A scaling study's speed-up over fp32 (y, log scale) against FLOPs per training step (x, log scale): a line
+    per precision through its points (`x`, `y`), a vertical bar from `low` to `high` at each (dashed where it is a
+    range, not an interval: `interval` False), and the 1.0 line, above which the precision is faster."""
+    precisions = sorted(series, key=_order)
+    entries = [(p, {"line": colour(p), "width": 1.5, "marker": marker(p), "size": 7}) for p in precisions]
+    entries.append(("1.0: as fast as fp32", {"line": "#555555", "width": 1, "dash": "dashed"}))
+    points = [pt for p in precisions for pt in series[p]]
+    xticks, xlo, xhi = _log_range([pt.get("x") for pt in points])
+    yticks, ylo, yhi = _log_range([v for pt in points for v in (pt.get("low"), pt.get("high"), pt.get("y"))] + [1.0])
+    x = Scale(xlo / 1.3, xhi * 1.3, 10)
+    y = Scale(ylo / 1.1, yhi * 1.1, 10)
+    labels = [_tick_label(t) for t in yticks]
+    left = _left_margin(labels)
+    plot_h = 220
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, x, y)
+    ax.grid(xticks=xticks, yticks=yticks)
+    ax.hline(1.0, "#555555", width=1, dash="dashed")
+    for p in precisions:
+        pts = sorted((pt for pt in series[p] if x.ok(pt.get("x")) and y.ok(pt.get("y"))), key=lambda pt: pt["x"])
+        for pt in pts:  # the interval of each size
+            if y.ok(pt.get("low")) and y.ok(pt.get("high")):
+                ax.line([pt["x"], pt["x"]], [pt["low"], pt["high"]], colour(p), width=1.2,
+                        dash=None if pt.get("interval", True) else "dashed")
+        ax.line([pt["x"] for pt in pts], [pt["y"] for pt in pts], colour(p), width=1.5)
+        ax.markers([pt["x"] for pt in pts], [pt["y"] for pt in pts], marker(p), colour(p), size=7)
+    ax.yaxis(yticks, labels, "speed-up over fp32 (log scale)")
+    ax.xaxis(xticks, [_flop_label(t) for t in xticks], "FLOPs per training step (log scale)")
+    return fig.render()
+
+
+def _flop_label(value: float) -> str:
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}"
+
+
+def matmul_curve(curves: dict[str, dict], steps: dict[str, list[dict]], title: str) -> str:
+    """The device's matmul curve beside a model's steps, GFLOP/s (y, log scale) against FLOPs (x, log scale): a
+    solid line per dtype through its square products' points (`curves[dtype]`: "style", the precision whose colour
+    and marker it takes, and "points", each `x` = 2n^3 and `y`), and a dashed line per precision through the
+    model's training steps (`steps[precision]`: `x` FLOPs per step, `y` its achieved GFLOP/s)."""
+    precisions = sorted(steps, key=_order)
+    entries = [(f"{dtype} matmul (n x n)", {"line": colour(c["style"]), "width": 1.5, "marker": marker(c["style"]),
+                                            "size": 5}) for dtype, c in curves.items()]
+    entries += [(f"{p} step", {"line": colour(p), "width": 1.2, "dash": "dashed", "marker": marker(p), "size": 7})
+                for p in precisions]
+    points = [pt for c in curves.values() for pt in c["points"]] + [pt for p in precisions for pt in steps[p]]
+    xticks, xlo, xhi = _log_range([pt.get("x") for pt in points])
+    yticks, ylo, yhi = _log_range([pt.get("y") for pt in points])
+    x = Scale(xlo / 1.3, xhi * 1.3, 10)
+    y = Scale(ylo / 1.2, yhi * 1.2, 10)
+    labels = [_tick_label(t) for t in yticks]
+    left = _left_margin(labels)
+    plot_h = 220
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, x, y)
+    ax.grid(xticks=xticks, yticks=yticks)
+
+    def draw(pts, style_of, size, dash=None, width=1.5):
+        pts = sorted((pt for pt in pts if x.ok(pt.get("x")) and y.ok(pt.get("y"))), key=lambda pt: pt["x"])
+        ax.line([pt["x"] for pt in pts], [pt["y"] for pt in pts], colour(style_of), width=width, dash=dash)
+        ax.markers([pt["x"] for pt in pts], [pt["y"] for pt in pts], marker(style_of), colour(style_of), size=size)
+
+    for c in curves.values():
+        draw(c["points"], c["style"], 5)
+    for p in precisions:
+        draw(steps[p], p, 7, dash="dashed", width=1.2)
+    ax.yaxis(yticks, labels, "GFLOP/s (log scale)")
+    ax.xaxis(xticks, [_flop_label(t) for t in xticks], "FLOPs: one n x n product (2n^3), or one training step (log)")
+    return fig.render()

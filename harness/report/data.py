@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # they build on the objects here
     from harness.report.answer import Block
     from harness.report.profile import ProfileSection
     from harness.report.pure16 import Pure16Section
+    from harness.report.scaling import ScalingSection
 
 #: a comparison's decision (stats.Ratio.decision) in words
 VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
@@ -277,6 +278,8 @@ class Diagnosis:
     chart: str | None = None
     verdicts: list[str] = field(default_factory=list)
     note: str | None = None
+    #: the attention score gradients' headroom at the largest loss scale its amp_fp16 runs reached (view.score_headroom)
+    headroom: str | None = None
 
 
 @dataclass(frozen=True)
@@ -370,3 +373,4 @@ class View:
     sixteen_bit_safe: list[str]
     pure16: Pure16Section
     profile: ProfileSection
+    crossover: ScalingSection  # the scaling studies: where 16-bit starts to pay (harness.report.scaling)

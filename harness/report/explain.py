@@ -73,18 +73,23 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
         if small:
             out.append(_too_small(device, small, peaks))
     skipping: dict[tuple, list[dict]] = {}
+    diverged: dict[tuple, list[dict]] = {}
     for r in records:
         ls = r.get("loss_scale") or {}
         if r.get("status") == "diverged":
-            located = f" ({nonfinite.describe(r['nonfinite'])})" if r.get("nonfinite") else ""
-            out.append(Why(title=f"{r['precision']} diverged in {r['framework']} ({r['model']})",
-                        text=f"{r.get('reason')}{located}. "
-                                + ("A likely cause: pure float16 keeps weights and optimizer state in 16 bits "
-                                   "with no loss scaling, so small updates and epsilons can underflow (float16's "
-                                   "smallest normal value is 6e-5)." if r["precision"] == "fp16" else ""),
-                        short=f"{r['precision']} diverged", about=[f"{r['framework']} {r['model']}"]))
+            diverged.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
         elif ls.get("skipped_steps"):
             skipping.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
+    for (model, framework, precision), rs in diverged.items():  # one entry per cell, quoting its first repeat
+        r = rs[0]
+        located = f" ({nonfinite.describe(r['nonfinite'])})" if r.get("nonfinite") else ""
+        others = f" (repeat {r.get('repeat')}; {len(rs)} repeats diverged)" if len(rs) > 1 else ""
+        guess = "" if precision != "fp16" or (r.get("nonfinite") or {}).get("found") else (
+            "A likely cause: pure float16 keeps weights and optimizer state in 16 bits with no loss scaling, so "
+            "small updates and epsilons can underflow (float16's smallest normal value is 6e-5).")
+        out.append(Why(title=f"{precision} diverged in {framework} ({model})",
+                       text=f"{r.get('reason')}{others}{located}. {guess}".rstrip(),
+                       short=f"{precision} diverged", about=[f"{framework} {model}"]))
     for (model, framework, precision), rs in skipping.items():  # one entry per cell, not per repeat
         skipped = [r["loss_scale"]["skipped_steps"] for r in rs]
         ls = rs[0]["loss_scale"]

@@ -121,6 +121,16 @@ def mflop(flops) -> str:
     return f"{flops / 1e6:.0f}"
 
 
+def flop_count(flops) -> str:
+    """Work per step: "39 MFLOP", "2.5 GFLOP" (three significant digits)."""
+    if missing(flops):
+        return MISSING
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= size:
+            return f"{flops / size:.3g} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
 def plain(value) -> str:
     """The shortest form of a number: 1e-04, 0.5, 65536."""
     return f"{value:g}"

@@ -1,10 +1,12 @@
 """The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
-rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32,
-per model, framework and setting (harness.identity: device, node, threads, variant, version, batch; and
+rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32 and
+the mixed arms (float32 master weights: what the pure arms give up), per model, framework and setting (harness.identity: device, node, threads, variant, version, batch; and
 each arm's loss-scale setting): eval accuracy (a next-token model's eval loss, with its perplexity) judged against
 fp32's seed-to-seed spread (harness.report.accuracy),
-the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`, per model: the numerics
-of fp32 training), weight memory, and one computed sentence per entry.
+each arm's range over seeds, a dynamic scaler's final scales and skipped steps, where a diverged run's first
+non-finite value came from (harness.run.nonfinite), the loss curves, the share of updates swamped by rounding (from
+`amp-harness diagnose`, per model: the numerics of fp32 training), weight memory, and one computed sentence per
+entry.
 
     section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
     section.entries, section.sentences, section.shown (templates/_pure16.html.j2, _pure16.md.j2)
@@ -17,9 +19,13 @@ from dataclasses import dataclass
 from harness.report import format as f
 from harness.report.accuracy import Check, Metric, compare, metric, num_classes
 from harness.identity import compatible, describe, loss_scale_setting, setting, varying
+from harness.run import nonfinite
 
-#: the arms in the order the table shows them; fp32 is the reference
-ARMS = ("fp32", "amp_bf16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr")
+#: the arms in the order the table shows them; fp32 is the reference, the mixed arms (float32 master weights) show
+#: what the pure arms give up
+ARMS = ("fp32", "amp_bf16", "amp_fp16", "bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn",
+        "fixed16_sr")
+MIXED = {"amp_bf16": "mixed bf16", "amp_fp16": "mixed fp16"}
 PURE = {"bf16", "bf16_sr", "bf16_kahan", "fp16", "fp16_sr", "fixed16_rn", "fixed16_sr"}
 REMEDIES = {"bf16_sr": "stochastic rounding", "bf16_kahan": "Kahan-compensated updates",
             "fp16_sr": "stochastic rounding", "fixed16_sr": "stochastic rounding"}
@@ -37,14 +43,31 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
+def _failure(r: dict) -> str:
+    """A run that did not end ok, and where its first non-finite value came from when the record says."""
+    located = f"; {nonfinite.describe(r['nonfinite'])}" if r.get("nonfinite") else ""
+    return f"{r['status']}: {r.get('reason')}{located}"
+
+
+def _scaling(records: list[dict]) -> dict | None:
+    """A dynamically scaled arm's loss scale over its runs: the scales they ended at, the steps they skipped."""
+    scales = [r["loss_scale"] for r in records if (r.get("loss_scale") or {}).get("final") is not None]
+    if not scales:
+        return None
+    return {"final": sorted({ls["final"] for ls in scales}), "skipped": [ls.get("skipped_steps", 0) for ls in scales]}
+
+
 def _arm(records: list[dict], name: str, metric_: Metric) -> dict:
     ok = [r for r in records if r.get("status") == "ok"]
     curves = [r["loss"] for r in ok if r.get("loss")]
     length = min((len(c) for c in curves), default=0)
     curve = [_mean([c[i] for c in curves]) for i in range(length)]
     state = (ok or records)[0].get("state_memory_mb") or {}
+    figures = [r[metric_.field] for r in ok if r.get(metric_.field) is not None and math.isfinite(r[metric_.field])]
     return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
-            "failed": [f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"],
+            "failed": [_failure(r) for r in records if r.get("status") != "ok"],
+            "spread": (min(figures), max(figures)) if len(figures) > 1 else None,  # over seeds
+            "scaling": _scaling(records),
             "figure": _mean([r.get(metric_.field) for r in ok]),  # what it is judged by: accuracy, or eval loss
             "final_loss": _mean([r.get("final_train_loss") for r in ok]),
             # what keeps the weights: Kahan's compensation buffer counts with them
@@ -130,6 +153,10 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
     if not judged:
         return head + f"fp32 scores at chance level ({metric_.show(fp32['figure'])}): too short to judge"
     parts = []
+    mixed = [_mixed_clause(p, a, metric_) for p, a in sorted(rows.items(), key=lambda item: ARMS.index(
+        _base(item[0])) if _base(item[0]) in ARMS else len(ARMS)) if _base(p) in MIXED]
+    if mixed:
+        parts.append("; ".join(mixed))
     for family, (nearest, remedies) in NEAREST.items():
         arms = {p: a for p, a in rows.items() if _base(p) in (nearest, *remedies)}
         if not arms:
@@ -146,7 +173,7 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
                            f"{check.fp32.label}"
                            + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
-                           + (f"; {CAVEATS[check.verdict]}" if check.verdict in CAVEATS else "") + ")")
+                           + (f"; {CAVEATS[check.verdict]}" if check.verdict == "one seed" else "") + ")")
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
                            key=lambda item: (remedies.index(_base(item[0])), item[0])):
             remedy = REMEDIES[_base(p)]
@@ -166,6 +193,21 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
             clauses.append(f"{remedy} ({p}) {verb} {metric_.show(a['figure'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
     return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
+
+
+def _mixed_clause(precision: str, arm: dict, metric_: Metric) -> str:
+    """A mixed arm (float32 master weights) against fp32, with its loss scaler's history where it had one: "mixed
+    fp16 keeps up (2.105 vs fp32 over 3 seeds: 2.098-2.112; its scaler skipped 0/0/1 steps, ending at 2^16)"."""
+    label = MIXED[_base(precision)] + precision[len(_base(precision)):]
+    if arm["figure"] is None:
+        return f"{label} did not finish ({arm['failed'][0] if arm['failed'] else 'no ' + metric_.subject})"
+    check: Check = arm["check"]
+    scaling = arm["scaling"]
+    scaler = "" if scaling is None else (
+        f"; its scaler skipped {'/'.join(map(str, scaling['skipped']))} steps, ending at "
+        f"{' or '.join(f.scale(v) for v in scaling['final'])}")
+    caveat = f"; {CAVEATS[check.verdict]}" if check.verdict == "one seed" else ""  # the verb says "undecided"
+    return f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(arm['figure'])} vs {check.fp32.label}{scaler}{caveat})"
 
 
 def _curves_svg(entry: dict) -> str:
@@ -188,8 +230,8 @@ class Pure16Section:
 
 
 #: an entry's table header: its judged figure's columns (a next-token model's: loss and perplexity) in the middle
-HEADER = ("precision", "ok runs", "vs fp32 (paired by seed)", "final train loss", "weights (+compensation) MB",
-          "peak MB (measured)")
+HEADER = ("precision", "ok runs", "over seeds", "vs fp32 (paired by seed)", "final train loss",
+          "loss scale (end; skipped steps)", "weights (+compensation) MB", "peak MB (measured)")
 FIGURE_HEADER = {"eval_accuracy": ("eval accuracy (mean)",), "eval_loss": ("eval loss (mean)", "perplexity")}
 
 
@@ -207,8 +249,12 @@ def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, cha
 def _row_cells(arm: dict, metric_: Metric) -> list[str]:
     check = arm["check"]
     change = "-" if check is None or check.delta is None else f"{metric_.delta(check.delta)} ({check.verdict})"
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *metric_.cells(arm["figure"]), change,
-            f.significant(arm["final_loss"], 4), f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
+    spread = "-" if arm["spread"] is None else metric_.span(*arm["spread"])
+    scaling = arm["scaling"]
+    scaler = "-" if scaling is None else \
+        f"{' or '.join(f.scale(v) for v in scaling['final'])}; {'/'.join(map(str, scaling['skipped']))}"
+    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *metric_.cells(arm["figure"]), spread, change,
+            f.significant(arm["final_loss"], 4), scaler, f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
 
 
 def _shown(entries: list[dict], charts: bool) -> list[dict]:

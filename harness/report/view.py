@@ -24,7 +24,8 @@ from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Envir
 from harness.report.explain import explain, in_short
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
-from harness.identity import cell_key, describe, device_key, loss_scale_setting, setting, varying
+from harness.report.scaling import scaling_section
+from harness.identity import cell_key, describe, device_key, loss_scale_setting, scaling_study, setting, varying
 
 
 def _label_models(records: list[dict]) -> list[dict]:
@@ -75,11 +76,15 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, PROFILES_FILE, usable
 
     records, skipped = usable(records)
+    # the timed amp_fp16 runs' loss scales, by the models' own names (a diagnosis is matched by them)
+    scaled = [r for r in records if r.get("precision") == "amp_fp16" and not r.get("study")]
     diagnoses, profiles, parity_records = (
         _usable(found, filename, skipped) if found is not None else None
         for found, filename in ((diagnoses, DIAGNOSES_FILE), (profiles, PROFILES_FILE),
                                 (parity_records, FINGERPRINTS_FILE)))
-    records = _label_models(records)
+    # a scaling study's runs are its own section: sizes that vary by design are neither cells nor new labels
+    sized = [r for r in records if scaling_study(r)]
+    records = _label_models([r for r in records if not scaling_study(r)])
     studies = [r for r in records if r.get("study")]  # shown as studies, not as cells of the comparison
     records = [r for r in records if not r.get("study")]
     ok = [r for r in records if r.get("status") == "ok" and r.get("step_times_ms")]
@@ -188,10 +193,10 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])
                for best in [min(cs, key=lambda c: c.median_ms)]]
 
-    numerics, studies_shown, safe = numerics_view(diagnoses or [], studies, fp32_cells)
+    numerics, studies_shown, safe = numerics_view(diagnoses or [], studies, fp32_cells, scaled)
     return View(
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        n_records=len(records), n_ok=len(ok), skipped=skipped, models=models, frameworks=frameworks,
+        n_records=len(records) + len(sized), n_ok=len(ok), skipped=skipped, models=models, frameworks=frameworks,
         answer=answer.build(cells, summary, [{**r, "device_key": device_key(r)} for r in not_run]),
         headline=_headline(summary), any_range=any(not s.interval for s in summary),
         min_repeats=stats.MIN_REPEATS, unstable_cv=stats.UNSTABLE_CV, precise=stats.PRECISE,
@@ -207,7 +212,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         environment=_environment(records), spec_hashes=_spec_hashes(records),
         parity=[c.row() for c in parity_compare(parity_records)] if parity_records else None,
         numerics=numerics, studies=studies_shown, sixteen_bit_safe=safe,
-        pure16=pure16_section(records, diagnoses or []), profile=profiled)
+        pure16=pure16_section(records, diagnoses or []), profile=profiled,
+        crossover=scaling_section(sized, cast_shares))
 
 
 def judged_figure(figure: str, c: Cell) -> str:
@@ -250,11 +256,13 @@ def _flat_scale(records: list[dict]) -> str | None:
     return f"loss scale stayed at {shown}, no step skipped in {n} steps{each}."
 
 
-def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell]
-                  ) -> tuple[list[Diagnosis], list[Study], list[str]]:
-    """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts; per
-    loss-scale study its chart; a "16-bit safe?" line per model. Verdicts are judged here from the captured
-    figures (harness.numerics.judge), not read from the record: a diagnosis made before a rule existed gets it."""
+def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell],
+                  scaled: list[dict] | None = None) -> tuple[list[Diagnosis], list[Study], list[str]]:
+    """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts, and where
+    the `scaled` runs (timed amp_fp16 runs) hold its loss scales, the attention score gradients' headroom at the
+    largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
+    are judged here from the captured figures (harness.numerics.judge), not read from the record: a diagnosis made
+    before a rule existed gets it."""
     from harness.numerics import attention_verdicts, judge, merge
 
     numerics, safe = [], {}
@@ -278,7 +286,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         numerics.append(Diagnosis(d.get("model"), d.get("framework"),
                                   Markup(charts.gradient_histogram(series, shift, title)),
                                   [sentence for _, sentence in verdicts.values()]
-                                  + list(attention_verdicts(diagnosis).values())))
+                                  + list(attention_verdicts(diagnosis).values()),
+                                  headroom=score_headroom(d, scaled or [])))
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}
     for r in studies:  # the loss scale is what a study varies; every other part of the setting stays apart
@@ -296,6 +305,37 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         study_charts.append(Study(study, model, framework_, precision, points, Markup(charts.loss_scale_study(
             points, window, f"{model} ({framework_} {precision}): loss-scale study", figure, label)), next_token))
     return numerics, study_charts, list(safe.values())
+
+
+def score_headroom(diagnosed: dict, scaled: list[dict]) -> str | None:
+    """How close the attention score gradients (the softmax's input gradients) come to float16's largest value at
+    the largest loss scale this diagnosis's (model, framework) reached in its amp_fp16 runs (the most of each
+    run's initial scale and scale history; a run that took no step reached none): the diagnosis's fp32 gradients
+    multiplied by that scale (harness.numerics.score_gradient_headroom). None without both."""
+    from harness.numerics import FORMATS, score_gradient_headroom
+
+    model, framework = diagnosed.get("model"), diagnosed.get("framework")
+    runs = [r for r in scaled if r.get("model") == model and r.get("framework") == framework
+            and (r.get("loss_scale") or {}).get("history")]
+    scales = [value for r in runs for value in (r["loss_scale"].get("initial"), *r["loss_scale"]["history"]) if value]
+    groups = (diagnosed.get("diagnosis") or {}).get("groups") or {}
+    top = max(scales, default=0.0)
+    found = score_gradient_headroom(groups, top)
+    if found is None:
+        return None
+    layer, reached, spare = found
+    layers = len([h for h in groups["attention_score_gradients"].values() if h.get("max_abs", 0.0) > 0])
+    fp16 = round(math.log2(FORMATS["float16"].max))  # 65504 = 2^15.99998
+    line = (f"at the largest scale {framework}'s amp_fp16 runs reached ({f.scale(top)}), attention {layer}'s score "
+            f"gradients reach 2^{f.number(reached, 1)} of float16's {f.power_of_two(fp16)}"
+            + (f" (the closest of {layers} attention layers)" if layers > 1 else "")
+            + (f": {f.number(spare, 1)} doublings to spare" if spare >= 0 else
+               f": they overflow by 2^{f.number(-spare, 1)}: the scaler must back off"))
+    batches = sorted({r["batch_size"] for r in runs if r.get("batch_size")})
+    if diagnosed.get("batch_size") and batches and batches != [diagnosed["batch_size"]]:
+        line += (f" (diagnosed at batch {diagnosed['batch_size']}, the runs at batch "
+                 f"{', '.join(map(str, batches))}: a mean loss's gradients shrink as the batch grows)")
+    return line
 
 
 def _study_points(rs: list[dict], fp32) -> list[dict]:

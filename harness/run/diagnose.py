@@ -69,6 +69,9 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
     diagnosis = {"captured_steps": captured, "every": every, "available": available and bool(captured),
                  "groups": merged, "updates": counts, "optimizer": spec.optimizer.type}
     if diagnosis["available"]:
+        declared = getattr(trainer, "attention_masks", None)  # what each causal attention's mask leaves in 16 bits
+        if declared:  # (as the adapter declares it: Trainer.declare_attention_masks)
+            diagnosis["attention_masks"] = declared
         low, high = numerics.loss_scale_window(numerics.all_gradients(merged))
         diagnosis.update(loss_scale_window=[low, high], verdicts=numerics.verdicts(diagnosis),
                          attention=numerics.attention_verdicts(diagnosis),

@@ -57,6 +57,9 @@ class Cell:
     loss_scales: tuple[str, ...] | None = None
 
 
+SIZES = ("batch_size", "steps", "input_size", "width", "seq_len")  # the overrides a cell may give its spec
+
+
 def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
     """(model, overrides) -> Cells; a model named in many entries is loaded once."""
     loaded: dict[str, tuple[ModelSpec, Graph]] = {}
@@ -65,13 +68,23 @@ def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
         if model not in loaded:
             loaded[model] = resolve(model)
         spec, graph = loaded[model]
-        sizes = [overrides.get(k) for k in ("batch_size", "steps", "input_size")]
-        if sizes != [None, None, None]:
-            spec = spec.with_overrides(*sizes)
+        sizes = {k: overrides.get(k) for k in SIZES}
+        if any(v is not None for v in sizes.values()):
+            spec = spec.with_overrides(**sizes)
             graph = infer(spec, spec.name)
         own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales")]
         out.append(Cell(model, spec, graph, *own))
     return out
+
+
+def size_label(spec: ModelSpec) -> str:
+    """"batch 64, width 2, seq_len 128": the sizes a scaling study varies, as its lines name a cell."""
+    parts = [f"batch {spec.batch_size}"]
+    if spec.width is not None:
+        parts.append(f"width {spec.width:g}")
+    if spec.tokens:
+        parts.append(f"seq_len {spec.input.shape[0]}")
+    return ", ".join(parts)
 
 
 def matrix(framework: str, cells: list[Cell], precisions: list[str], repeats: int, variants: list[str],
@@ -121,10 +134,13 @@ class Plan:
 
 
 def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
-         loss_scales: list[str | None] | None = None, budget: float | None = None, **extra) -> Plan:
+         loss_scales: list[str | None] | None = None, budget: float | None = None,
+         grid: list[dict] | None = None, **extra) -> Plan:
     """The Plan of `run`, `study`, `fingerprint`, `diagnose` or `profile` (`mode`) from its parsed options `args`.
     `repeats` "auto": MIN_REPEATS, then more until decided or `budget` seconds are spent (runner.UntilDecided);
-    None: a matrix file's, else MIN_REPEATS. `extra`: fields of every request (a study's id, diagnose's every)."""
+    None: a matrix file's, else MIN_REPEATS. `extra`: fields of every request (a study's id, diagnose's every).
+    `grid` (a scaling study): the size overrides of each cell of every model (batch_size, width, seq_len); a
+    cell the memory guard refuses is skipped with one line on stdout instead of stopping the command."""
     from harness.adapter import discover, load_adapter
     from harness.model import data, memory
     from harness.results import prove_writable
@@ -142,7 +158,8 @@ def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
                                                                          budget)
     elif args.model:
         sizes = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
-        entries = [(model, sizes) for model in args.model]
+        entries = [(model, {**sizes, **{k: v for k, v in point.items() if v is not None}})
+                   for model in args.model for point in grid or [{}]]
     else:
         raise HarnessError("--model (or, for run, --matrix) is required")
     if len(entries) > MAX_MODELS:
@@ -156,14 +173,25 @@ def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
         for loss_scale in loss_scales:
             parse_loss_scale(loss_scale, parse_precision(name))
     _check_runs(entries, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
-    resolved = cells(entries)
+    resolved, fitting, refused = cells(entries), [], None
     for cell in resolved:  # every error certain before a worker starts: the spec, its data, its memory
-        data.check(cell.spec, cell.model)
         run_seed(cell.spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
-        if not args.force:
-            memory.check_fits(cell.spec, cell.graph, [parse_precision(p) for p in cell.precisions or precisions],
-                              args.device, cell.model)
-    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run")
+        try:
+            data.check(cell.spec, cell.model)  # a batch larger than the training split, say
+            if not args.force:
+                memory.check_fits(cell.spec, cell.graph, [parse_precision(p) for p in cell.precisions or precisions],
+                                  args.device, cell.model)
+        except HarnessError as exc:
+            if grid is None:
+                raise
+            refused = exc  # a study's size that cannot run here: skipped, said in one line, the rest run
+            print(f"skipped {cell.model} at {size_label(cell.spec)}: {str(exc).split('; use a smaller')[0]}")
+            continue
+        fitting.append(cell)
+    if not fitting:
+        raise HarnessError(f"no size of the study can run here (each skipped above); the last: {refused}")
+    resolved = fitting
+    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run" and not extra.get("nonfinite"))
     _check_runs(entries, precisions, repeats, len(variants), loss_scales)
     requests = matrix(args.framework, resolved, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,

@@ -110,7 +110,8 @@ def failure_record(req: RunRequest, status: str, reason: str, started: float) ->
                                   spec_hash=spec.spec_hash(), num_classes=spec.classes,
                                   **results.sequence_fields(spec),
                                   precision=req.precision, repeat=req.repeat, warmup_steps=req.warmup,
-                                  batch_size=spec.batch_size, steps=spec.steps, variant=req.variant,
+                                  batch_size=spec.batch_size, width=spec.width, steps=spec.steps,
+                                  variant=req.variant,
                                   wall_s=round(time.time() - started, 3), status=status, reason=reason,
                                   study=req.study)
     # the settings harness.identity.run_key reads: what ties this run to its rerun by --resume

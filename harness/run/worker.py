@@ -60,6 +60,7 @@ class RunRequest:
     # "profile": where the step's time goes, under the framework's profiler (harness.run.profile)
     every: int = 10  # diagnose: capture after every this many steps (and the last)
     study: str | None = None  # the id tying the runs of one study together
+    nonfinite: bool = False  # diagnose --nonfinite: also locate the first step the loss scaler skipped
     force: bool = False  # run --force: past the memory guard, the worker's too
 
     def resolved_spec(self) -> ModelSpec:
@@ -91,7 +92,7 @@ def run(req: RunRequest, progress=None) -> dict:
         seed = run_seed(spec, req.repeat if req.mode == "run" else 0)
         record.update(model=spec.name, spec_hash=spec.spec_hash(), num_classes=spec.classes, seed=seed,
                       **sequence_fields(spec),
-                      batch_size=spec.batch_size, steps=spec.steps,
+                      batch_size=spec.batch_size, width=spec.width, steps=spec.steps,
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
                       loss_scale={"settings": loss_scale.to_dict()})
@@ -132,12 +133,18 @@ def run(req: RunRequest, progress=None) -> dict:
             profile(spec, graph, data, masks, trainer, record, req.warmup, progress)
         else:
             diverged_at = _train(req, spec, data, masks, buffers, trainer, loss_scale, record, progress, baseline_kb)
-            if diverged_at is not None:
+            skipped_at = record["loss_scale"].get("first_overflow_step") if req.nonfinite else None
+            if diverged_at is not None or skipped_at is not None:
                 del trainer  # the replay builds its own from the same weights
+                at = diverged_at if diverged_at is not None else skipped_at
+                history = record["loss_scale"].get("history") or []
                 record["nonfinite"] = nonfinite.locate(  # (fresh weights: a framework may train the given arrays)
                     lambda: adapter.build(spec, graph, initial_weights(graph, seed), precision, loss_scale, device,
                                           variant), graph,
-                    Data(spec, order_seed=seed), DropoutMasks(graph, seed), diverged_at)
+                    Data(spec, order_seed=seed), DropoutMasks(graph, seed), at,
+                    scale=(history[at - 1] if at else loss_scale.initial) if history else None,
+                    compute_dtype=precision.compute_dtype, weight_dtype=precision.param_dtype,
+                    epsilon=nonfinite.lost_epsilon(spec.optimizer, precision))
             if record["status"] == "ok" and req.measure_peak:
                 _efficiency(adapter, device, precision, req.threads, record)
     except HarnessError as exc:
@@ -157,12 +164,18 @@ RSS_KIND = ("process peak RSS (VmHWM) above its level before the model was built
 
 
 def _efficiency(adapter, device, precision, threads, record) -> None:
-    """The run's achieved FLOP/s as a share of this device's matmul peak in the run's compute dtype."""
+    """The run's achieved FLOP/s as a share of this device's matmul peak in the run's compute dtype; a scaling
+    study's run also holds the device's matmul curve per dtype (harness.run.peak.matmul_curves), which its
+    section reads beside the model's rate at each size."""
+    from harness.identity import scaling_study  # (only here: the rest of the worker has no use for it)
+
     peaks = peak.device_peaks(adapter, device, threads, precision.tf32)
     record["device_peak_gflops"] = peaks
     compute = precision.compute_dtype
     if peaks.get(compute) and record.get("achieved_gflops"):
         record["efficiency"] = record["achieved_gflops"] / peaks[compute]
+    if scaling_study(record):
+        record["matmul_curve"] = peak.matmul_curves(adapter, device, threads, precision.tf32)
 
 
 class LossScaleLog:

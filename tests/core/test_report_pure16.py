@@ -34,8 +34,8 @@ def _records(**kw):
 def test_sentence_judges_each_arm_against_fp32s_seed_spread_and_names_the_memory():
     (entry,) = pure16_view(_records())
     assert entry["model"] == "swamped_mlp" and entry["framework"] == "torch"
-    assert [a["precision"] for a in entry["arms"]] == ["fp32", "bf16", "bf16_sr", "bf16_kahan", "fixed16_rn",
-                                                       "fixed16_sr"]
+    assert [a["precision"] for a in entry["arms"]] == ["fp32", "amp_fp16", "bf16", "bf16_sr", "bf16_kahan",
+                                                       "fixed16_rn", "fixed16_sr"]
     sentence = entry["sentence"]
     assert "bf16 with nearest rounding falls behind (71.3% vs fp32 over 3 seeds: 93.1-93.5%)" in sentence
     # paired by seed: -0.2 pt at the first seed, then -0.1, 0: within fp32's 0.4 pt spread
@@ -89,3 +89,35 @@ def test_too_short_and_no_pure_arm():
     (entry,) = pure16_view(chance)
     assert "too short to judge" in entry["sentence"]
     assert pure16_section([_record("fp32", 0.9), _record("amp_bf16", 0.9)]) == Pure16Section([], [], [])
+
+
+def test_the_training_study_shows_mixed_arms_their_scaler_and_where_pure_fp16_failed():
+    """benchmarks/transformer_study.yaml's arms: the mixed ones beside the pure ones, each arm's spread over seeds,
+    the dynamic scaler's end and skipped steps, and a diverged arm's first non-finite value."""
+    records = []
+    for repeat, (fp32, mixed) in enumerate([(2.10, 2.11), (2.12, 2.12), (2.14, 2.13)]):
+        records += [_record("fp32", 0.0, repeat), _record("amp_fp16", 0.0, repeat), _record("bf16", 0.0, repeat),
+                    _record("fp16", 0.0, repeat, status="diverged")]
+        for r, loss in zip(records[-4:-1], (fp32, mixed, 3.5)):
+            r.update(task="next_token", num_classes=256, eval_loss=loss)
+        records[-3]["loss_scale"] = {"initial": 65536.0, "final": 32768.0 if repeat else 65536.0,
+                                     "skipped_steps": repeat, "history": [65536.0]}
+        records[-1].update(task="next_token", num_classes=256, nonfinite={
+            "found": True, "step": 0, "layer": "0", "layer_type": "embedding", "pass": "update", "tensor": "weights",
+            "weight": "0.embeddings", "values": "nan", "share": 0.5, "gradient_finite": True,
+            "zero_square_share": 0.9, "gradient_range": [0.0, 0.5], "epsilon": 1e-8, "epsilon_format": "float16"})
+    (entry,) = pure16_view(records)
+    assert [a["precision"] for a in entry["arms"]] == ["fp32", "amp_fp16", "bf16", "fp16"]
+    sentence = entry["sentence"]
+    assert sentence.startswith("swamped_mlp (torch): mixed fp16 keeps up (loss 2.1200, perplexity 8.33 vs fp32 over "
+                               "3 seeds: loss 2.1000-2.1400")
+    assert "its scaler skipped 0/1/2 steps, ending at 2^15 or 2^16)" in sentence
+    assert "bf16 with nearest rounding falls behind (loss 3.5000" in sentence
+    assert "fp16 with nearest rounding did not finish (diverged: loss became nan at step 3; first non-finite value " \
+           "at step 0: its update made 50.0% of layer 0 (embedding)'s weight 0.embeddings nan" in sentence
+    (shown,) = pure16_section(records).shown
+    rows = {row[0]: row for row in shown["rows"]}
+    assert rows["fp32"][4] == "loss 2.1000-2.1400, perplexity 8.17-8.50"  # over seeds
+    assert rows["fp16"][4] == "-"  # no run finished
+    assert rows["amp_fp16"][7] == "2^15 or 2^16; 0/1/2" and rows["fp32"][7] == "-"
+    assert any("the optimizer's epsilon 1e-08 is 0 in float16" in line for line in shown["failed"])

@@ -179,8 +179,9 @@ def test_pure16_judges_a_next_token_model_by_its_loss_and_shows_perplexity():
     assert "stochastic rounding (bf16_sr) recovers loss 2.1110, perplexity 8.26" in sentence
     view = build_view(records)
     (shown,) = view.pure16.shown
-    assert shown["header"][2:5] == ("eval loss (mean)", "perplexity", "vs fp32 (paired by seed)")
-    assert shown["rows"][1][:5] == ["bf16", "3/3", "3.0100", "20.29", "+0.9000 nats (higher)"]
+    assert shown["header"][2:6] == ("eval loss (mean)", "perplexity", "over seeds", "vs fp32 (paired by seed)")
+    assert shown["rows"][1][:6] == ["bf16", "3/3", "3.0100", "20.29", "loss 3.0000-3.0200, perplexity 20.09-20.49",
+                                    "+0.9000 nats (higher)"]
     assert "| eval loss (mean) | perplexity |" in render_markdown(view)
 
 

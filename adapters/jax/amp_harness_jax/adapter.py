@@ -122,7 +122,7 @@ class JaxTrainer(Trainer):
         import jax
         import jax.numpy as jnp
 
-        from amp_harness_jax.network import Network
+        from amp_harness_jax.network import Network, attention_mask
         from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn, make_optimizer
         from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
         from harness.model.optimizer import scheduled
@@ -144,6 +144,7 @@ class JaxTrainer(Trainer):
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
         loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
         self.net = net = Network(spec, graph, precision.compute_dtype)
+        self.declare_attention_masks(graph, attention_mask, device.kind)
         put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
                              for n in names}
         self.params, self.statistics = put(net.trainable), put(net.statistics)

@@ -34,6 +34,7 @@ from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
+from harness.numerics import AttentionMask
 
 CONV_DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 
@@ -247,6 +248,15 @@ def position_embedding(info, net):
 def _causal_blocked(length: int):
     """[T, T] True where key position j is after query position i (j > i): the scores a causal row masks."""
     return jnp.triu(jnp.ones((length, length), bool), k=1)
+
+
+def attention_mask(info, precision, device_kind: str) -> AttentionMask:
+    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
+    README "Masks in 16 bits"): jnp.finfo(compute dtype).min, put in by jnp.where on the compute dtype's scores
+    (-65504 in float16, -3.39e38 in bfloat16), and jax.nn.softmax in that dtype (its sum accumulates in float32), on
+    any device (the code says so, not a kernel's choice)."""
+    compute = precision.compute_dtype
+    return AttentionMask(float(jnp.finfo(compute).min), compute, compute)
 
 
 @LAYERS.builder("attention")

@@ -130,7 +130,7 @@ class MXNetTrainer(Trainer):
         from mxnet.contrib import amp
         from mxnet.contrib.amp.loss_scaler import LossScaler
 
-        from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation
+        from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation, attention_mask
         from amp_harness_mxnet.optimizers import make_optimizer
         from harness.model.optimizer import scheduled
 
@@ -147,6 +147,7 @@ class MXNetTrainer(Trainer):
         self.dtype = precision.param_dtype
         self.label_dtype = "float64" if self.dtype == "float64" else "float32"  # the loss's dtype
         self.net = Network(spec, graph, self.dtype)
+        self.declare_attention_masks(graph, attention_mask, device.kind)
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
         # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few

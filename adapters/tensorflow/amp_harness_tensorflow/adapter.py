@@ -110,7 +110,7 @@ class TensorFlowTrainer(Trainer):
         import keras
         import tensorflow as tf
 
-        from amp_harness_tensorflow.network import Network
+        from amp_harness_tensorflow.network import Network, attention_mask
         from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
 
         self.tf, self.spec, self.loss_fn = tf, spec, loss_fn
@@ -123,6 +123,7 @@ class TensorFlowTrainer(Trainer):
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(spec.seed)
         self.net = Network(spec, graph, weights, floatx)
+        self.declare_attention_masks(graph, attention_mask, device.kind)
         self.input_dtype, self.mask_dtype = self.net.input_dtype, floatx  # token ids stay integer
         model = self.net.train_model
         self.start_rounding(precision)

@@ -32,6 +32,7 @@ from harness.adapter import layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
+from harness.numerics import AttentionMask
 
 class GELU(keras.layers.Layer):
     """GELU with its constants in the compute dtype: Keras' (tf.nn.gelu) rounds them to float32 first,
@@ -122,6 +123,27 @@ class Patches(keras.layers.Conv2D):
 
 FUSED = "keras.ops.dot_product_attention"
 UNFUSED = "unfused (attention dropout: the core's masks)"
+# Keras' _get_large_negative for scores that are not float16: -0.7 * 3.38953e38 (bfloat16's largest value), here
+# in float32 (keras/src/backend/tensorflow/nn.py, Keras 3.15)
+KERAS_LARGE_NEGATIVE = float(np.float32(-0.7 * 3.38953e38))
+
+
+def attention_implementation(spec) -> str:
+    """Which attention an attention layer runs: Keras' fused op without dropout, the unfused math with it."""
+    return UNFUSED if spec.dropout > 0 else FUSED
+
+
+def attention_mask(info, precision, device_kind: str) -> AttentionMask:
+    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
+    README "Masks in 16 bits"). Fused: ops.dot_product_attention casts the scores to result_type(compute dtype,
+    float32), float32 for 16-bit inputs, and tf.where puts Keras' large negative there (KERAS_LARGE_NEGATIVE,
+    -2.37e38, never -inf); its softmax runs in float32. Unfused: -inf, and ops.softmax, in the compute dtype. The same
+    on any device (Keras' TensorFlow backend takes this path everywhere)."""
+    compute = precision.compute_dtype
+    if attention_implementation(info.spec) == FUSED:
+        wide = "float64" if compute == "float64" else "float32"
+        return AttentionMask(-0.7 * 3.38953e38 if wide == "float64" else KERAS_LARGE_NEGATIVE, wide, wide)
+    return AttentionMask(-math.inf, compute, compute)
 
 
 class SelfAttention(CanonicalLayer):
@@ -138,7 +160,7 @@ class SelfAttention(CanonicalLayer):
         super().__init__(info, net, **kwargs)
         spec = info.spec
         self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
-        self.implementation = UNFUSED if self.rate > 0 else FUSED
+        self.implementation = attention_implementation(spec)
 
     def _project(self, x, name: str):
         out = ops.matmul(x, getattr(self, f"{name}_kernel"))

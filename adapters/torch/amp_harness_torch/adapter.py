@@ -95,7 +95,7 @@ class TorchTrainer(Trainer):
     def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
         import torch
 
-        from amp_harness_torch.network import Network
+        from amp_harness_torch.network import Network, attention_mask
         from amp_harness_torch.optimizers import clip_factor, loss_fn, make_optimizer
         from harness.model.optimizer import scheduled
 
@@ -114,6 +114,7 @@ class TorchTrainer(Trainer):
         self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
 
         net = Network(spec.layers, graph, weights).to(self.device, dtype=self.param_dtype)
+        self.declare_attention_masks(graph, attention_mask, device.kind)
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()

@@ -36,6 +36,7 @@ from harness.errors import HarnessError
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
+from harness.numerics import AttentionMask
 
 
 LAYERS = LayerBuilders("torch")  # each builder: (LayerInfo, Network) -> an nn.Module (here the Layer classes)
@@ -205,6 +206,28 @@ SDPA = "sdpa"
 UNFUSED = "unfused (attention dropout: the core's masks)"
 
 
+def attention_kernel(spec) -> str:
+    """Which attention an attention layer runs: SDPA without dropout, the unfused math with it."""
+    return SDPA if spec.dropout == 0 else UNFUSED
+
+
+def attention_mask(info, precision, device_kind: str) -> AttentionMask | None:
+    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured
+    on a CPU, torch 2.13: README, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its
+    float32 scores (the opmath type, for 16-bit inputs too) and gives a row whose every score is -inf zero weights
+    (an output of 0, as its math kernel's _safe_softmax); on a GPU: None, CUDA picks among its kernels (not
+    measured). Unfused: masked_fill(-inf) on the scores in the compute dtype (autocast's, or the weights' in pure
+    16-bit), and torch.softmax in that dtype on a CPU; CUDA autocast runs softmax in float32 (its documented op
+    list; not measured here)."""
+    compute = precision.compute_dtype
+    if attention_kernel(info.spec) == SDPA:
+        if device_kind != "cpu":
+            return None
+        accumulate = "float64" if compute == "float64" else "float32"
+        return AttentionMask(-math.inf, accumulate, accumulate, "safe")
+    return AttentionMask(-math.inf, compute, "float32" if device_kind == "gpu" and precision.mixed else compute)
+
+
 @LAYERS.builder("attention")
 class Attention(Layer):
     """Multi-head self-attention. Without dropout: torch's fused F.scaled_dot_product_attention (its math is the
@@ -216,7 +239,7 @@ class Attention(Layer):
         spec = info.spec
         length, dim = info.in_shape
         self.heads, self.head_dim, self.causal, self.rate = spec.heads, dim // spec.heads, spec.causal, spec.dropout
-        self.kernel = SDPA if self.rate == 0 else UNFUSED
+        self.kernel = attention_kernel(spec)
         self.mask = None  # this step's dropout mask [N, H, T, T] (set by Network.forward)
         if self.causal and self.kernel == UNFUSED:  # the keys after the query's position (j > i)
             self.register_buffer("future", torch.ones(length, length, dtype=torch.bool).triu(1), persistent=False)

@@ -1,0 +1,96 @@
+"""The scaling study's section (harness.report.scaling) from constructed records whose outcome is known: where
+16-bit starts to pay, that an interval reaching 1 never counts as the crossover, and "not reached up to"."""
+from __future__ import annotations
+
+import re
+
+from harness.report import build_view, render
+from harness.report.render import render_markdown
+from tests.core.test_report_answer import record
+
+STUDY = "scaling-20261201T000000"
+PEAKS = {"float32": 100.0, "bfloat16": 12.0, "float16": None}
+
+
+def size(batch: int, fp32_ms: float, speedup: float, spread: float = 0.02, precision: str = "amp_bf16",
+         width: float | None = None, peaks: dict | None = None) -> list[dict]:
+    """fp32 and `precision` at one batch size, 3 repeats each; `precision` is `speedup` times faster, each cell's
+    repeats `spread` apart."""
+    out = []
+    for p, ms, mb in (("fp32", fp32_ms, 10.0 * batch), (precision, fp32_ms / speedup, 6.0 * batch)):
+        for i in range(3):
+            r = record("torch", p, ms * (1 + spread * (i - 1)), repeat=i, flops=int(2e6 * batch * (width or 1)),
+                       peaks=peaks)
+            out.append({**r, "schema": 7, "study": STUDY, "batch_size": batch, "width": width,
+                        "peak_memory_mb": mb, "spec_hash": f"h{batch}w{width}"})
+    return out
+
+
+def sentence(records: list[dict]) -> str:
+    (entry,) = build_view(records).crossover.entries
+    (line,) = entry.sentences
+    return line
+
+
+def test_slower_at_small_sizes_faster_at_large_names_the_crossover():
+    records = (size(1, 1.0, 0.5) + size(4, 2.0, 0.7) + size(16, 4.0, 0.8) + size(64, 10.0, 1.3)
+               + size(256, 40.0, 1.8))
+    view = build_view(records)
+    (entry,) = view.crossover.entries
+    (series,) = entry.series
+    assert series.crossover.sizes["batch"] == 64
+    line = entry.sentences[0]
+    assert line.startswith("m (torch): amp_bf16 pays from batch 64 on (128 MFLOP a step; x1.30, 95% CI 1.2"), line
+    assert re.search(r"x1\.[78]\d at batch 256", line), line
+    assert re.search(r"below that, at batch 16 it is slower \(x0\.80, 95% CI 0\.7\d-0\.8\d\)", line), line
+    assert re.search(r"fp32 does 32 MFLOP in 4(\.0\d)? ms there, 8 GFLOP/s", line), line
+    # the study's runs are its own section: not cells of the comparison, not relabelled per spec hash
+    assert view.summary == [] and view.models == []
+    assert [r.memory_saved for r in entry.rows] == ["40 %"] * 5
+    page = render(view)
+    assert 'id="crossover"' in page and line.replace("(", "(") in page.replace("&#39;", "'")
+    assert page.count("<svg") >= 1 and 'data-chart="crossover"' in page
+    assert line in render_markdown(view)
+
+
+def test_an_interval_that_includes_1_never_counts_as_the_crossover():
+    # batch 64: the point estimate is above 1 (x1.10) but its interval reaches below 1: too noisy to decide
+    noisy = size(64, 10.0, 1.10, spread=0.15)
+    records = size(16, 4.0, 0.8) + noisy + size(256, 40.0, 1.5)
+    (entry,) = build_view(records).crossover.entries
+    (series,) = entry.series
+    (point64,) = [p for p in series.points if p.sizes["batch"] == 64]
+    assert point64.speedup.estimate > 1 and point64.speedup.low < 1 < point64.speedup.high
+    assert series.crossover.sizes["batch"] == 256
+    assert "pays from batch 256 on" in entry.sentences[0]
+    assert "below that, at batch 64 it is too noisy here to decide (x1.10" in entry.sentences[0]
+    # faster at 16 and 256 but not decided at 64 in between: the crossover is still 256 (every larger size too)
+    records = size(16, 4.0, 1.5) + noisy + size(256, 40.0, 1.5)
+    assert "pays from batch 256 on" in sentence(records)
+    # the largest size's estimate above 1 with an interval reaching 1: not reached at all
+    records = size(16, 4.0, 0.8) + size(64, 10.0, 1.3) + size(256, 40.0, 1.10, spread=0.15)
+    line = sentence(records)
+    assert line.startswith("m (torch): amp_bf16: crossover not reached up to batch 256 (there x1.10, 95% CI 0."), line
+    assert "too noisy here to decide" in line
+
+
+def test_never_faster_says_not_reached_up_to_the_largest_size_and_why_from_the_peaks():
+    records = size(16, 4.0, 0.3, peaks=PEAKS) + size(256, 40.0, 0.5, peaks=PEAKS)
+    line = sentence(records)
+    assert line.startswith("m (torch): amp_bf16: crossover not reached up to batch 256 (there x0.50, 95% CI"), line
+    assert ": slower)" in line
+    assert "bfloat16 matmul peak (12 GFLOP/s) is below float32's (100): bfloat16 is likely emulated here" in line
+
+
+def test_fewer_than_3_repeats_give_no_crossover():
+    records = [r for r in size(16, 4.0, 1.5) + size(256, 40.0, 2.0) if r["repeat"] < 2]
+    line = sentence(records)
+    assert "crossover not reached up to batch 256" in line and "not enough repeats for a verdict" in line
+
+
+def test_widths_and_batches_vary_together_sizes_are_named_by_both():
+    records = size(16, 4.0, 0.8, width=None) + size(16, 8.0, 1.3, width=2.0) + size(64, 10.0, 1.4, width=None)
+    (entry,) = build_view(records).crossover.entries
+    assert entry.varies == ["batch", "width"]
+    # by work per step: batch 16 width 1 (32 M), batch 16 width 2 (64 M), batch 64 width 1 (128 M)
+    assert "pays from batch 16, width 2 on" in entry.sentences[0]
