@@ -44,6 +44,7 @@ PEAK_DTYPES = {"fp32": "float32", "amp_bf16": "bfloat16", "bf16": "bfloat16", "a
                "fp16": "float16", "tf32": "float32"}
 CURVE_DTYPES = ("float32", "bfloat16", "float16")
 CURVE_PAYS = 1.1  # a 16-bit matmul this many times float32's rate or more is faster (one median: no interval)
+BUSY_SHARE = 0.5  # fp32 at this share of the device's float32 matmul peak or more: its step is not mostly overhead
 CURVE_EMULATED = 0.25  # below this share of float32's rate at every size: likely emulated (no native kernel)
 
 
@@ -424,9 +425,11 @@ def _why_below(s: Series, p: Point, cast_shares: dict) -> str:
                     f"{f.percent(cast_shares[key], 0)} of the {s.precision} step in casts")
     if b is not None and b.gflops:
         eff = f", {f.percent(b.efficiency, 0)} of the device's float32 matmul peak" if b.efficiency else ""
+        done = f"fp32 does {_flops(p.flops)} in {f.ms(b.median_ms)} ms there, {f.gflops(b.gflops)} GFLOP/s{eff}"
+        if b.efficiency and b.efficiency >= BUSY_SHARE:  # its matmuls keep the device busy: no fixed-cost story
+            return f": {done}, so its matmuls, not fixed per-step costs, fill that step"
         return (f": the step is likely dominated by fixed per-step costs (casts, dispatch, the optimizer update) "
-                f"rather than matmuls: fp32 does {_flops(p.flops)} in {f.ms(b.median_ms)} ms there, "
-                f"{f.gflops(b.gflops)} GFLOP/s{eff}")
+                f"rather than matmuls: {done}")
     return ""
 
 

@@ -94,3 +94,19 @@ def test_widths_and_batches_vary_together_sizes_are_named_by_both():
     assert entry.varies == ["batch", "width"]
     # by work per step: batch 16 width 1 (32 M), batch 16 width 2 (64 M), batch 64 width 1 (128 M)
     assert "pays from batch 16, width 2 on" in entry.sentences[0]
+
+
+def test_a_step_that_runs_near_the_matmul_peak_is_not_said_to_be_dominated_by_fixed_costs():
+    """Below the crossover the sentence infers fixed per-step costs from fp32's low share of its matmul peak; at
+    half the peak or more it says the matmuls fill the step (seen in a TensorFlow study at 114% of the peak)."""
+    low, busy = ({"efficiency": e} for e in (0.07, 1.14))
+    records = size(16, 4.0, 0.8) + size(64, 10.0, 1.3) + size(256, 40.0, 1.8)
+    for r in records:
+        r.update(low if r["batch_size"] == 16 else {})
+    assert "likely dominated by fixed per-step costs" in sentence(records)
+    assert "7% of the device's float32 matmul peak" in sentence(records)
+    for r in records:
+        r.update(busy if r["batch_size"] == 16 else {})
+    line = sentence(records)
+    assert "fixed per-step costs" not in line.split("so its")[0] and \
+        "114% of the device's float32 matmul peak, so its matmuls, not fixed per-step costs, fill that step" in line
