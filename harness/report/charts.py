@@ -363,6 +363,20 @@ def time_breakdown(bars: list[dict], order: list[str], title: str) -> str:
     return fig.render()
 
 
+def _log_log(title: str, entries: list, xs: list, ys: list, y_pad: float):
+    """A figure with log-log axes over these values (x padded by 1.3, y by `y_pad`), its grid drawn: (figure,
+    axes, x scale, y scale, (x ticks, y ticks, y tick labels))."""
+    xticks, xlo, xhi = _log_range(xs)
+    yticks, ylo, yhi = _log_range(ys)
+    x, y = Scale(xlo / 1.3, xhi * 1.3, 10), Scale(ylo / y_pad, yhi * y_pad, 10)
+    labels = [_tick_label(t) for t in yticks]
+    plot_h = 220
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(_left_margin(labels), top, WIDTH - 16, top + plot_h, x, y)
+    ax.grid(xticks=xticks, yticks=yticks)
+    return fig, ax, x, y, (xticks, yticks, labels)
+
+
 def speedup_scaling(series: dict[str, list[dict]], title: str) -> str:
     """A scaling study's speed-up over fp32 (y, log scale) against FLOPs per training step (x, log scale): a line
     per precision through its points (`x`, `y`), a vertical bar from `low` to `high` at each (dashed where it is a
@@ -371,16 +385,9 @@ def speedup_scaling(series: dict[str, list[dict]], title: str) -> str:
     entries = [(p, {"line": colour(p), "width": 1.5, "marker": marker(p), "size": 7}) for p in precisions]
     entries.append(("1.0: as fast as fp32", {"line": "#555555", "width": 1, "dash": "dashed"}))
     points = [pt for p in precisions for pt in series[p]]
-    xticks, xlo, xhi = _log_range([pt.get("x") for pt in points])
-    yticks, ylo, yhi = _log_range([v for pt in points for v in (pt.get("low"), pt.get("high"), pt.get("y"))] + [1.0])
-    x = Scale(xlo / 1.3, xhi * 1.3, 10)
-    y = Scale(ylo / 1.1, yhi * 1.1, 10)
-    labels = [_tick_label(t) for t in yticks]
-    left = _left_margin(labels)
-    plot_h = 220
-    fig, top = _start(title, WIDTH, entries, plot_h + 46)
-    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, x, y)
-    ax.grid(xticks=xticks, yticks=yticks)
+    fig, ax, x, y, (xticks, yticks, labels) = _log_log(
+        title, entries, [pt.get("x") for pt in points],
+        [v for pt in points for v in (pt.get("low"), pt.get("high"), pt.get("y"))] + [1.0], 1.1)
     ax.hline(1.0, "#555555", width=1, dash="dashed")
     for p in precisions:
         pts = sorted((pt for pt in series[p] if x.ok(pt.get("x")) and y.ok(pt.get("y"))), key=lambda pt: pt["x"])
@@ -413,16 +420,8 @@ def matmul_curve(curves: dict[str, dict], steps: dict[str, list[dict]], title: s
     entries += [(f"{p} step", {"line": colour(p), "width": 1.2, "dash": "dashed", "marker": marker(p), "size": 7})
                 for p in precisions]
     points = [pt for c in curves.values() for pt in c["points"]] + [pt for p in precisions for pt in steps[p]]
-    xticks, xlo, xhi = _log_range([pt.get("x") for pt in points])
-    yticks, ylo, yhi = _log_range([pt.get("y") for pt in points])
-    x = Scale(xlo / 1.3, xhi * 1.3, 10)
-    y = Scale(ylo / 1.2, yhi * 1.2, 10)
-    labels = [_tick_label(t) for t in yticks]
-    left = _left_margin(labels)
-    plot_h = 220
-    fig, top = _start(title, WIDTH, entries, plot_h + 46)
-    ax = fig.axes(left, top, WIDTH - 16, top + plot_h, x, y)
-    ax.grid(xticks=xticks, yticks=yticks)
+    fig, ax, x, y, (xticks, yticks, labels) = _log_log(title, entries, [pt.get("x") for pt in points],
+                                                       [pt.get("y") for pt in points], 1.2)
 
     def draw(pts, style_of, size, dash=None, width=1.5):
         pts = sorted((pt for pt in pts if x.ok(pt.get("x")) and y.ok(pt.get("y"))), key=lambda pt: pt["x"])
