@@ -402,9 +402,10 @@ class Adapter(ABC):
                                 device)(values, bits)
         return np.asarray(ops.to_numpy(out), dtype=np.float32)
 
-    def matmul(self, n: int, dtype: str, device: Device) -> Callable[[], None] | None:
-        """A function that multiplies two n x n matrices of `dtype` on `device` and waits for the result: the
-        core times it to know the device's peak (harness.run.peak). None where the framework cannot."""
+    def matmul(self, shape: tuple[int, int, int], dtype: str, device: Device) -> Callable[[], None] | None:
+        """A function that multiplies an m x k matrix by a k x n one (`shape` = (m, k, n)), both of `dtype`, on
+        `device`, and waits for the result: the core times it for the device's peak, its matmul curve and the
+        model's own matmul shapes (harness.run.peak). None where the framework cannot."""
         return None
 
 

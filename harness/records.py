@@ -11,7 +11,8 @@ Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, st
 4 seed (a timed run's repeat r trains from the spec's seed + r); 5 task and tokens_per_sample (token sequences:
 "next_token" or "classification", and the T tokens each sample holds, for tokens/s); 6 nonfinite (where a
 diverged run's first inf or NaN came from); 7 width (a scaling study's width factor) and matmul_curve (its runs'
-device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale. Every field added
+device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale; 8 matmul_shapes (a
+scaling study's run: its step's own matmuls, each timed alone). Every field added
 since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
 (harness.results.read_records).
 """
@@ -24,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -188,6 +189,24 @@ class MatmulCurve(_Strict):
         return self
 
 
+class MatmulProduct(_Strict):
+    """One of a step's 2D matmuls (harness.model.graph.step_matmuls: m x k times k x n) and its rate timed alone
+    (harness.run.peak.shape_rates), or why it was not timed."""
+    layer: str
+    type: str
+    pass_: Literal["forward", "input gradient", "weight gradient"] = Field(alias="pass")
+    m: Annotated[int, Field(gt=0)]
+    k: Annotated[int, Field(gt=0)]
+    n: Annotated[int, Field(gt=0)]
+    gflops: Positive | None = None
+    skipped: str | None = None
+
+
+class MatmulShapes(_Strict):
+    dtype: str  # the run's compute dtype
+    products: list[MatmulProduct]
+
+
 class Record(_Strict):
     """What every record holds, in the order it is written (None where a figure does not apply or was not
     reached): what ran, how it ended, what it measured and where."""
@@ -229,6 +248,7 @@ class Record(_Strict):
     device_peak_gflops: dict[str, Number | None] | None = None
     efficiency: Number | None = None
     matmul_curve: dict[str, MatmulCurve | None] | None = None  # a scaling study's run: per dtype (None: no kernel)
+    matmul_shapes: MatmulShapes | None = None  # schema 8: a scaling study's run: its step's matmuls, timed alone
     param_count: Number | None = None
     options: dict | None = None
     env: Env | None = None

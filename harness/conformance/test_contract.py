@@ -246,8 +246,9 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework, ada
             continue
         assert r["status"] == "ok", (precision, r["reason"])
         optional = ("reason", "study", "fingerprint", "diagnosis", "variant_choice", "tokens_per_sample",
-                    "nonfinite", "width", "matmul_curve") + (
-            ("efficiency",) if adapter.matmul(2, "float32", adapter.device("cpu")) is None else ())  # no peak known
+                    "nonfinite", "width", "matmul_curve", "matmul_shapes") + (
+            ("efficiency",) if adapter.matmul((2, 2, 2), "float32", adapter.device("cpu")) is None
+            else ())  # no peak known
         missing = [k for k in Record.fields() if r[k] is None and k not in optional]
         assert not missing, f"{precision}: record fields left empty: {missing}"
         assert len(r["loss"]) == 35 and len(r["step_times_ms"]) == 30

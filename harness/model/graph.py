@@ -89,6 +89,63 @@ def state_memory_mb(graph: Graph, optimizer, precision) -> dict[str, float]:
     return state
 
 
+@dataclass(frozen=True)
+class Matmul:
+    """One of a training step's 2D matrix products: an m x k matrix times a k x n one, at a layer (`path`) in a
+    pass: "forward", "input gradient" (the output's gradient times the weights, transposed) or "weight gradient"
+    (the input, transposed, times the output's gradient)."""
+    path: str
+    type: str
+    pass_: str
+    m: int
+    k: int
+    n: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+
+PASSES = ("forward", "input gradient", "weight gradient")
+
+
+def step_matmuls(graph: Graph, batch_size: int) -> list[Matmul]:
+    """The 2D matmuls of a training step at their own shapes: per weighted layer its forward product and the two
+    of its backward pass (together 3x the forward's FLOPs, as train_step_flops counts them). A dense layer on a
+    sequence multiplies batch x positions rows; a conv2d or patches layer is counted as its im2col product (rows:
+    batch x output positions, k: kernel x kernel x input channels), which is the work its kernel does, whatever
+    algorithm a framework picks; attention's four projections are (batch x positions) x dim x dim each. Attention's
+    scores and probabilities times values are batched products (one per sample and head), not 2D ones, and are
+    left out: step_matmul_share says how much of the step's FLOPs the list covers."""
+    out = []
+    for layer in graph.layers:
+        shape, spec = layer.in_shape, layer.spec
+        if layer.type == "dense":
+            forward = [(batch_size * math.prod(shape[:-1]), shape[-1], spec.units)]
+        elif layer.type == "conv2d":
+            ho, wo, _ = layer.out_shape
+            forward = [(batch_size * ho * wo, spec.kernel_size**2 * shape[-1], spec.filters)]
+        elif layer.type == "patches":
+            count, dim = layer.out_shape
+            forward = [(batch_size * count, spec.size**2 * shape[-1], dim)]
+        elif layer.type == "attention":
+            length, dim = shape
+            forward = [(batch_size * length, dim, dim)] * 4
+        else:
+            continue
+        for m, k, n in forward:
+            out += [Matmul(layer.path, layer.type, "forward", m, k, n),
+                    Matmul(layer.path, layer.type, "input gradient", m, n, k),
+                    Matmul(layer.path, layer.type, "weight gradient", k, m, n)]
+    return out
+
+
+def step_matmul_share(graph: Graph, batch_size: int) -> float:
+    """The share of a training step's FLOPs (train_step_flops) its 2D matmuls (step_matmuls) hold."""
+    total = graph.train_step_flops(batch_size)
+    return sum(mm.flops for mm in step_matmuls(graph, batch_size)) / total if total else 0.0
+
+
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
     """TensorFlow's 'same' padding (before, after): the odd pixel goes after."""
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)

@@ -402,6 +402,35 @@ def speedup_scaling(series: dict[str, list[dict]], title: str) -> str:
     return fig.render()
 
 
+def memory_scaling(series: dict[str, list[dict]], title: str, by_batch: bool) -> str:
+    """Peak memory saved against fp32 (y, linear, percent: below 0 the precision takes more) at each size (x, log
+    scale: the batch size, or FLOPs per training step where not `by_batch`): a line per precision through its
+    points (`x`, `y` a share)."""
+    precisions = sorted(series, key=_order)
+    entries = [(p, {"line": colour(p), "width": 1.5, "marker": marker(p), "size": 7}) for p in precisions]
+    entries.append(("0: as much as fp32", {"line": "#555555", "width": 1, "dash": "dashed"}))
+    points = [pt for p in precisions for pt in series[p]]
+    xticks, xlo, xhi = _log_range([pt["x"] for pt in points])
+    yticks, ylo, yhi = _lin_range([pt["y"] * 100 for pt in points] + [0.0])
+    plot_h = 180
+    labels = [f"{t:g}%" for t in yticks]
+    fig, top = _start(title, WIDTH, entries, plot_h + 46)
+    ax = fig.axes(_left_margin(labels), top, WIDTH - 16, top + plot_h, Scale(xlo / 1.3, xhi * 1.3, 10),
+                  Scale(ylo, yhi))
+    ax.grid(xticks=xticks, yticks=yticks)
+    ax.hline(0.0, "#555555", width=1, dash="dashed")
+    for p in precisions:
+        pts = sorted((pt for pt in series[p] if ax.x.ok(pt["x"])), key=lambda pt: pt["x"])
+        ax.line([pt["x"] for pt in pts], [pt["y"] * 100 for pt in pts], colour(p), width=1.5)
+        ax.markers([pt["x"] for pt in pts], [pt["y"] * 100 for pt in pts], marker(p), colour(p), size=7)
+    ax.yaxis(yticks, labels, "peak memory saved vs fp32")
+    if by_batch:
+        ax.xaxis(xticks, [f"{t:g}" for t in xticks], "batch size (log scale)")
+    else:
+        ax.xaxis(xticks, [_flop_label(t) for t in xticks], "FLOPs per training step (log scale)")
+    return fig.render()
+
+
 def _flop_label(value: float) -> str:
     for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if value >= size:
@@ -409,17 +438,24 @@ def _flop_label(value: float) -> str:
     return f"{value:g}"
 
 
-def matmul_curve(curves: dict[str, dict], steps: dict[str, list[dict]], title: str) -> str:
+def matmul_curve(curves: dict[str, dict], steps: dict[str, list[dict]], title: str,
+                 shapes: dict[str, dict] | None = None) -> str:
     """The device's matmul curve beside a model's steps, GFLOP/s (y, log scale) against FLOPs (x, log scale): a
     solid line per dtype through its square products' points (`curves[dtype]`: "style", the precision whose colour
-    and marker it takes, and "points", each `x` = 2n^3 and `y`), and a dashed line per precision through the
-    model's training steps (`steps[precision]`: `x` FLOPs per step, `y` its achieved GFLOP/s)."""
+    and marker it takes, and "points", each `x` = 2n^3 and `y`), a dashed line per precision through the
+    model's training steps (`steps[precision]`: `x` FLOPs per step, `y` its achieved GFLOP/s), and small markers,
+    no line, for the rates of the model's own matmul shapes per dtype (`shapes[dtype]`, as `curves`: `x` one
+    product's FLOPs)."""
     precisions = sorted(steps, key=_order)
+    shapes = shapes or {}
     entries = [(f"{dtype} matmul (n x n)", {"line": colour(c["style"]), "width": 1.5, "marker": marker(c["style"]),
                                             "size": 5}) for dtype, c in curves.items()]
+    entries += [(f"{dtype} at the model's shapes", {"marker": marker(c["style"]), "colour": colour(c["style"]),
+                                                    "size": 4}) for dtype, c in shapes.items()]
     entries += [(f"{p} step", {"line": colour(p), "width": 1.2, "dash": "dashed", "marker": marker(p), "size": 7})
                 for p in precisions]
-    points = [pt for c in curves.values() for pt in c["points"]] + [pt for p in precisions for pt in steps[p]]
+    points = [pt for c in [*curves.values(), *shapes.values()] for pt in c["points"]] + \
+        [pt for p in precisions for pt in steps[p]]
     fig, ax, x, y, (xticks, yticks, labels) = _log_log(title, entries, [pt.get("x") for pt in points],
                                                        [pt.get("y") for pt in points], 1.2)
 
@@ -430,8 +466,11 @@ def matmul_curve(curves: dict[str, dict], steps: dict[str, list[dict]], title: s
 
     for c in curves.values():
         draw(c["points"], c["style"], 5)
+    for c in shapes.values():
+        ax.markers([pt["x"] for pt in c["points"]], [pt["y"] for pt in c["points"]], marker(c["style"]),
+                   colour(c["style"]), size=4)
     for p in precisions:
         draw(steps[p], p, 7, dash="dashed", width=1.2)
     ax.yaxis(yticks, labels, "GFLOP/s (log scale)")
-    ax.xaxis(xticks, [_flop_label(t) for t in xticks], "FLOPs: one n x n product (2n^3), or one training step (log)")
+    ax.xaxis(xticks, [_flop_label(t) for t in xticks], "FLOPs: one product (n x n: 2n^3), or one training step (log)")
     return fig.render()

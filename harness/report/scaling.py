@@ -23,6 +23,14 @@ only) is shown beside the model's achieved GFLOP/s, with one computed sentence p
 dtype's matmuls compare with float32's at each n (curve_sentence): a single median per size, no interval, so a
 16-bit size counts as faster only at CURVE_PAYS times float32's rate or more, and a dtype below CURVE_EMULATED of
 float32's rate at every size is said to be likely emulated.
+
+The step's own matmuls (schema 8's matmul_shapes: harness.model.graph.step_matmuls, each timed alone in the run's
+compute dtype) are what the sentences' "why" rests on where the runs hold them: their time summed (MatmulTime) is
+what the step would take if it were nothing but its matmuls, so its share of the measured step says whether the
+step is its matmuls (BUSY_SHARE or more) or mostly other work (casts, dispatch, elementwise ops, the optimizer
+update); and the same shapes' time in 16-bit against float32's says whether 16-bit matmuls are faster at the
+sizes this model multiplies, whatever the square curve says. Without them, the fp32 step's share of the device's
+float32 peak stands in, and the peak, for why no size pays.
 """
 from __future__ import annotations
 
@@ -49,6 +57,40 @@ CURVE_EMULATED = 0.25  # below this share of float32's rate at every size: likel
 
 
 @dataclass
+class MatmulTime:
+    """A step's 2D matmuls timed alone (a record's matmul_shapes): their summed time, the share of the step's FLOPs
+    they cover, how many were not timed."""
+    dtype: str
+    ms: float
+    flops_share: float | None
+    untimed: int
+    products: list[dict]
+
+    @classmethod
+    def of(cls, cell: Cell | None) -> MatmulTime | None:
+        shapes = next((r["matmul_shapes"] for r in cell.records if r.get("matmul_shapes")), None) if cell else None
+        if not shapes or not shapes["products"]:
+            return None
+        timed = [p for p in shapes["products"] if p.get("gflops")]
+        flops = sum(2 * p["m"] * p["k"] * p["n"] for p in shapes["products"])
+        return cls(shapes["dtype"], sum(2 * p["m"] * p["k"] * p["n"] / p["gflops"] / 1e6 for p in timed),
+                   flops / cell.flops_per_step if cell.flops_per_step else None,
+                   len(shapes["products"]) - len(timed), shapes["products"])
+
+    def share_of(self, step_ms: float) -> float:
+        return self.ms / step_ms
+
+    def clause(self, step_ms: float) -> str:
+        """"its matmuls, timed alone at the step's own shapes, take 1.2 ms of its 4.0 ms step (30%)"."""
+        covered = f" ({f.percent(self.flops_share, 0)} of its FLOPs)" if self.flops_share and \
+            self.flops_share < 0.995 else ""
+        untimed = f", {self.untimed} of {len(self.products)} products not timed" if self.untimed else ""
+        return (f"its matmuls{covered}, timed alone at the step's own shapes in {self.dtype}, take "
+                f"{f.ms(self.ms)} ms of its {f.ms(step_ms)} ms step ({f.percent(self.share_of(step_ms), 0)}"
+                f"{untimed})")
+
+
+@dataclass
 class Point:
     """One size of one precision: its cell against fp32's cell of that size (either may be missing)."""
     sizes: dict  # batch, width, seq_len as the records hold them (width None: 1)
@@ -71,6 +113,19 @@ class Point:
     def memory_saved(self) -> float | None:
         a, b = (self.fp32.peak_mb if self.fp32 else None), (self.cell.peak_mb if self.cell else None)
         return 1 - b / a if a and b is not None else None
+
+    @property
+    def matmuls(self) -> MatmulTime | None:
+        return MatmulTime.of(self.cell)
+
+    @property
+    def fp32_matmuls(self) -> MatmulTime | None:
+        return MatmulTime.of(self.fp32)
+
+    def matmul_speedup(self) -> float | None:
+        """fp32's matmuls' time over this precision's at the step's own shapes (both timed in full)."""
+        a, b = self.fp32_matmuls, self.matmuls
+        return a.ms / b.ms if a and b and not a.untimed and not b.untimed and b.ms else None
 
     def order(self) -> tuple:
         return (self.flops if self.flops is not None else math.inf,
@@ -100,6 +155,8 @@ class Row:
     gflops: str
     fp32_gflops: str
     efficiency: str
+    matmul_ms: str  # the step's own matmuls timed alone, and their share of the measured step
+    fp32_matmul_ms: str
 
 
 @dataclass
@@ -114,6 +171,7 @@ class Entry:
     peaks: str  # the device's matmul peaks per dtype as the runs measured them
     chart: Markup | None = None
     memory_chart: Markup | None = None
+    memory_caption: str = ""
     caption: str = ""
     curve_lines: list[str] = field(default_factory=list)  # the matmul curve against float32's, the model against it
     curve_chart: Markup | None = None
@@ -217,6 +275,21 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
                          f"a range, fewer than {stats.MIN_REPEATS} repeats); above the 1.0 line is faster. The "
                          f"crossover is the smallest size whose whole interval lies above 1, with every larger "
                          f"size above 1 too.")
+    by_batch = varies == ["batch"]  # against the batch size where only it varies, else against work per step
+    saved = {s.precision: [{"x": p.sizes["batch"] if by_batch else p.flops, "y": p.memory_saved}
+                           for p in s.points if p.memory_saved is not None] for s in series}
+    saved = {p: pts for p, pts in saved.items() if pts}
+    if saved:
+        kind = next((c.memory_kind for c in cs if c.memory_kind), None)
+        entry.memory_chart = Markup(charts.memory_scaling(
+            saved, f"{model} ({framework}): peak memory saved against fp32", by_batch))
+        ends = "; ".join(
+            f"{s.precision} {f.percent(pts[0].memory_saved, 0)} at {size_name(pts[0], varies)}"
+            + (f", {f.percent(pts[-1].memory_saved, 0)} at {size_name(pts[-1], varies)}" if len(pts) > 1 else "")
+            for s in series for pts in [[p for p in s.points if p.memory_saved is not None]] if pts)
+        entry.memory_caption = (f"{model} ({framework}): 1 - the precision's peak memory over fp32's at the same "
+                                f"size (medians over repeats{f'; {kind}' if kind else ''}); below 0 it takes more. "
+                                f"Saved: {ends}.")
     _add_curve(entry, cs, precisions)
     return entry
 
@@ -255,16 +328,27 @@ def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
     steps = {p: pts for p, pts in steps.items() if pts}
     if not plotted:
         return
+    shapes: dict[str, dict] = {}
+    for c in cs:
+        t = MatmulTime.of(c)
+        if t:
+            shapes.setdefault(t.dtype, {"style": plotted.get(t.dtype, {}).get("style") or _dtype_style(t.dtype,
+                                                                                                       precisions),
+                                        "points": []})["points"] += [
+                {"x": 2.0 * p["m"] * p["k"] * p["n"], "y": p["gflops"]} for p in t.products if p.get("gflops")]
     entry.curve_chart = Markup(charts.matmul_curve(plotted, steps, f"{entry.model} ({entry.framework}): the "
-                                                                   f"device's matmul curve and the model's steps"))
+                                                                   f"device's matmul curve and the model's steps",
+                                                   shapes))
     stops = [f"{d}'s curve stops at n={c['n'][-1]}: {c['stopped']}" for d, c in shown.items() if c.get("stopped")]
     entry.curve_caption = (
         f"Solid: this device's matmul rate per dtype ({entry.framework}, square n x n products: n=64 is 524 kFLOP, "
         f"n=512 268 MFLOP, n=4096 137 GFLOP), each the median of a few products; dashed: the model's training "
-        f"steps at each size (FLOPs per step, achieved GFLOP/s). Both axes log scales. A step is many smaller "
-        f"matmuls plus elementwise work, so it lies below the curve at its own FLOPs; where a 16-bit curve lies "
-        f"below float32's at the sizes of the step's matmuls, 16-bit cannot pay there."
-        + "".join(f" {stop}." for stop in stops))
+        f"steps at each size (FLOPs per step, achieved GFLOP/s)"
+        + ("; small markers: the model's own matmul shapes (forward and backward, at every size of the study), "
+           "each timed alone" if shapes else "")
+        + ". Both axes log scales. A step is many smaller matmuls plus elementwise work, so it lies below the curve "
+          "at its own FLOPs; where a 16-bit curve lies below float32's at the sizes of the step's matmuls, 16-bit "
+          "cannot pay there." + "".join(f" {stop}." for stop in stops))
 
 
 def _ratios(curve: dict, base: dict) -> list[tuple[int, float]]:
@@ -373,7 +457,28 @@ def _row(precision: str, p: Point, varies: list[str]) -> Row:
                f.ms(c.median_ms) if c else "-", f.ratio(r.estimate) if r else "-", r.label if r else p.note,
                VERDICTS[p.decision], f.percent(p.memory_saved, 0, spaced=True) if p.memory_saved is not None else "-",
                f.gflops(c.gflops) if c and c.gflops else "-", f.gflops(b.gflops) if b and b.gflops else "-",
-               f.percent(peak, 1, spaced=True) if peak is not None else "-")
+               f.percent(peak, 1, spaced=True) if peak is not None else "-",
+               _matmul_cell(p.matmuls, c), _matmul_cell(p.fp32_matmuls, b))
+
+
+def _rest(p: Point, lead: str, what: str = "") -> str:
+    """What the step takes besides its matmuls timed alone, in the precision and in fp32; where the matmuls alone
+    take longer than a whole step, the timings cannot split the step, and it says so instead."""
+    own, base = p.matmuls, p.fp32_matmuls
+    rest, fp32_rest = p.cell.median_ms - own.ms, p.fp32.median_ms - base.ms
+    if rest <= 0 or fp32_rest <= 0:
+        over = p.cell if rest <= 0 else p.fp32
+        return (f"; but the matmuls timed alone take longer than the {over.precision} step itself "
+                f"({f.percent((own if rest <= 0 else base).share_of(over.median_ms), 0)} of it: a framework that "
+                f"overlaps or fuses them, or a machine too noisy to split the step this way)")
+    return f"{lead} the rest of the step{what} takes {f.ms(rest)} ms against fp32's {f.ms(fp32_rest)} ms"
+
+
+def _matmul_cell(t: MatmulTime | None, c: Cell | None) -> str:
+    """"1.2 (30%)": the step's matmuls timed alone, in ms, and their share of its step; "-" where not measured."""
+    if t is None or c is None:
+        return "-"
+    return f"{f.ms(t.ms)} ({f.percent(t.share_of(c.median_ms), 0)})" + ("*" if t.untimed else "")
 
 
 def _flops(flops: float | None) -> str:
@@ -416,8 +521,19 @@ def _sentence(model: str, framework: str, s: Series, varies: list[str], cast_sha
 
 
 def _why_below(s: Series, p: Point, cast_shares: dict) -> str:
-    """What the records (and a profile, where one exists) say of the step below the crossover."""
+    """What the records (and a profile, where one exists) say of the step below the crossover: the step's own
+    matmuls timed alone first, then a profile's casts, then fp32's share of the device's peak."""
     c, b = p.cell, p.fp32
+    own, base = p.matmuls, p.fp32_matmuls
+    if b is not None and base is not None:
+        line = f": at fp32, {base.clause(b.median_ms)}"
+        if base.share_of(b.median_ms) < BUSY_SHARE:
+            line += ", so the step is mostly other work (casts, dispatch, elementwise ops, the optimizer update)"
+        if c is not None and own is not None:
+            line += f"; at {s.precision}, {own.clause(c.median_ms)}"
+            if p.matmul_speedup():
+                line += f", {f.ratio(p.matmul_speedup())} fp32's matmul time" + _rest(p, ", while")
+        return line
     if c is not None and p.sizes.get("width") is None:
         key = (c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device"))
         if key in cast_shares:
@@ -434,7 +550,17 @@ def _why_below(s: Series, p: Point, cast_shares: dict) -> str:
 
 
 def _why_not(s: Series, p: Point) -> str:
-    """Why no size pays: the device's own matmul peak in the precision's compute dtype, where the runs hold it."""
+    """Why no size pays: at the largest size, the step's own matmuls timed alone in 16-bit against float32 where
+    the runs hold them (no faster: a larger step alone will not pay; faster: what else fills the step), else the
+    device's matmul peak in the precision's compute dtype."""
+    own, base, speedup = p.matmuls, p.fp32_matmuls, p.matmul_speedup()
+    if speedup is not None and p.cell is not None and p.fp32 is not None:
+        times = (f"; at the step's own matmul shapes, {own.dtype}'s products take {f.ms(own.ms)} ms against "
+                 f"float32's {f.ms(base.ms)} ms ({f.ratio(speedup)})")
+        if speedup < CURVE_PAYS:
+            return times + f": {own.dtype} matmuls are no faster here at these shapes, so a larger step alone " \
+                           f"will not pay"
+        return times + _rest(p, ", while", " (casts, dispatch, elementwise ops, the optimizer update)")
     c = p.cell
     dtype = PEAK_DTYPES.get(s.precision.partition(":")[0])
     peaks = next((r.get("device_peak_gflops") for r in (c.records if c else []) if r.get("device_peak_gflops")),

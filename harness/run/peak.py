@@ -8,13 +8,17 @@ and a figure from another one means nothing here; a float32 matmul with TF32 on 
 after the run's build, so in the math mode the run set), and a strict-fp32 run must not be read against it.
 
 The curve (matmul_curves, cached as "matmul_curves" under the same key): GFLOP/s per dtype at n = CURVE_SIZES
-(64 to 4096), square n x n products only: Adapter.matmul takes one n, so the (batch x positions, K, N) shapes of
-the model's own layers are not measured; a layer's rate is read off the square curve at a similar amount of work.
-Each size is timed after a warm-up product as the median of CURVE_REPEATS samples, a sample being as many products
-in a row as make it last CURVE_MIN_SAMPLE_S (a 64 x 64 product takes microseconds, below what one clock read
-resolves against the framework's dispatch). A dtype's curve stops at the first size whose first timed product takes
-more than CURVE_CAP_S (that size is kept, from that one product; unless it is the last size, `stopped` says why the
-curve ends there): emulated float16 on a CPU runs at ~0.3 GFLOP/s, where a 4096 x 4096 product would take minutes.
+(64 to 4096), square n x n products. Each size is timed after a warm-up product as the median of CURVE_REPEATS
+samples, a sample being as many products in a row as make it last CURVE_MIN_SAMPLE_S (a 64 x 64 product takes
+microseconds, below what one clock read resolves against the framework's dispatch). A dtype's curve stops at the
+first size whose first timed product takes more than CURVE_CAP_S (that size is kept, from that one product; unless
+it is the last size, `stopped` says why the curve ends there): emulated float16 on a CPU runs at ~0.3 GFLOP/s,
+where a 4096 x 4096 product would take minutes.
+
+The model's own shapes (shape_rates, cached per shape as "matmul_shapes"): the 2D products of its training step
+(harness.model.graph.step_matmuls: m x k times k x n, forward and backward), each timed like a curve size. A shape
+is not timed where its operands and product would take more than MAX_SHAPE_MB, or where the dtype's curve says one
+product would take more than MAX_SHAPE_S (from the curve's rate at the size of nearest work): the record says so.
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ CURVE_REPEATS = 5
 CURVE_MIN_SAMPLE_S = 0.002
 CURVE_MAX_LOOPS = 1000
 CURVE_CAP_S = 0.25  # a product slower than this ends its dtype's curve: the next size is 8 times the work
+MAX_SHAPE_MB = 1024  # a layer's product whose operands and result take more is not timed (the memory it holds)
+MAX_SHAPE_S = 2.0  # nor one the curve says would take longer (emulated 16-bit on a CPU: ~0.3 GFLOP/s)
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _key(adapter, device, threads: int, tf32: bool) -> str:
@@ -57,6 +64,59 @@ def matmul_curves(adapter, device, threads: int, tf32: bool) -> dict[str, dict |
                   lambda: {dtype: matmul_curve(adapter, device, dtype) for dtype in DTYPES})
 
 
+def shape_rates(adapter, device, threads: int, tf32: bool, dtype: str, shapes, curve: dict | None) -> list[dict]:
+    """Per distinct (m, k, n) of `shapes` (harness.model.graph.Matmul, in order of first appearance): {"m", "k",
+    "n", "gflops"} or, where it was not timed, {"m", "k", "n", "skipped": why}; `curve` is the dtype's
+    matmul_curve (None: no kernel, and no shape is timed)."""
+    out = []
+    for m, k, n in dict.fromkeys((mm.m, mm.k, mm.n) for mm in shapes):
+        why = _not_timed(m, k, n, dtype, curve)
+        if why:
+            out.append({"m": m, "k": k, "n": n, "skipped": why})
+            continue
+        rate = cached("matmul_shapes", json.dumps([_key(adapter, device, threads, tf32), dtype, m, k, n]),
+                      lambda: _rate(adapter.matmul((m, k, n), dtype, device), 2 * m * k * n)[0])
+        out.append({"m": m, "k": k, "n": n, "gflops": rate} if rate else
+                   {"m": m, "k": k, "n": n, "skipped": f"no {dtype} kernel for this shape"})
+    return out
+
+
+def _not_timed(m: int, k: int, n: int, dtype: str, curve: dict | None) -> str | None:
+    if not curve:
+        return f"no {dtype} matmul kernel here"
+    mb = (m * k + k * n + m * n) * BYTES[dtype] / 2**20
+    if mb > MAX_SHAPE_MB:
+        return f"its operands and product take {mb:.0f} MB, over the {MAX_SHAPE_MB} MB this check allows"
+    flops = 2 * m * k * n
+    near = min(zip(curve["n"], curve["gflops"]), key=lambda p: abs(math.log(2 * p[0]**3 / flops)))
+    seconds = flops / (near[1] * 1e9)
+    if seconds > MAX_SHAPE_S:
+        return (f"one product would take about {seconds:.2g} s at the {dtype} curve's rate at n={near[0]}, over "
+                f"the {MAX_SHAPE_S:g} s this check allows")
+    return None
+
+
+def _rate(run, flops: float) -> tuple[float | None, float]:
+    """(GFLOP/s of `run`, a product of `flops`, the seconds its first timed product took); (None, 0) where
+    `run` is None. Timed after a warm-up product: over CURVE_CAP_S, that one product; else the median of
+    CURVE_REPEATS samples of as many products in a row as last CURVE_MIN_SAMPLE_S."""
+    if run is None:
+        return None, 0.0
+    run()  # warm-up: kernels chosen (or compiled), memory allocated
+    first = _seconds(run)
+    if first > CURVE_CAP_S:
+        return flops / first / 1e9, first
+    loops = max(1, min(CURVE_MAX_LOOPS, math.ceil(CURVE_MIN_SAMPLE_S / max(first, 1e-9))))
+
+    def sample() -> float:
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            run()
+        return (time.perf_counter() - t0) / loops
+
+    return flops / statistics.median(sample() for _ in range(CURVE_REPEATS)) / 1e9, first
+
+
 def _seconds(run) -> float:
     t0 = time.perf_counter()
     run()
@@ -66,7 +126,7 @@ def _seconds(run) -> float:
 def matmul_gflops(adapter, device, dtype: str) -> float | None:
     n = 256
     while True:
-        run = adapter.matmul(n, dtype, device)
+        run = adapter.matmul((n, n, n), dtype, device)
         if run is None:
             return None
         run()  # warm-up: kernels chosen, memory allocated
@@ -83,28 +143,16 @@ def matmul_curve(adapter, device, dtype: str, sizes=CURVE_SIZES) -> dict | None:
     rates: list[float] = []
     stopped = None
     for n in sizes:
-        run = adapter.matmul(n, dtype, device)
-        if run is None:
+        rate, first = _rate(adapter.matmul((n, n, n), dtype, device), 2 * n**3)
+        if rate is None:
             if not ns:
                 return None
             stopped = f"no {dtype} kernel at n={n}"
             break
-        run()  # warm-up: kernels chosen (or compiled), memory allocated
-        first = _seconds(run)
+        ns.append(n)
+        rates.append(rate)
         if first > CURVE_CAP_S:  # this size from that one product; no larger one
-            ns.append(n)
-            rates.append(2 * n**3 / first / 1e9)
             if n != sizes[-1]:
                 stopped = f"one product took {first:.2g} s, over the {CURVE_CAP_S:g} s cap"
             break
-        loops = max(1, min(CURVE_MAX_LOOPS, math.ceil(CURVE_MIN_SAMPLE_S / max(first, 1e-9))))
-
-        def sample(run=run, loops=loops) -> float:
-            t0 = time.perf_counter()
-            for _ in range(loops):
-                run()
-            return (time.perf_counter() - t0) / loops
-
-        ns.append(n)
-        rates.append(2 * n**3 / statistics.median(sample() for _ in range(CURVE_REPEATS)) / 1e9)
     return {"n": ns, "gflops": rates, "stopped": stopped}

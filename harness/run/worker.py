@@ -24,7 +24,7 @@ from harness.errors import HarnessError, one_line
 from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import infer, state_memory_mb
+from harness.model.graph import infer, state_memory_mb, step_matmuls
 from harness.model.spec import ModelSpec, validate
 from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler, parse_loss_scale, parse_precision
@@ -146,7 +146,7 @@ def run(req: RunRequest, progress=None) -> dict:
                     compute_dtype=precision.compute_dtype, weight_dtype=precision.param_dtype,
                     epsilon=nonfinite.lost_epsilon(spec.optimizer, precision))
             if record["status"] == "ok" and req.measure_peak:
-                _efficiency(adapter, device, precision, req.threads, record)
+                _efficiency(adapter, device, precision, req.threads, record, step_matmuls(graph, spec.batch_size))
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
     except Exception as exc:  # a framework error: keep the run's record, with the cause
@@ -163,10 +163,12 @@ RSS_KIND = ("process peak RSS (VmHWM) above its level before the model was built
             "state, activations and the framework's workspace; not the input pipeline")
 
 
-def _efficiency(adapter, device, precision, threads, record) -> None:
+def _efficiency(adapter, device, precision, threads, record, matmuls=()) -> None:
     """The run's achieved FLOP/s as a share of this device's matmul peak in the run's compute dtype; a scaling
     study's run also holds the device's matmul curve per dtype (harness.run.peak.matmul_curves), which its
-    section reads beside the model's rate at each size."""
+    section reads beside the model's rate at each size, and the rate of each of its step's own matmuls
+    (`matmuls`: harness.model.graph.step_matmuls) in its compute dtype, timed alone: how long the step's matmuls
+    take by themselves, against the step's time."""
     from harness.identity import scaling_study  # (only here: the rest of the worker has no use for it)
 
     peaks = peak.device_peaks(adapter, device, threads, precision.tf32)
@@ -175,7 +177,13 @@ def _efficiency(adapter, device, precision, threads, record) -> None:
     if peaks.get(compute) and record.get("achieved_gflops"):
         record["efficiency"] = record["achieved_gflops"] / peaks[compute]
     if scaling_study(record):
-        record["matmul_curve"] = peak.matmul_curves(adapter, device, threads, precision.tf32)
+        curves = record["matmul_curve"] = peak.matmul_curves(adapter, device, threads, precision.tf32)
+        if matmuls:
+            rates = {(s["m"], s["k"], s["n"]): s for s in peak.shape_rates(
+                adapter, device, threads, precision.tf32, compute, matmuls, curves.get(compute))}
+            record["matmul_shapes"] = {"dtype": compute, "products": [
+                {"layer": mm.path, "type": mm.type, "pass": mm.pass_, **rates[(mm.m, mm.k, mm.n)]}
+                for mm in matmuls]}
 
 
 class LossScaleLog:

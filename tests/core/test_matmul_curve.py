@@ -24,22 +24,24 @@ class Clock:
 
 
 class RateAdapter(FakeAdapter):
-    """Its n x n product of a dtype "takes" 2n^3 / rate seconds on a fake clock (a dtype without a rate has no
+    """Its m x k by k x n product of a dtype "takes" 2mkn / rate seconds on a fake clock (a dtype without a rate has no
     kernel); the first product of each size also pays a 10 s compilation, which the curve must not count."""
 
     def __init__(self, clock: Clock, rates: dict[str, float]):
         self.clock, self.rates, self.asked, self.products = clock, rates, [], {}
 
-    def matmul(self, n, dtype, device):
-        self.asked.append((dtype, n))
+    def matmul(self, shape, dtype, device):
+        m, k, n = shape
+        self.asked.append((dtype, n) if m == k == n else (dtype, shape))
         if dtype not in self.rates:
             return None
         compiled = []
 
         def run():
-            self.clock.now += 2 * n**3 / self.rates[dtype] + (0 if compiled else 10.0)
+            self.clock.now += 2 * m * k * n / self.rates[dtype] + (0 if compiled else 10.0)
             compiled.append(True)
-            self.products[(dtype, n)] = self.products.get((dtype, n), 0) + 1
+            key = n if m == k == n else shape
+            self.products[(dtype, key)] = self.products.get((dtype, key), 0) + 1
 
         return run
 
@@ -150,3 +152,66 @@ def test_a_record_s_curve_must_pair_each_size_with_a_rate():
            "matmul_curve": {"float32": {"n": [64, 128], "gflops": [1.0], "stopped": None}}}
     with pytest.raises(ValueError, match="2 sizes but 1 rates"):
         RunRecord.model_validate(bad)
+
+
+def test_a_step_s_matmuls_are_its_layers_products_forward_and_backward():
+    from harness.model.graph import infer, step_matmul_share, step_matmuls
+    from harness.model.spec import load_spec
+
+    mlp = load_spec("mnist_mlp")  # 784-512-10
+    graph = infer(mlp)
+    products = [(mm.path, mm.pass_, mm.m, mm.k, mm.n) for mm in step_matmuls(graph, 32)]
+    assert products[:3] == [("1", "forward", 32, 784, 512), ("1", "input gradient", 32, 512, 784),
+                            ("1", "weight gradient", 784, 32, 512)], products
+    assert step_matmul_share(graph, 32) == pytest.approx(1.0)  # every FLOP the step counts is a 2D product
+    conv = infer(load_spec("resnet8"))  # the first conv as im2col: 32x32 positions, 3x3x3 taps, 16 filters
+    first = step_matmuls(conv, 4)[0]
+    assert (first.m, first.k, first.n) == (4 * 32 * 32, 27, 16)
+    assert step_matmul_share(conv, 4) == pytest.approx(1.0)
+    gpt = infer(load_spec("tiny_gpt"))  # attention's batched score products are not 2D ones: left out
+    assert 0.5 < step_matmul_share(gpt, 4) < 1.0
+
+
+def test_the_model_s_own_shapes_are_timed_once_each_and_too_big_or_too_slow_ones_are_not(clock, monkeypatch):
+    from harness.model.graph import Matmul
+
+    adapter = RateAdapter(clock, {"float32": 1e12, "float16": 0.3e9})
+    device = adapter.device("cpu")
+    products = [Matmul("1", "dense", "forward", 64, 784, 512), Matmul("1", "dense", "input gradient", 64, 512, 784),
+                Matmul("2", "dense", "forward", 64, 784, 512)]  # the same shape twice: timed once
+    rates = peak.shape_rates(adapter, device, 1, False, "float32", products, curve([1000.0] * 7))
+    assert [(r["m"], r["k"], r["n"]) for r in rates] == [(64, 784, 512), (64, 512, 784)]
+    assert [r["gflops"] for r in rates] == pytest.approx([1000.0, 1000.0])
+    assert adapter.asked.count(("float32", (64, 784, 512))) == 1
+    again = peak.shape_rates(adapter, device, 1, False, "float32", products, curve([1000.0] * 7))
+    assert again == rates and adapter.asked.count(("float32", (64, 784, 512))) == 1, "the cached rate was retimed"
+    # emulated float16: 0.3 GFLOP/s on its curve, so a 8192 x 784 x 512 product would take ~22 s: not timed
+    slow = peak.shape_rates(adapter, device, 1, False, "float16", [Matmul("1", "dense", "forward", 8192, 784, 512)],
+                            curve([0.3] * 4))
+    assert slow[0]["skipped"].startswith("one product would take about 22 s at the float16 curve's rate"), slow
+    assert not any(shape == (8192, 784, 512) for _, shape in adapter.asked)
+    monkeypatch.setattr(peak, "MAX_SHAPE_MB", 1)  # 64x784 + 784x512 + 64x512 floats: 1.85 MB
+    big = peak.shape_rates(adapter, device, 1, False, "float32", products[:1], curve([1000.0] * 7))
+    assert big[0]["skipped"] == "its operands and product take 2 MB, over the 1 MB this check allows", big
+    assert peak.shape_rates(adapter, device, 1, False, "bfloat16", products, None)[0]["skipped"] == \
+        "no bfloat16 matmul kernel here"
+
+
+def test_a_scaling_study_s_run_holds_its_step_s_matmuls_timed_alone(clock, monkeypatch):
+    from harness.model.graph import infer, step_matmuls
+    from harness.model.spec import load_spec
+
+    monkeypatch.setattr(peak, "MIN_PRODUCT_S", 0.0)
+    adapter = RateAdapter(clock, {"float32": 1e12, "bfloat16": 2e12})
+    matmuls = step_matmuls(infer(load_spec("mnist_mlp")), 16)
+    record = {"achieved_gflops": 1.0, "study": STUDY}
+    worker._efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, record, matmuls)
+    shapes = record["matmul_shapes"]
+    assert shapes["dtype"] == "bfloat16" and len(shapes["products"]) == 6
+    assert shapes["products"][0] == {"layer": "1", "type": "dense", "pass": "forward", "m": 16, "k": 784, "n": 512,
+                                     "gflops": pytest.approx(2000.0)}
+    RunRecord.model_validate({"run_id": "r", "framework": "fake", "precision": "amp_bf16", "status": "failed",
+                              "matmul_shapes": shapes})
+    ordinary = {"achieved_gflops": 1.0, "study": None}
+    worker._efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, ordinary, matmuls)
+    assert "matmul_shapes" not in ordinary

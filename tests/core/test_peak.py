@@ -16,7 +16,7 @@ class ModeAdapter(FakeAdapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
         self.tf32 = precision.tf32  # the trainer itself plays no part here
 
-    def matmul(self, n, dtype, device):
+    def matmul(self, shape, dtype, device):
         return lambda: self.ran.append("tf32" if self.tf32 else "strict")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 
 from harness.report import build_view, render
 from harness.report.render import render_markdown
@@ -110,3 +111,67 @@ def test_a_step_that_runs_near_the_matmul_peak_is_not_said_to_be_dominated_by_fi
     line = sentence(records)
     assert "fixed per-step costs" not in line.split("so its")[0] and \
         "114% of the device's float32 matmul peak, so its matmuls, not fixed per-step costs, fill that step" in line
+
+
+def with_matmuls(records: list[dict], share: dict[str, float]) -> list[dict]:
+    """Each record with its step's matmuls timed alone: one product of all its FLOPs, whose rate makes it take
+    `share[precision]` of that record's size's step (the geometric mean of its repeats' medians, as a Cell's)."""
+    repeats: dict[tuple, list[float]] = {}
+    for r in records:
+        repeats.setdefault((r["precision"], r["batch_size"]), []).append(statistics.median(r["step_times_ms"]))
+    out = []
+    for r in records:
+        ms = share[r["precision"]] * statistics.geometric_mean(repeats[(r["precision"], r["batch_size"])])
+        m, k, n = r["flops_per_step"] // 2, 1, 1
+        dtype = "float32" if r["precision"] == "fp32" else "bfloat16"
+        out.append({**r, "schema": 8, "matmul_shapes": {"dtype": dtype, "products": [
+            {"layer": "0", "type": "dense", "pass": "forward", "m": m, "k": k, "n": n,
+             "gflops": 2 * m * k * n / (ms * 1e6)}]}})
+    return out
+
+
+def test_below_the_crossover_the_why_is_the_step_s_own_matmuls_timed_alone():
+    records = with_matmuls(size(16, 4.0, 0.8) + size(256, 40.0, 1.8), {"fp32": 0.25, "amp_bf16": 0.1})
+    line = sentence(records)
+    assert "below that, at batch 16 it is slower" in line, line
+    assert re.search(r": at fp32, its matmuls, timed alone at the step's own shapes in float32, take (0\.999|1) ms of "
+                     r"its 4 ms step \(25%\), so the step is mostly other work", line), line
+    # amp_bf16 at batch 16: a 5 ms step, its matmuls 0.5 ms: twice as fast as fp32's 1 ms
+    assert re.search(r"at amp_bf16, its matmuls, timed alone .* in bfloat16, take 0\.5 ms of its 5 ms step "
+                     r"\(10%\), x2\.00 fp32's matmul time, while the rest of the step takes 4\.5 ms against fp32's "
+                     r"3 ms", line), line
+    assert "fixed per-step costs" not in line  # the direct evidence replaces the peak-share guess
+    (entry,) = build_view(records).crossover.entries
+    assert [r.fp32_matmul_ms for r in entry.rows] == ["0.999 (25%)", "10 (25%)"], entry.rows
+    # the matmuls fill most of fp32's step: no "other work"
+    line = sentence(with_matmuls(size(16, 4.0, 0.8) + size(256, 40.0, 1.8), {"fp32": 0.8, "amp_bf16": 0.5}))
+    assert "(80%)" in line and "mostly other work" not in line, line
+
+
+def test_no_crossover_says_whether_16_bit_matmuls_at_the_model_s_shapes_are_faster():
+    slower = with_matmuls(size(16, 4.0, 0.5) + size(256, 40.0, 0.6), {"fp32": 0.5, "amp_bf16": 0.5})
+    line = sentence(slower)  # bf16's matmuls at batch 256: 0.5 x 66.7 ms = 33 ms against fp32's 20 ms
+    assert "crossover not reached up to batch 256" in line
+    assert re.search(r"at the step's own matmul shapes, bfloat16's products take 33\.\d ms against float32's "
+                     r"20(\.0)? ms \(x0\.60\): bfloat16 matmuls are no faster here at these shapes", line), line
+    faster = with_matmuls(size(16, 4.0, 0.5) + size(256, 40.0, 0.9), {"fp32": 0.5, "amp_bf16": 0.1})
+    line = sentence(faster)  # 4.4 ms against 20: faster, but the rest grows from 20 ms to 40 (44.4 - 4.4)
+    assert re.search(r"\(x4\.50\), while the rest of the step \(casts, dispatch, elementwise ops, the optimizer "
+                     r"update\) takes 40 ms against fp32's 20 ms", line), line
+
+
+def test_the_memory_saved_chart_plots_each_size_against_the_batch():
+    records = size(16, 4.0, 0.8) + size(256, 40.0, 1.8)
+    (entry,) = build_view(records).crossover.entries
+    svg = str(entry.memory_chart)
+    assert svg.startswith("<svg") and "batch size (log scale)" in svg and "40%" in svg
+    assert 'data-chart="memory-scaling"' in render(build_view(records))
+    (entry,) = build_view(size(16, 4.0, 0.8, width=1.0) + size(16, 8.0, 1.2, width=2.0)).crossover.entries
+    assert "FLOPs per training step (log scale)" in str(entry.memory_chart)
+    assert entry.memory_caption.endswith("Saved: amp_bf16 40% at width 1, 40% at width 2."), entry.memory_caption
+
+
+def test_matmuls_timed_alone_longer_than_the_step_are_not_used_to_split_it():
+    line = sentence(with_matmuls(size(16, 4.0, 0.5) + size(256, 40.0, 0.9), {"fp32": 1.2, "amp_bf16": 0.5}))
+    assert "but the matmuls timed alone take longer than the fp32 step itself (120% of it" in line, line
+    assert "the rest of the step" not in line and "-" not in line.split("(x")[-1], line

@@ -103,12 +103,13 @@ class JaxAdapter(Adapter):
 
         return OPS
 
-    def matmul(self, n, dtype, device):
+    def matmul(self, shape, dtype, device):
         import jax
 
+        m, k, n = shape
         dev = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
-        a, b = (jax.device_put(jax.random.normal(key, (n, n)).astype(dtype), dev)
-                for key in jax.random.split(jax.random.key(0)))
+        a, b = (jax.device_put(jax.random.normal(key, dims).astype(dtype), dev)
+                for key, dims in zip(jax.random.split(jax.random.key(0)), ((m, k), (k, n))))
         product = jax.jit(lambda a, b: (a @ b).sum())
 
         def run():

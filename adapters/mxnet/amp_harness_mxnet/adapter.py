@@ -98,16 +98,18 @@ class MXNetAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return MXNetTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def matmul(self, n, dtype, device):
+    def matmul(self, shape, dtype, device):
         import mxnet as mx
         from mxnet.contrib.amp.amp import bfloat16
 
+        m, k, n = shape
         ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
-        # FullyConnected (a @ b.T), the operator the networks' matmuls run on: `dot` has no bfloat16 CPU kernel
+        # FullyConnected (a @ b.T, b n x k), the operator the networks' matmuls run on: `dot` has no bfloat16 CPU
+        # kernel
         product = lambda: mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True)  # noqa: E731
         try:
-            a, b = (mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(bfloat16 if dtype == "bfloat16" else dtype)
-                    for _ in range(2))
+            a, b = (mx.nd.random.normal(shape=dims, ctx=ctx).astype(bfloat16 if dtype == "bfloat16" else dtype)
+                    for dims in ((m, k), (n, k)))
             product().wait_to_read()
         except mx.base.MXNetError:  # no kernel for this dtype here (float16 on CPU)
             return None

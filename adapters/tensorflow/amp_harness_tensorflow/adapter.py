@@ -79,11 +79,12 @@ class TensorFlowAdapter(Adapter):
 
         return OPS
 
-    def matmul(self, n, dtype, device):
+    def matmul(self, shape, dtype, device):
         import tensorflow as tf
 
+        m, k, n = shape
         with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
-            a, b = (tf.cast(tf.random.normal((n, n)), dtype) for _ in range(2))
+            a, b = (tf.cast(tf.random.normal(dims), dtype) for dims in ((m, k), (k, n)))
         product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
 
         def run():

@@ -80,10 +80,11 @@ class TorchAdapter(Adapter):
 
         return OPS
 
-    def matmul(self, n, dtype, device):
+    def matmul(self, shape, dtype, device):
         import torch
 
-        a, b = (torch.randn(n, n, device=device.name).to(getattr(torch, dtype)) for _ in range(2))
+        m, k, n = shape
+        a, b = (torch.randn(*dims, device=device.name).to(getattr(torch, dtype)) for dims in ((m, k), (k, n)))
 
         def run():
             (a @ b).sum().item()  # .item() waits for the device
