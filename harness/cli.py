@@ -1,4 +1,4 @@
-"""The amp-harness command line: models, check, adapters, run, fingerprint, parity, report."""
+"""The amp-harness command line: models, check, import, adapters, run, fingerprint, parity, report."""
 from __future__ import annotations
 
 import argparse
@@ -178,6 +178,36 @@ def cmd_check(args) -> int:
         in_memory = memory.dataset_mb(spec)
         if in_memory:
             print(f"    and the dataset, kept in memory: {memory.fmt_mb(in_memory)}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    """`import keras MODEL`: another framework's model as a spec, on stdout or in -o FILE; one line per problem the
+    spec cannot express (exit 2), a note per assumption (stderr)."""
+    from harness.model.importers import ImportProblems, to_yaml
+    from harness.model.importers.keras import import_keras
+    from harness.results import prove_writable
+
+    importers = {"keras": import_keras}
+    out = Path(args.output) if args.output else None
+    if out is not None:
+        prove_writable(out.parent, out.name, "-o")
+    try:
+        imported = importers[args.framework](args.model, args.dataset, args.batch_size, args.steps)
+    except ImportProblems as exc:
+        if args.debug:
+            raise
+        for line in exc.lines:
+            print(f"amp-harness: error: {line}", file=sys.stderr)
+        return 2
+    for note in imported.notes:
+        print(f"amp-harness: note: {note}", file=sys.stderr)
+    text = to_yaml(imported.spec)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        print(f"wrote {out}; `amp-harness check {out}` shows its layers, parameters and memory")
     return 0
 
 
@@ -470,6 +500,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("specs", nargs="+", metavar="SPEC")
     check.set_defaults(func=cmd_check)
     sub.add_parser("adapters", help="installed adapters and what they can run here").set_defaults(func=cmd_adapters)
+    importer = sub.add_parser("import", help="another framework's model as a spec (no framework needed)")
+    frameworks = importer.add_subparsers(dest="framework", required=True)
+    keras_import = frameworks.add_parser("keras", help="a Keras model: model.to_json() output or a .keras file "
+                                         "(docs/import.md)")
+    keras_import.add_argument("model", metavar="MODEL", help="a JSON file of model.to_json(), or a .keras file")
+    keras_import.add_argument("--dataset", help="synthetic (default), digits, image_folder:PATH, text[:PATH] or "
+                              "synthetic_tokens")
+    keras_import.add_argument("--batch-size", type=_positive, help="the spec's batch size (default 32)")
+    keras_import.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
+    keras_import.add_argument("-o", "--output", help="write the spec here instead of stdout")
+    keras_import.set_defaults(func=cmd_import)
     run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
     diagnose = sub.add_parser("diagnose", help="is 16-bit safe for this model? fp32 training with tensor capture, "

@@ -1,0 +1,710 @@
+"""`amp-harness import keras MODEL`: a Keras model's JSON configuration (`model.to_json()`, or a `.keras` file's
+`config.json`) into a spec, read as data: Keras is never imported.
+
+What maps: a Sequential model, or a functional one whose graph is a chain with residual adds (an Add of the
+chain's output and an earlier tensor, either directly or through a projection branch); the layers in LAYERS
+below, each Keras option either copied into the spec's field or held to the one value the spec's math has (FIXED);
+`activation=` arguments become the spec's activation layer after the layer; the compile configuration (Keras 3's
+`compile_config`, Keras 2's `training_config`) gives the loss and the optimizer (LOSSES, OPTIMIZERS). Keras 3 and
+Keras 2.11+'s RMSprop put epsilon inside the square root, Keras 2's legacy one (TF <= 2.10 without momentum)
+outside it (tf.keras optimizer_v2/rmsprop.py: `var - lr * grad / (sqrt(rms) + epsilon)`).
+
+What does not map is one line per problem naming the layer (its index in `model.layers` and its name) and the
+field; initialisers are dropped with a note (the core draws every weight: harness.model.weights).
+"""
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from harness.errors import HarnessError, clip
+from harness.model.importers import Imported, ImportProblems
+
+MAX_CONFIG_BYTES = 16 << 20  # a model's configuration is KiBs; a .keras file's weights are not read
+DEFAULT_BATCH_SIZE, DEFAULT_STEPS = 32, 100  # Keras fit's default batch; a short run (the file says neither)
+
+
+class Problem(Exception):
+    """One thing the spec cannot express: (the Keras field, what is wrong)."""
+
+    def __init__(self, key: str, why: str):
+        super().__init__(f"{key}: {why}")
+
+
+# ---- the layer table ----------------------------------------------------------------------------------------
+def _one(key: str, what: str = "size") -> Callable[[dict], int | None]:
+    """A window field the spec takes as one number: Keras's [a, a] (or a) -> a."""
+    def read(config: dict):
+        value = config.get(key)
+        if value is None or isinstance(value, int):
+            return value
+        if isinstance(value, list) and value and all(v == value[0] for v in value) and isinstance(value[0], int):
+            return value[0]
+        raise Problem(f"{key} {_show(value)}", f"not square; the spec takes one {what} for height and width")
+    return read
+
+
+def _copy(key: str) -> Callable[[dict], object]:
+    return lambda config: config.get(key)
+
+
+def _const(value) -> Callable[[dict], object]:
+    return lambda config: value
+
+
+@dataclass(frozen=True)
+class Rule:
+    type: str  # the spec's layer type
+    fields: dict[str, Callable[[dict], object]] = field(default_factory=dict)  # spec field <- the Keras config
+    fixed: dict[str, tuple] = field(default_factory=dict)  # Keras option -> the values the spec's math has
+    activation: bool = False  # takes `activation=`: the spec's activation layer follows
+    read: tuple[str, ...] = ()  # Keras options the fields read (anything else must hold its neutral value)
+
+
+CHANNELS_LAST = {"data_format": ("channels_last", None)}
+WINDOW = {"pool_size": _one("pool_size"), "strides": _one("strides", "stride"), "padding": _copy("padding")}
+NORM = {"center": (True,), "scale": (True,)}
+LAST_AXIS = (-1, [-1])
+
+LAYERS: dict[str, Rule] = {
+    "Dense": Rule("dense", {"units": _copy("units"), "use_bias": _copy("use_bias")}, activation=True,
+                  read=("units", "use_bias")),
+    "Conv2D": Rule("conv2d", {"filters": _copy("filters"), "kernel_size": _one("kernel_size", "kernel size"),
+                              "strides": _one("strides", "stride"), "padding": _copy("padding"),
+                              "use_bias": _copy("use_bias")},
+                   {**CHANNELS_LAST, "dilation_rate": (1, [1, 1]), "groups": (1,)}, activation=True,
+                   read=("filters", "kernel_size", "strides", "padding", "use_bias")),
+    "MaxPooling2D": Rule("maxpool2d", WINDOW, CHANNELS_LAST, read=tuple(WINDOW)),
+    "AveragePooling2D": Rule("avgpool2d", WINDOW, CHANNELS_LAST, read=tuple(WINDOW)),
+    "GlobalAveragePooling2D": Rule("global_avgpool2d", fixed={**CHANNELS_LAST, "keepdims": (False,)}),
+    "GlobalAveragePooling1D": Rule("sequence_pool", {"mode": _const("mean")},
+                                   {**CHANNELS_LAST, "keepdims": (False,)}),
+    "Flatten": Rule("flatten", fixed=CHANNELS_LAST),
+    "BatchNormalization": Rule("batchnorm", {"momentum": _copy("momentum"), "epsilon": _copy("epsilon")},
+                               {**NORM, "axis": (*LAST_AXIS, 3, [3]), "renorm": (False,)},
+                               read=("momentum", "epsilon", "renorm_momentum", "synchronized")),
+    "LayerNormalization": Rule("layernorm", {"epsilon": _copy("epsilon")},
+                               {**NORM, "axis": LAST_AXIS, "rms_scaling": (False,)}, read=("epsilon",)),
+    "RMSNormalization": Rule("rmsnorm", {"epsilon": _copy("epsilon")}, {"axis": LAST_AXIS}, read=("epsilon",)),
+    "Dropout": Rule("dropout", {"rate": _copy("rate")}, {"noise_shape": (None,)}, read=("rate",)),
+    "Embedding": Rule("embedding", {"dim": _copy("output_dim")}, {"mask_zero": (False,)},
+                      read=("input_dim", "output_dim", "input_length")),
+    "MultiHeadAttention": Rule("attention", {"heads": _copy("num_heads"), "dropout": _copy("dropout"),
+                                             "use_bias": _copy("use_bias")},
+                               {"output_shape": (None,), "attention_axes": (None, 1, [1]), "use_gate": (False,)},
+                               read=("num_heads", "key_dim", "value_dim", "dropout", "use_bias")),
+    "Activation": Rule("", activation=True),  # only its activation
+    "ReLU": Rule("relu", fixed={"max_value": (None,), "negative_slope": (0, 0.0), "threshold": (0, 0.0)}),
+    "Softmax": Rule("softmax", fixed={"axis": LAST_AXIS}),
+}
+ACTIVATIONS: dict[str | None, list[dict]] = {  # Keras's activation name -> the spec's layers
+    None: [], "linear": [], "relu": [{"type": "relu"}], "sigmoid": [{"type": "sigmoid"}],
+    "tanh": [{"type": "tanh"}], "softmax": [{"type": "softmax"}],
+    "gelu": [{"type": "gelu"}],  # keras.activations.gelu: approximate=False, the erf form, the spec's default
+}
+GENERIC = ("name", "trainable", "dtype", "seed", "activation", "build_config")  # options every layer has
+
+# ---- losses and optimizers ----------------------------------------------------------------------------------
+LOSSES = {"binary_crossentropy": "binary_crossentropy", "BinaryCrossentropy": "binary_crossentropy",
+          "sparse_categorical_crossentropy": "sparse_categorical_crossentropy",
+          "SparseCategoricalCrossentropy": "sparse_categorical_crossentropy"}
+LOSS_FIXED = {"label_smoothing": (0, 0.0), "ignore_class": (None,), "axis": (-1,),
+              "reduction": ("sum_over_batch_size", "auto", None)}
+# Keras class -> (the spec's type, the Keras defaults of the fields the spec takes)
+OPTIMIZERS = {
+    "SGD": ("sgd", {"learning_rate": 0.01, "momentum": 0.0, "nesterov": False}),
+    "Adam": ("adam", {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}),
+    "AdamW": ("adamw", {"learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7,
+                        "weight_decay": 0.004}),
+    "RMSprop": ("rmsprop", {"learning_rate": 0.001, "rho": 0.9, "epsilon": 1e-7}),
+}
+OPTIMIZER_FIXED = {"clipnorm": (None,), "clipvalue": (None,), "use_ema": (False,), "loss_scale_factor": (None,),
+                   "gradient_accumulation_steps": (None, 1), "amsgrad": (False,), "centered": (False,),
+                   "decay": (0, 0.0), "momentum": (0, 0.0)}  # momentum: RMSprop's (SGD reads its own)
+OPTIMIZER_IGNORED = ("name", "ema_momentum", "ema_overwrite_frequency", "jit_compile", "is_legacy_optimizer",
+                     "global_clipnorm", "weight_decay", "lr")
+
+
+def _show(value) -> str:
+    return clip(json.dumps(value), 40)
+
+
+def _f32(value):
+    """A hyper-parameter Keras kept in float32 (9.999999747378752e-05) as written (0.0001); others unchanged."""
+    if isinstance(value, float) and float(np.float32(value)) == value:
+        short = float(str(np.float32(value)))
+        return short if float(np.float32(short)) == value else value
+    return value
+
+
+def _class(obj) -> tuple[str | None, dict]:
+    """(class name, config) of a serialised object or a plain name; Keras 3 writes functions as
+    {class_name: function, config: NAME}."""
+    if isinstance(obj, str):
+        return obj, {}
+    if isinstance(obj, dict):
+        name, config = obj.get("class_name"), obj.get("config")
+        if name == "function" and isinstance(config, str):
+            return config, {}
+        return name, config if isinstance(config, dict) else {}
+    return None, {}
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+def read_config(path: Path) -> dict:
+    """The model's configuration from a JSON file or a .keras zip's config.json; HarnessError in one line."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                try:
+                    info = archive.getinfo("config.json")
+                except KeyError:
+                    raise HarnessError(f"{path}: a zip without config.json: not a .keras file") from None
+                if info.file_size > MAX_CONFIG_BYTES:
+                    raise HarnessError(f"{path}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+                raw = archive.read(info)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise HarnessError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model's JSON")
+    except OSError as exc:
+        raise HarnessError(f"{clip(path, 200)}: cannot read: {exc.strerror or exc}") from None
+    except zipfile.BadZipFile as exc:
+        raise HarnessError(f"{path}: a broken zip: {clip(exc, 80)}") from None
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"{path}: byte {exc.start}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"{path}: line {exc.lineno}: not JSON ({exc.msg}); give model.to_json()'s output or "
+                           f"a .keras file") from None
+    except RecursionError:
+        raise HarnessError(f"{path}: JSON nested too deeply for a model") from None
+    if not isinstance(config, dict) or "class_name" not in config or not isinstance(config.get("config"), dict):
+        raise HarnessError(f"{path}: not a Keras model's configuration (no class_name and config at the top level)")
+    return config
+
+
+@dataclass
+class Node:
+    index: int  # in model.layers
+    name: str
+    cls: str
+    config: dict
+    inputs: list[str] = field(default_factory=list)  # the layers whose outputs it takes, in argument order
+    kwargs: dict = field(default_factory=dict)  # call arguments that are not tensors
+    shapes: list = field(default_factory=list)  # the input tensors' shapes, where Keras 3 wrote them
+
+    @property
+    def where(self) -> str:
+        return f"layer {self.index} '{clip(self.name, 40)}' ({self.cls})"
+
+
+def _history(item) -> tuple | None:
+    """A Keras 3 tensor reference's (layer, node, index) and shape, or None."""
+    if isinstance(item, dict) and item.get("class_name") == "__keras_tensor__":
+        config = item.get("config") or {}
+        return tuple(config.get("keras_history") or ()), config.get("shape")
+    return None
+
+
+def _node_inputs(node: Node, inbound) -> None:
+    """Fill node.inputs, kwargs and shapes from its inbound_nodes (Keras 3 dicts, Keras 2 lists)."""
+    if not isinstance(inbound, list) or not inbound:
+        return
+    if len(inbound) > 1:
+        raise Problem("inbound_nodes", f"called {len(inbound)} times: a shared layer is not a chain")
+    call = inbound[0]
+    refs: list = []
+    if isinstance(call, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
+        def walk(obj):
+            found = _history(obj)
+            if found:
+                refs.append(found)
+            elif isinstance(obj, list):
+                for item in obj:
+                    walk(item)
+        walk(call.get("args", []))
+        for key, value in (call.get("kwargs") or {}).items():
+            before = len(refs)
+            walk(value)
+            if len(refs) == before:
+                node.kwargs[key] = value
+    else:  # Keras 2: [[layer, node, index, kwargs], ...]
+        for entry in call:
+            refs.append((tuple(entry[:3]), None))
+            if len(entry) > 3 and isinstance(entry[3], dict):
+                node.kwargs.update(entry[3])
+    for (layer, *rest), shape in refs:
+        if any(rest):
+            raise Problem("inbound_nodes", f"takes output {rest} of '{layer}': shared layers and layers of several "
+                          f"outputs are not a chain")
+        node.inputs.append(layer)
+        node.shapes.append(shape)
+
+
+def _endpoint(value, what: str) -> str:
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        value = [value]  # Keras 3 writes a single input as [name, 0, 0]
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], list):
+        raise Problem(what, f"{_show(value)}: the spec has one input and one output")
+    return value[0][0]
+
+
+# ---- the importer -------------------------------------------------------------------------------------------
+class KerasImporter:
+    def __init__(self, path: Path, config: dict):
+        self.path, self.model = path, config
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.initializers: set[str] = set()
+        self.policies: set[str] = set()
+        self.vocab: int | None = None
+
+    def problem(self, where: str, message: str) -> None:
+        line = f"{self.path}: {where}: {message}"
+        if line not in self.problems:  # a graph's problem is met again on every path through it
+            self.problems.append(line)
+
+    # a layer into the spec's layers, each tagged with its Keras name (_source)
+    def convert(self, node: Node, first: bool) -> list[dict]:
+        rule, config = LAYERS.get(node.cls), node.config
+        if rule is None:
+            self.problem(node.where, f"layer class {node.cls}: not in the spec (mapped: {', '.join(sorted(LAYERS))})")
+            return []
+        try:
+            out = self.options(node, rule)
+        except Problem as exc:
+            self.problem(node.where, str(exc))
+            return []
+        if node.cls == "Embedding":
+            if not first:
+                self.problem(node.where, "an embedding takes the token ids: it must be the model's first layer")
+            self.vocab = config.get("input_dim")
+        elif node.cls == "MultiHeadAttention":
+            self.attention(node, out[0])
+        return [dict(layer, _source=node.name) for layer in out]
+
+    def options(self, node: Node, rule: Rule) -> list[dict]:
+        config, problems = node.config, []
+        for key, value in config.items():
+            if key.endswith("_initializer"):
+                self.initializers.add(key)
+            elif key.endswith(("_regularizer", "_constraint")) and value is not None:
+                problems.append(Problem(f"{key} {_class(value)[0] or _show(value)}", "the spec has no regularizers "
+                                        "or constraints"))
+            elif key in rule.fixed:
+                if value not in rule.fixed[key]:
+                    problems.append(Problem(f"{key} {_show(value)}", f"the spec's {rule.type or 'layer'} takes only "
+                                            f"{' or '.join(_show(v) for v in rule.fixed[key] if v is not None)}"))
+            elif key not in GENERIC + rule.read and value not in (None, False, 0, [], {}):
+                problems.append(Problem(f"{key} {_show(value)}", f"not in the spec's {rule.type or 'layers'}"))
+        if config.get("trainable") is False:
+            problems.append(Problem("trainable false", "the spec trains every weight"))
+        policy = config.get("dtype")
+        policy = _class(policy)[1].get("name") if isinstance(policy, dict) else policy
+        if isinstance(policy, str) and policy != "float32":
+            self.policies.add(policy)
+        layer = {"type": rule.type}
+        for spec_field, read in rule.fields.items():
+            try:
+                value = read(config)
+            except Problem as exc:
+                problems.append(exc)
+                continue
+            if value is not None:
+                layer[spec_field] = value
+        if "pool_size" in rule.fields and layer.get("strides") == layer.get("pool_size"):
+            del layer["strides"]  # Keras writes the default (the pool size) out
+        activation = []
+        if rule.activation:
+            name, _ = _class(config.get("activation"))
+            if name not in ACTIVATIONS:
+                problems.append(Problem(f"activation {_show(name)}", f"the spec's activations are "
+                                        f"{', '.join(a for a in ACTIVATIONS if a)}"))
+            activation = ACTIVATIONS.get(name, [])
+        for problem in problems[1:]:
+            self.problem(node.where, str(problem))
+        if problems:
+            raise problems[0]
+        return ([layer] if rule.type else []) + [dict(a) for a in activation]
+
+    def attention(self, node: Node, layer: dict) -> None:
+        """Keras's MultiHeadAttention is the spec's attention when it is self-attention over [T, D] with
+        num_heads * key_dim = D and value_dim = key_dim (its [D, H, key_dim] kernels are the spec's [D, D])."""
+        config, kwargs = node.config, node.kwargs
+        if len(set(node.inputs)) != 1:
+            self.problem(node.where, "query, value and key are different tensors: the spec's attention is "
+                         "self-attention")
+        for key in ("attention_mask", "return_attention_scores"):
+            if kwargs.get(key) not in (None, False):
+                self.problem(node.where, f"called with {key}: not in the spec's attention")
+        layer["causal"] = bool(kwargs.get("use_causal_mask", False))
+        heads, key_dim = config.get("num_heads"), config.get("key_dim")
+        shape = next((s for s in node.shapes if s), None)
+        if config.get("value_dim") not in (None, key_dim):
+            self.problem(node.where, f"value_dim {config.get('value_dim')}: the spec's attention has value_dim = "
+                         f"key_dim")
+        if shape is None or len(shape) != 3:
+            self.problem(node.where, f"input shape {_show(shape)}: the spec's attention takes a sequence [T, D]")
+        elif heads * key_dim != shape[-1]:
+            self.problem(node.where, f"key_dim {key_dim}: num_heads {heads} x key_dim is not the model dimension "
+                         f"{shape[-1]}, which the spec's attention needs")
+
+    # the model's graph: a list of nodes from input to output into the spec's layers
+    def layers(self) -> tuple[list[Node], list[int] | None, list[dict]]:
+        """(the nodes, the input shape with its batch axis, the spec's layers)."""
+        cls, config = self.model["class_name"], self.model["config"]
+        entries = config.get("layers")
+        if cls not in ("Sequential", "Functional", "Model") or not isinstance(entries, list):
+            raise HarnessError(f"{self.path}: a {clip(cls, 40)} model: its configuration holds no layer graph (a "
+                               f"subclassed model?); give a Sequential or functional model")
+        entries = [e for e in entries if isinstance(e, dict)]
+        if cls == "Sequential":
+            return self.sequential(entries)
+        return self.functional(entries, config)
+
+    def sequential(self, entries: list[dict]):
+        shape = None
+        nodes = []
+        for entry in entries:
+            c = entry.get("config") or {}
+            shape = shape or c.get("batch_shape") or c.get("batch_input_shape")
+            if entry.get("class_name") != "InputLayer":
+                nodes.append(Node(len(nodes), c.get("name", "?"), entry.get("class_name"), c))
+        shape = shape or (self.model.get("build_config") or {}).get("input_shape") or \
+            self.model["config"].get("build_input_shape")
+        layers = [layer for i, node in enumerate(nodes) for layer in self.convert(node, i == 0)]
+        return nodes, shape, layers
+
+    def functional(self, entries: list[dict], config: dict):
+        nodes: dict[str, Node] = {}
+        for index, entry in enumerate(entries):
+            c = entry.get("config") or {}
+            node = Node(index, entry.get("name") or c.get("name", "?"), entry.get("class_name"), c)
+            try:
+                _node_inputs(node, entry.get("inbound_nodes"))
+            except Problem as exc:
+                self.problem(node.where, str(exc))
+            nodes[node.name] = node
+        try:
+            start, end = (_endpoint(config.get(k), k) for k in ("input_layers", "output_layers"))
+        except Problem as exc:
+            raise ImportProblems([f"{self.path}: {exc}"]) from None
+        if start not in nodes or end not in nodes:
+            raise HarnessError(f"{self.path}: input_layers or output_layers names a layer the model does not hold")
+        shape = (nodes[start].config.get("batch_shape") or nodes[start].config.get("batch_input_shape"))
+        graph = _Chain(self, nodes, start)
+        layers = graph.walk(end, start)
+        for node in nodes.values():  # once the walk met a problem, the layers it did not reach say nothing new
+            if node.name not in graph.visited and node.name != start and not self.problems:
+                self.problem(node.where, "not on the chain from the input to the output (a branch the spec cannot "
+                             "express: only residual adds join the chain)")
+        return list(nodes.values()), shape, layers
+
+
+class _Stop(Exception):
+    """The walk met a problem, already reported."""
+
+
+class _Chain:
+    """A functional graph read back from the output: single-input layers, and Adds whose two branches meet at a
+    fork, the nearest tensor every path to both passes through (a residual block: main branch, then identity or
+    projection)."""
+
+    def __init__(self, importer: KerasImporter, nodes: dict[str, Node], start: str):
+        self.importer, self.nodes, self.start = importer, nodes, start
+        self.visited: set[str] = set()
+        self._spines: dict[str, list[str]] = {}
+
+    def is_add(self, node: Node) -> bool:
+        return node.cls == "Add"
+
+    def step(self, name: str) -> str:
+        """The tensor before `name` on every path back to the input (_Stop: a problem, reported)."""
+        node = self.nodes[name]
+        try:
+            if self.is_add(node):
+                if len(node.inputs) != 2:
+                    raise Problem("inputs", f"an Add of {len(node.inputs)} tensors: a residual adds two")
+                missing = [name for name in node.inputs if name not in self.nodes]
+                if missing:
+                    raise Problem("inputs", f"takes '{clip(missing[0], 40)}', which the model does not hold")
+                return self.fork(*node.inputs)
+            if node.cls == "MultiHeadAttention" and node.inputs:
+                before = node.inputs[0]  # the query; convert() says where value and key differ from it
+            elif len(set(node.inputs)) != 1:
+                raise Problem("inputs", f"takes {len(set(node.inputs))} tensors: only Add joins branches in the spec")
+            else:
+                before = node.inputs[0]
+            if before not in self.nodes:
+                raise Problem("inputs", f"takes '{clip(before, 40)}', which the model does not hold")
+            return before
+        except Problem as exc:
+            self.importer.problem(node.where, str(exc))
+            raise _Stop from None
+
+    def spine(self, name: str) -> list[str]:
+        if name not in self._spines:
+            out, current = [name], name
+            while current != self.start:
+                current = self.step(current)
+                out.append(current)
+            self._spines[name] = out
+        return self._spines[name]
+
+    def fork(self, a: str, b: str) -> str:
+        on_b = set(self.spine(b))
+        return next(t for t in self.spine(a) if t in on_b)  # the input is on both
+
+    def walk(self, end: str, stop: str) -> list[dict]:
+        """The spec's layers computing `end` from `stop`."""
+        out: list[dict] = []
+        current = end
+        while current != stop:
+            node = self.nodes.get(current)
+            if node is None or current == self.start:
+                raise ImportProblems([f"{self.importer.path}: the graph is not a chain: '{clip(current, 40)}' does "
+                                      f"not lead back to '{clip(stop, 40)}'"])
+            if node.name in self.visited:
+                self.importer.problem(node.where, "on two paths: only residual adds join the chain")
+                return out
+            self.visited.add(node.name)
+            try:
+                before = self.step(current)
+            except _Stop:
+                return out
+            if self.is_add(node):
+                out[:0] = [self.block(node, before)]
+            else:
+                out[:0] = self.importer.convert(node, before == self.start)
+            current = before
+        return out
+
+    def block(self, node: Node, fork: str) -> dict:
+        branches = [self.walk(name, fork) for name in node.inputs]
+        main, shortcut = branches
+        # the identity side is the shortcut; of two branches the longer is the main path (ties: the first)
+        if not main or (shortcut and len(shortcut) > len(main)):
+            main, shortcut = shortcut, main
+        if not main:
+            self.importer.problem(node.where, "adds a tensor to itself: not a residual block")
+        block = {"type": "residual", "layers": main, "_source": node.name}
+        return block | ({"projection": shortcut} if shortcut else {})
+
+
+def import_keras(path: str | Path, dataset: str | None = None, batch_size: int | None = None,
+                 steps: int | None = None) -> Imported:
+    """A Keras model's configuration as a validated spec (ImportProblems: everything the spec cannot express)."""
+    from harness.model import data
+    from harness.model.graph import infer
+    from harness.model.spec import validate
+
+    path = Path(path)
+    importer = KerasImporter(path, read_config(path))
+    try:
+        nodes, shape, layers = importer.layers()
+    except Problem as exc:
+        raise ImportProblems([f"{path}: {exc}"]) from None
+    input_ = _input(importer, shape, layers)
+    loss = _loss(importer, layers)
+    optimizer = _optimizer(importer)
+    if importer.problems:
+        raise ImportProblems(importer.problems)
+    if importer.initializers:
+        importer.notes.append(f"the Keras initializers ({', '.join(sorted(importer.initializers))}) are dropped: the "
+                              f"core draws every initial weight (harness.model.weights)")
+    if importer.policies:
+        importer.notes.append(f"the dtype policy {', '.join(sorted(importer.policies))} is dropped: the precision "
+                              f"is the run's --precision")
+    sources: dict[str, str] = {}
+    name = str(importer.model["config"].get("name") or path.stem)
+    spec = {
+        "name": name,
+        "description": f"Imported from the Keras model '{name}' ({path.name}) by `amp-harness import keras`.",
+        "input": input_,
+        "dataset": _dataset(importer, dataset, input_, layers, loss),
+        "layers": _untag(layers, "", sources),
+        "loss": loss,
+        "optimizer": optimizer,
+        "batch_size": batch_size or DEFAULT_BATCH_SIZE,
+        "steps": steps or DEFAULT_STEPS,
+        "seed": 0,
+    }
+    if batch_size is None or steps is None:
+        importer.notes.append(f"batch_size {spec['batch_size']} and steps {spec['steps']}: the Keras model says "
+                              f"neither (--batch-size and --steps set them)")
+    try:  # what `amp-harness check` asks, so that the file written passes it
+        checked = validate(spec, f"{path} (imported)")
+        infer(checked, f"{path} (imported)")
+        data.check(checked, f"{path} (imported)")
+    except HarnessError as exc:
+        raise ImportProblems([_named(str(exc), sources)]) from None
+    spec["layers"] = [layer.model_dump(exclude_defaults=True) for layer in checked.layers]  # defaults are Keras's
+    return Imported(spec, importer.notes, sources)
+
+
+def _untag(layers: list[dict], prefix: str, sources: dict[str, str]) -> list[dict]:
+    """The layers without their _source tags, which go into `sources` by canonical path."""
+    out = []
+    for index, layer in enumerate(layers):
+        path = f"{prefix}{index}"
+        layer = dict(layer)
+        sources[path] = layer.pop("_source", "")
+        for key in ("layers", "projection"):
+            if key in layer:
+                layer[key] = _untag(layer[key], f"{path}.{key}.", sources)
+        out.append(layer)
+    return out
+
+
+def _named(message: str, sources: dict[str, str]) -> str:
+    """A spec error with the Keras layer its place came from."""
+    found = re.search(r"layers((?:\[\d+\](?:\.(?:layers|projection))?)+)", message)
+    if found:
+        path = ".".join(re.findall(r"\d+|layers|projection", found.group(1)))
+        if sources.get(path):
+            return f"{message} (the Keras layer '{sources[path]}')"
+    return message
+
+
+def _input(importer: KerasImporter, shape, layers: list[dict]) -> dict:
+    if not isinstance(shape, list) or len(shape) < 2:
+        importer.problem("input", f"no input shape ({_show(shape)}): build the model or give it a keras.Input")
+        return {"shape": [1]}
+    dims = shape[1:]
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        importer.problem("input", f"shape {_show(dims)}: the spec needs every size fixed")
+    elif len(dims) not in (1, 3) or (importer.vocab is not None and len(dims) != 1):
+        importer.problem("input", f"shape {_show(dims)}: the spec takes images [H, W, C], vectors [F] or token ids "
+                         f"[T] (into an Embedding)")
+    out = {"shape": dims}
+    if importer.vocab is not None:
+        out["vocab"] = importer.vocab
+    return out
+
+
+def _outputs(layers: list[dict]) -> tuple[int | None, str | None]:
+    """The last dense's units and the layer after it (an activation), at the top level."""
+    for i in range(len(layers) - 1, -1, -1):
+        if layers[i]["type"] == "dense":
+            after = [layer["type"] for layer in layers[i + 1:]]
+            return layers[i]["units"], after[-1] if after else None
+    return None, None
+
+
+def _compile(importer: KerasImporter) -> tuple[dict | None, bool]:
+    """(the compile configuration, whether Keras 2 wrote it)."""
+    if isinstance(importer.model.get("compile_config"), dict):
+        return importer.model["compile_config"], False
+    legacy = importer.model.get("training_config")
+    if isinstance(legacy, dict):
+        return {"loss": legacy.get("loss"), "optimizer": legacy.get("optimizer_config")}, True
+    return None, False
+
+
+def _loss(importer: KerasImporter, layers: list[dict]) -> dict:
+    compiled, _ = _compile(importer)
+    units, last = _outputs(layers)
+    if compiled is None or compiled.get("loss") is None:
+        binary = units == 1
+        loss = {"type": "binary_crossentropy" if binary else "sparse_categorical_crossentropy",
+                "from_logits": last not in ("sigmoid", "softmax")}
+        importer.notes.append(f"no compile configuration: loss {loss['type']} from_logits "
+                              f"{str(loss['from_logits']).lower()} (the model ends in "
+                              f"{'a dense' if last is None else last} of {units} units)")
+        return loss
+    name, config = _class(compiled["loss"])
+    if name not in LOSSES:
+        hint = "; one-hot labels: the spec's labels are class indices" if name and "categorical" in name else ""
+        importer.problem("compile_config.loss", f"{_show(name or compiled['loss'])}: the spec's losses are "
+                         f"sparse_categorical_crossentropy and binary_crossentropy{hint}")
+        return {"type": "binary_crossentropy", "from_logits": False}
+    for key, value in config.items():
+        if key in LOSS_FIXED and value not in LOSS_FIXED[key]:
+            importer.problem("compile_config.loss", f"{name}: {key} {_show(value)}: the spec's loss takes "
+                             f"{_show(LOSS_FIXED[key][0])}")
+    return {"type": LOSSES[name], "from_logits": bool(config.get("from_logits", False))}
+
+
+def _optimizer(importer: KerasImporter) -> dict:
+    compiled, legacy = _compile(importer)
+    if compiled is None or compiled.get("optimizer") is None:
+        importer.notes.append("no compile configuration: optimizer rmsprop with Keras's defaults (compile's default "
+                              "optimizer: learning_rate 0.001, rho 0.9, epsilon 1e-7 inside the square root)")
+        return {"type": "rmsprop", "learning_rate": 0.001, "rho": 0.9, "epsilon": 1e-7, "epsilon_placement": "inside"}
+    name, config = _class(compiled["optimizer"])
+    where = "compile_config.optimizer" if not legacy else "training_config.optimizer_config"
+    if name not in OPTIMIZERS:
+        importer.problem(where, f"{_show(name)}: the spec's optimizers are {', '.join(OPTIMIZERS)}")
+        return {"type": "sgd", "learning_rate": 0.01, "momentum": 0.0, "nesterov": False}
+    kind, defaults = OPTIMIZERS[name]
+    out: dict = {"type": kind}
+    for key, default in defaults.items():
+        value = config.get(key, config.get("lr", default) if key == "learning_rate" else default)
+        if key == "learning_rate" and isinstance(value, dict):
+            importer.problem(where, f"{name}: learning_rate {_show(_class(value)[0])}: a Keras schedule; the spec's "
+                             f"schedules are constant and warmup_cosine (edit the spec's `schedule`)")
+            value = default
+        rounded = _f32(value)
+        if rounded != value:
+            importer.notes.append(f"{key} {value!r} read as {rounded!r} (Keras keeps it in float32)")
+        out[key] = rounded
+    for key, value in config.items():
+        if key in OPTIMIZER_FIXED and not (kind == "sgd" and key == "momentum") and value not in OPTIMIZER_FIXED[key]:
+            importer.problem(where, f"{name}: {key} {_show(value)}: not in the spec's {kind}")
+        elif key not in OPTIMIZER_FIXED and key not in OPTIMIZER_IGNORED and key not in defaults \
+                and value not in (None, False, 0, 0.0):
+            importer.problem(where, f"{name}: {key} {_show(value)}: not in the spec's {kind}")
+    decay = config.get("weight_decay")
+    if kind == "adam" and decay:  # Keras's weight_decay is decoupled, on every variable: the spec's adamw
+        out = {**out, "type": "adamw", "weight_decay": _f32(decay)}
+    elif kind in ("sgd", "rmsprop") and decay:
+        importer.problem(where, f"{name}: weight_decay {decay}: the spec's {kind} has no weight decay (adamw has)")
+    if out["type"] == "adamw":
+        out["no_decay"] = []  # Keras decays every variable not excluded by name; the config does not say which
+    if kind in ("adam", "adamw"):
+        importer.notes.append(f"{name}'s epsilon is Keras's 'epsilon hat' (added to sqrt(v) before the bias "
+                              f"correction); the spec's adam adds it after (PyTorch's form): the same value weighs "
+                              f"1/sqrt(1 - beta_2^t) more in Keras's first steps")
+    if kind == "rmsprop":  # Keras 3 and 2.11+: inside the root; Keras 2's legacy RMSprop without momentum: outside
+        out["epsilon_placement"] = "outside" if legacy and config.get("is_legacy_optimizer", True) else "inside"
+    if config.get("global_clipnorm") is not None:
+        out["clip_norm"] = _f32(config["global_clipnorm"])
+    return out
+
+
+DATASETS = "synthetic, digits, image_folder:PATH, text[:PATH] or synthetic_tokens"
+
+
+def _dataset(importer: KerasImporter, option: str | None, input_: dict, layers: list[dict], loss: dict) -> dict:
+    units, _ = _outputs(layers)
+    binary = loss["type"] == "binary_crossentropy"
+    classes = 2 if binary else units
+    tokens = "vocab" in input_
+    next_token = tokens and not any(layer["type"] in ("sequence_pool", "flatten") for layer in layers)
+    name, _, path = (option or "").partition(":")
+    if option is None:
+        name = "synthetic_tokens" if tokens else "synthetic"
+        what = "next-token prediction" if next_token else f"{classes} classes " + \
+            ("(binary: a dense of 1 unit)" if binary else "(the last Dense's units)")
+        importer.notes.append(f"dataset {name} with input {input_['shape']} and {what}; --dataset chooses another "
+                              f"({DATASETS})")
+    if name == "synthetic" and tokens:
+        name = "synthetic_tokens"
+    if name not in ("synthetic", "digits", "image_folder", "text", "synthetic_tokens") or \
+            (name == "image_folder" and not path) or (path and name not in ("image_folder", "text")):
+        raise HarnessError(f"--dataset {clip(option, 60)}: expected {DATASETS}")
+    out: dict = {"name": name}
+    if path:
+        out["path"] = path
+    if name != "text" and not next_token:
+        out["num_classes"] = classes
+    return out
