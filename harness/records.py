@@ -12,7 +12,8 @@ Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, st
 "next_token" or "classification", and the T tokens each sample holds, for tokens/s); 6 nonfinite (where a
 diverged run's first inf or NaN came from); 7 width (a scaling study's width factor) and matmul_curve (its runs'
 device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale; 8 matmul_shapes (a
-scaling study's run: its step's own matmuls, each timed alone). Every field added
+scaling study's run: its step's own matmuls, each timed alone) and diagnosis.fp8 (FP8 cast statistics). Every
+field added
 since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
 (harness.results.read_records).
 """
@@ -94,6 +95,8 @@ class Diagnosis(_Strict):
     #: per causal attention layer and 16-bit precision, what its mask leaves (harness.numerics.AttentionMask)
     attention_masks: dict[str, dict[str, dict[str, str]]] | None = None
     loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
+    #: per FP8 precision and scaling recipe, layer and matmul input: its cast counts (harness.fp8.CastStatistics)
+    fp8: dict[str, dict[str, dict[str, dict[str, str | Count]]]] | None = None
 
     @model_validator(mode="before")
     @classmethod

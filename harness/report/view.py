@@ -263,6 +263,7 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
     largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
     are judged here from the captured figures (harness.numerics.judge), not read from the record: a diagnosis made
     before a rule existed gets it."""
+    from harness.fp8 import verdicts as fp8_verdicts
     from harness.numerics import attention_verdicts, judge, merge
 
     numerics, safe = [], {}
@@ -286,7 +287,8 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         numerics.append(Diagnosis(d.get("model"), d.get("framework"),
                                   Markup(charts.gradient_histogram(series, shift, title)),
                                   [sentence for _, sentence in verdicts.values()]
-                                  + list(attention_verdicts(diagnosis).values()),
+                                  + list(attention_verdicts(diagnosis).values())
+                                  + list(fp8_verdicts(diagnosis.get("fp8") or {}).values()),
                                   headroom=score_headroom(d, scaled or [])))
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from harness import numerics
+from harness import fp8, numerics
 from harness.model import reference
 from harness.model.graph import infer
 
@@ -27,6 +27,7 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
     groups: dict[str, dict[str, list]] = {kind: {} for kind in numerics.KINDS}
     counts: dict[str, dict] = {}
     captured, losses, available = [], [], True
+    casts = fp8.CastStatistics()
 
     def add(kind: str, layer: str, values: np.ndarray) -> None:
         groups[kind].setdefault(layer, []).append(numerics.histogram(values))
@@ -58,6 +59,7 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
             for layer, (output, output_grad) in outputs.items():
                 add("activations", layer, output)
                 add("activation_gradients", layer, output_grad)
+            _matmul_inputs(graph, after, outputs, x_fixed, casts)
             for layer, values in _attention_numerics(graph, after, outputs).items():
                 for kind, value in values.items():
                     add(f"attention_{kind}", layer, value)
@@ -76,9 +78,31 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
         diagnosis.update(loss_scale_window=[low, high], verdicts=numerics.verdicts(diagnosis),
                          attention=numerics.attention_verdicts(diagnosis),
                          outcomes=numerics.outcomes(diagnosis), max_flushed=numerics.MAX_FLUSHED)
+        if casts.result():
+            diagnosis["fp8"] = casts.result()
     finite = all(math.isfinite(v) for v in losses)
     record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss",
                   loss=[v if math.isfinite(v) else None for v in losses], diagnosis=diagnosis)
+
+
+MATMUL_LAYERS = {"dense": ("kernel",), "conv2d": ("kernel",), "patches": ("kernel",),
+                 "attention": ("query_kernel", "key_kernel", "value_kernel", "output_kernel")}
+
+
+def _matmul_inputs(graph, weights: dict, outputs: dict, x, casts: fp8.CastStatistics) -> None:
+    """Each matmul layer's inputs as FP8 would cast them (harness.fp8.CastStatistics): its input (the previous
+    layer's captured output, or the network's input), its kernels, and its output's gradient (what the backward
+    matmuls multiply). Attention: its input, its four kernels together, its output's gradient."""
+    for info in graph.layers:
+        if info.type not in MATMUL_LAYERS or info.path not in outputs:
+            continue
+        source = graph.input_of(info.path)
+        inputs = x if source is None else outputs[source][0] if source in outputs else None
+        if inputs is not None and np.issubdtype(np.asarray(inputs).dtype, np.floating):  # (token ids are not)
+            casts.add(info.path, "input", inputs)
+        casts.add(info.path, "weight", np.concatenate([np.ravel(weights[f"{info.path}.{name}"])
+                                                       for name in MATMUL_LAYERS[info.type]]))
+        casts.add(info.path, "output_gradient", outputs[info.path][1])
 
 
 def _attention_numerics(graph, weights: dict, outputs: dict) -> dict[str, dict[str, np.ndarray]]:
