@@ -21,7 +21,11 @@
 # scale first go non-finite there.
 # The scaling study (`study scaling`: tiny_gpt at batch 16, 64, 256 and 1024 in fp32, amp_bf16 and amp_fp16, torch
 # and JAX) in its own out dir and report: where 16-bit starts to pay on the GPU, with the GPU's matmul curve per
-# dtype beside the model's steps (from which n on tensor cores take over).
+# dtype beside the model's steps (from which n on tensor cores take over), and each size's own matmul shapes timed
+# alone on the GPU (how much of the step they are, and whether 16-bit matmuls are faster at those shapes).
+# Every diagnose above also records the FP8 cast statistics (diagnosis.fp8: what e4m3/e5m2 at the current and
+# delayed recipes' scales would underflow or saturate per matmul input, computed in the core from the GPU's tensors).
+# `compare` (one command from a spec to the report) on resnet8 in torch and JAX from this interpreter, with a budget.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -88,6 +92,8 @@ for fw in torch jax; do
     --no-progress --out "$out/scaling"
 done
 python3 -m harness report "$out/scaling" -o "$out/scaling.html"
+python3 -m harness compare resnet8 --frameworks torch,jax --precision fp32,tf32,amp_bf16,amp_fp16 --steps 30 \
+  --budget 5m --out "$out/compare"
 python3 -m harness profile --framework torch --device gpu --model tiny_gpt,vit_tiny \
   --precision fp32,amp_fp16,amp_bf16 --steps 5 --no-progress --out "$out/profile"
 python3 - "$out" <<'PY'

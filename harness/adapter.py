@@ -58,6 +58,11 @@ Rules:
   ``RUNTIME_SCOPE``. The core (``harness.run.profile``) maps scopes to layers, never the adapter.
 - ``variants`` names the framework's own idioms for running a step (eager or compiled, memory layouts...);
   ``build`` gets one of them, and the record keeps it. The first is the default.
+- ``import_model`` (optional) turns a model written in the framework into a spec (``amp-harness import NAME
+  TARGET --input-shape ...``, docs/import.md), for frameworks whose models can only be read by running the
+  framework (a PyTorch module is Python code). It returns a ``harness.model.importers.Imported`` and reuses that
+  package's pieces (defaults, the residual chain walk, the final check); everything the spec cannot express is
+  an ``ImportProblems``, one line per problem naming the framework's layer and field. The default has none.
 """
 from __future__ import annotations
 
@@ -65,7 +70,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -75,6 +80,9 @@ from harness.model.optimizer import learning_rate
 from harness.model.spec import ModelSpec
 from harness.precision import LossScale, Precision
 from harness.rounding import RoundingOps, device_seed, round_nearest_with, round_stochastic_with
+
+if TYPE_CHECKING:
+    from harness.model.importers import ImportOptions, Imported
 
 ENTRY_POINT_GROUP = "amp_harness.adapters"
 BLOCK_ENV = "AMP_HARNESS_BLOCK_ADAPTERS"  # comma-separated adapter names to ignore
@@ -401,6 +409,14 @@ class Adapter(ABC):
             out = ops.on_device(lambda v, b: ops.to_float32(round_stochastic_with(ops, v, b, rounding)),
                                 device)(values, bits)
         return np.asarray(ops.to_numpy(out), dtype=np.float32)
+
+    def import_model(self, target: str, input_shape: tuple[int, ...], options: ImportOptions) -> Imported:
+        """Optional: the framework's model named by `target` (the adapter says what it takes: "MODULE:ATTR" in
+        PyTorch) as a spec, its input of `input_shape` without the batch axis in the framework's own layout;
+        `options` a harness.model.importers.ImportOptions. Returns a harness.model.importers.Imported; raises
+        ImportProblems (one line per problem) or HarnessError (one line). The default has no importer."""
+        raise HarnessError(f"the {self.name} adapter has no importer (Adapter.import_model): `amp-harness import "
+                           f"{self.name}` is not available")
 
     def matmul(self, shape: tuple[int, int, int], dtype: str, device: Device) -> Callable[[], None] | None:
         """A function that multiplies an m x k matrix by a k x n one (`shape` = (m, k, n)), both of `dtype`, on

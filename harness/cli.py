@@ -1,4 +1,5 @@
-"""The amp-harness command line: models, check, import, adapters, run, fingerprint, parity, report."""
+"""The amp-harness command line: models, check, import, adapters, run, fingerprint, diagnose, profile, study,
+conformance, parity, compare, report."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ from harness.limits import (
     usable_cpus,
 )
 from harness.results import NO_RESULT
+from harness.run import compare
 from harness.run.executors import add_executor_arguments
 from harness.stats import MIN_REPEATS
 
@@ -182,18 +184,26 @@ def cmd_check(args) -> int:
 
 
 def cmd_import(args) -> int:
-    """`import keras MODEL`: another framework's model as a spec, on stdout or in -o FILE; one line per problem the
-    spec cannot express (exit 2), a note per assumption (stderr)."""
-    from harness.model.importers import ImportProblems, to_yaml
-    from harness.model.importers.keras import import_keras
+    """`import keras MODEL` or `import torch MODULE:ATTR --input-shape ...`: another framework's model as a spec, on
+    stdout or in -o FILE; one line per problem the spec cannot express (exit 2), a note per assumption (stderr).
+    Keras's configuration is read as data here; a framework whose models are code imports through its adapter
+    (Adapter.import_model), in the adapter's package."""
+    from harness.model.importers import ImportOptions, ImportProblems, to_yaml
     from harness.results import prove_writable
 
-    importers = {"keras": import_keras}
     out = Path(args.output) if args.output else None
     if out is not None:
         prove_writable(out.parent, out.name, "-o")
     try:
-        imported = importers[args.framework](args.model, args.dataset, args.batch_size, args.steps)
+        if args.framework == "keras":
+            from harness.model.importers.keras import import_keras
+
+            imported = import_keras(args.model, args.dataset, args.batch_size, args.steps)
+        else:
+            from harness.adapter import load_adapter
+
+            options = ImportOptions(args.dataset, args.batch_size, args.steps)
+            imported = load_adapter(args.framework).import_model(args.model, args.input_shape, options)
     except ImportProblems as exc:
         if args.debug:
             raise
@@ -209,6 +219,18 @@ def cmd_import(args) -> int:
         out.write_text(text)
         print(f"wrote {out}; `amp-harness check {out}` shows its layers, parameters and memory")
     return 0
+
+
+def _input_shape(text: str) -> tuple[int, ...]:
+    """--input-shape: sizes without the batch axis, comma-separated ("3,224,224")."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not 1 <= len(shape) <= 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"'{clip(text, 40)}': give 1 to 3 positive sizes without the batch axis, "
+                                         f"e.g. 3,224,224 (C,H,W), 784 (features) or 128 (token ids)")
+    return shape
 
 
 def cmd_adapters(args) -> int:
@@ -294,6 +316,7 @@ def cmd_fingerprint(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
+    from harness.fp8 import verdicts as fp8_verdicts
     from harness.results import DIAGNOSES_FILE, RESULTS_FILE
     from harness.run.nonfinite import describe
 
@@ -320,7 +343,8 @@ def cmd_diagnose(args) -> int:
         steps = diagnosis["captured_steps"]
         print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
               f"from {steps[0]}, and the last, {steps[-1]}):")
-        for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values()]:
+        for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values(),
+                     *fp8_verdicts(diagnosis.get("fp8") or {}).values()]:
             print(f"  {line}")
     return _exit_code(records)
 
@@ -500,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("specs", nargs="+", metavar="SPEC")
     check.set_defaults(func=cmd_check)
     sub.add_parser("adapters", help="installed adapters and what they can run here").set_defaults(func=cmd_adapters)
-    importer = sub.add_parser("import", help="another framework's model as a spec (no framework needed)")
+    importer = sub.add_parser("import", help="another framework's model as a spec (keras: no framework needed)")
     frameworks = importer.add_subparsers(dest="framework", required=True)
     keras_import = frameworks.add_parser("keras", help="a Keras model: model.to_json() output or a .keras file "
                                          "(docs/import.md)")
@@ -511,6 +535,19 @@ def build_parser() -> argparse.ArgumentParser:
     keras_import.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
     keras_import.add_argument("-o", "--output", help="write the spec here instead of stdout")
     keras_import.set_defaults(func=cmd_import)
+    torch_import = frameworks.add_parser("torch", help="a PyTorch nn.Module, traced by torch.fx in the torch adapter "
+                                         "(docs/import.md)")
+    torch_import.add_argument("model", metavar="MODULE:ATTR", help="an importable module (or a path/to/file.py) and "
+                              "an attribute: an nn.Module, or a class or function of no arguments that returns one")
+    torch_import.add_argument("--input-shape", required=True, type=_input_shape, metavar="SIZES",
+                              help="one sample's input without the batch axis, in PyTorch's layout: C,H,W for "
+                                   "images, F for vectors, T for token ids (into an nn.Embedding)")
+    torch_import.add_argument("--dataset", help="synthetic (default), digits, image_folder:PATH, text[:PATH] or "
+                              "synthetic_tokens")
+    torch_import.add_argument("--batch-size", type=_positive, help="the spec's batch size (default 32)")
+    torch_import.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
+    torch_import.add_argument("-o", "--output", help="write the spec here instead of stdout")
+    torch_import.set_defaults(func=cmd_import)
     run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
     diagnose = sub.add_parser("diagnose", help="is 16-bit safe for this model? fp32 training with tensor capture, "
@@ -562,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity = sub.add_parser("parity", help="compare fingerprints across frameworks; exit 1 on a mismatch")
     parity.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding fingerprints.jsonl")
     parity.set_defaults(func=cmd_parity)
+    compare.add_parser(sub)
     report = sub.add_parser("report", help="render results as one self-contained HTML page (and a CSV)")
     report.add_argument("dirs", nargs="+", metavar="DIR", help="result directories or results.jsonl files")
     report.add_argument("-o", "--output", default="reports/index.html")

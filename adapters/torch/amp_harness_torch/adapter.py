@@ -80,6 +80,13 @@ class TorchAdapter(Adapter):
 
         return OPS
 
+    def import_model(self, target, input_shape, options):  # `amp-harness import torch` (importer.py)
+        try:
+            from amp_harness_torch.importer import import_torch
+        except ImportError as exc:  # the adapter is installed, torch is not
+            raise HarnessError(f"amp-harness import torch needs torch in this environment ({exc})") from None
+        return import_torch(target, input_shape, options)
+
     def matmul(self, shape, dtype, device):
         import torch
 

@@ -15,7 +15,6 @@ field; initialisers are dropped with a note (the core draws every weight: harnes
 from __future__ import annotations
 
 import json
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,17 +23,20 @@ from typing import Callable
 import numpy as np
 
 from harness.errors import HarnessError, clip
-from harness.model.importers import Imported, ImportProblems
+from harness.model.importers import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_STEPS,
+    Chain,
+    Imported,
+    ImportProblems,
+    Problem,
+    dataset as choose_dataset,
+    default_loss,
+    finish,
+    untag,
+)
 
 MAX_CONFIG_BYTES = 16 << 20  # a model's configuration is KiBs; a .keras file's weights are not read
-DEFAULT_BATCH_SIZE, DEFAULT_STEPS = 32, 100  # Keras fit's default batch; a short run (the file says neither)
-
-
-class Problem(Exception):
-    """One thing the spec cannot express: (the Keras field, what is wrong)."""
-
-    def __init__(self, key: str, why: str):
-        super().__init__(f"{key}: {why}")
 
 
 # ---- the layer table ----------------------------------------------------------------------------------------
@@ -410,103 +412,35 @@ class KerasImporter:
         return list(nodes.values()), shape, layers
 
 
-class _Stop(Exception):
-    """The walk met a problem, already reported."""
-
-
-class _Chain:
-    """A functional graph read back from the output: single-input layers, and Adds whose two branches meet at a
-    fork, the nearest tensor every path to both passes through (a residual block: main branch, then identity or
-    projection)."""
+class _Chain(Chain):
+    """A functional graph read back from the output (harness.model.importers.Chain): single-input layers, and Adds
+    whose two branches meet at a fork."""
 
     def __init__(self, importer: KerasImporter, nodes: dict[str, Node], start: str):
-        self.importer, self.nodes, self.start = importer, nodes, start
-        self.visited: set[str] = set()
-        self._spines: dict[str, list[str]] = {}
+        super().__init__(nodes, start, str(importer.path))
+        self.importer = importer
 
     def is_add(self, node: Node) -> bool:
         return node.cls == "Add"
 
-    def step(self, name: str) -> str:
-        """The tensor before `name` on every path back to the input (_Stop: a problem, reported)."""
-        node = self.nodes[name]
-        try:
-            if self.is_add(node):
-                if len(node.inputs) != 2:
-                    raise Problem("inputs", f"an Add of {len(node.inputs)} tensors: a residual adds two")
-                missing = [name for name in node.inputs if name not in self.nodes]
-                if missing:
-                    raise Problem("inputs", f"takes '{clip(missing[0], 40)}', which the model does not hold")
-                return self.fork(*node.inputs)
-            if node.cls == "MultiHeadAttention" and node.inputs:
-                before = node.inputs[0]  # the query; convert() says where value and key differ from it
-            elif len(set(node.inputs)) != 1:
-                raise Problem("inputs", f"takes {len(set(node.inputs))} tensors: only Add joins branches in the spec")
-            else:
-                before = node.inputs[0]
-            if before not in self.nodes:
-                raise Problem("inputs", f"takes '{clip(before, 40)}', which the model does not hold")
-            return before
-        except Problem as exc:
-            self.importer.problem(node.where, str(exc))
-            raise _Stop from None
+    def inputs(self, node: Node) -> list[str]:
+        return node.inputs
 
-    def spine(self, name: str) -> list[str]:
-        if name not in self._spines:
-            out, current = [name], name
-            while current != self.start:
-                current = self.step(current)
-                out.append(current)
-            self._spines[name] = out
-        return self._spines[name]
+    def before(self, node: Node) -> str:
+        if node.cls == "MultiHeadAttention" and node.inputs:
+            return node.inputs[0]  # the query; convert() says where value and key differ from it
+        return super().before(node)
 
-    def fork(self, a: str, b: str) -> str:
-        on_b = set(self.spine(b))
-        return next(t for t in self.spine(a) if t in on_b)  # the input is on both
+    def convert(self, node: Node, first: bool) -> list[dict]:
+        return self.importer.convert(node, first)
 
-    def walk(self, end: str, stop: str) -> list[dict]:
-        """The spec's layers computing `end` from `stop`."""
-        out: list[dict] = []
-        current = end
-        while current != stop:
-            node = self.nodes.get(current)
-            if node is None or current == self.start:
-                raise ImportProblems([f"{self.importer.path}: the graph is not a chain: '{clip(current, 40)}' does "
-                                      f"not lead back to '{clip(stop, 40)}'"])
-            if node.name in self.visited:
-                self.importer.problem(node.where, "on two paths: only residual adds join the chain")
-                return out
-            self.visited.add(node.name)
-            try:
-                before = self.step(current)
-            except _Stop:
-                return out
-            if self.is_add(node):
-                out[:0] = [self.block(node, before)]
-            else:
-                out[:0] = self.importer.convert(node, before == self.start)
-            current = before
-        return out
-
-    def block(self, node: Node, fork: str) -> dict:
-        branches = [self.walk(name, fork) for name in node.inputs]
-        main, shortcut = branches
-        # the identity side is the shortcut; of two branches the longer is the main path (ties: the first)
-        if not main or (shortcut and len(shortcut) > len(main)):
-            main, shortcut = shortcut, main
-        if not main:
-            self.importer.problem(node.where, "adds a tensor to itself: not a residual block")
-        block = {"type": "residual", "layers": main, "_source": node.name}
-        return block | ({"projection": shortcut} if shortcut else {})
+    def problem(self, node: Node, message: str) -> None:
+        self.importer.problem(node.where, message)
 
 
 def import_keras(path: str | Path, dataset: str | None = None, batch_size: int | None = None,
                  steps: int | None = None) -> Imported:
     """A Keras model's configuration as a validated spec (ImportProblems: everything the spec cannot express)."""
-    from harness.model import data
-    from harness.model.graph import infer
-    from harness.model.spec import validate
-
     path = Path(path)
     importer = KerasImporter(path, read_config(path))
     try:
@@ -524,14 +458,14 @@ def import_keras(path: str | Path, dataset: str | None = None, batch_size: int |
     if importer.policies:
         importer.notes.append(f"the dtype policy {', '.join(sorted(importer.policies))} is dropped: the precision "
                               f"is the run's --precision")
-    sources: dict[str, str] = {}
+    tags: dict[str, dict] = {}
     name = str(importer.model["config"].get("name") or path.stem)
     spec = {
         "name": name,
         "description": f"Imported from the Keras model '{name}' ({path.name}) by `amp-harness import keras`.",
         "input": input_,
-        "dataset": _dataset(importer, dataset, input_, layers, loss),
-        "layers": _untag(layers, "", sources),
+        "dataset": choose_dataset(dataset, input_, layers, loss, importer.notes),
+        "layers": untag(layers, "", tags),
         "loss": loss,
         "optimizer": optimizer,
         "batch_size": batch_size or DEFAULT_BATCH_SIZE,
@@ -541,38 +475,9 @@ def import_keras(path: str | Path, dataset: str | None = None, batch_size: int |
     if batch_size is None or steps is None:
         importer.notes.append(f"batch_size {spec['batch_size']} and steps {spec['steps']}: the Keras model says "
                               f"neither (--batch-size and --steps set them)")
-    try:  # what `amp-harness check` asks, so that the file written passes it
-        checked = validate(spec, f"{path} (imported)")
-        infer(checked, f"{path} (imported)")
-        data.check(checked, f"{path} (imported)")
-    except HarnessError as exc:
-        raise ImportProblems([_named(str(exc), sources)]) from None
-    spec["layers"] = [layer.model_dump(exclude_defaults=True) for layer in checked.layers]  # defaults are Keras's
+    sources = tags.get("_source", {})
+    spec = finish(spec, sources, str(path), "the Keras layer")  # what `amp-harness check` asks
     return Imported(spec, importer.notes, sources)
-
-
-def _untag(layers: list[dict], prefix: str, sources: dict[str, str]) -> list[dict]:
-    """The layers without their _source tags, which go into `sources` by canonical path."""
-    out = []
-    for index, layer in enumerate(layers):
-        path = f"{prefix}{index}"
-        layer = dict(layer)
-        sources[path] = layer.pop("_source", "")
-        for key in ("layers", "projection"):
-            if key in layer:
-                layer[key] = _untag(layer[key], f"{path}.{key}.", sources)
-        out.append(layer)
-    return out
-
-
-def _named(message: str, sources: dict[str, str]) -> str:
-    """A spec error with the Keras layer its place came from."""
-    found = re.search(r"layers((?:\[\d+\](?:\.(?:layers|projection))?)+)", message)
-    if found:
-        path = ".".join(re.findall(r"\d+|layers|projection", found.group(1)))
-        if sources.get(path):
-            return f"{message} (the Keras layer '{sources[path]}')"
-    return message
 
 
 def _input(importer: KerasImporter, shape, layers: list[dict]) -> dict:
@@ -591,15 +496,6 @@ def _input(importer: KerasImporter, shape, layers: list[dict]) -> dict:
     return out
 
 
-def _outputs(layers: list[dict]) -> tuple[int | None, str | None]:
-    """The last dense's units and the layer after it (an activation), at the top level."""
-    for i in range(len(layers) - 1, -1, -1):
-        if layers[i]["type"] == "dense":
-            after = [layer["type"] for layer in layers[i + 1:]]
-            return layers[i]["units"], after[-1] if after else None
-    return None, None
-
-
 def _compile(importer: KerasImporter) -> tuple[dict | None, bool]:
     """(the compile configuration, whether Keras 2 wrote it)."""
     if isinstance(importer.model.get("compile_config"), dict):
@@ -612,14 +508,9 @@ def _compile(importer: KerasImporter) -> tuple[dict | None, bool]:
 
 def _loss(importer: KerasImporter, layers: list[dict]) -> dict:
     compiled, _ = _compile(importer)
-    units, last = _outputs(layers)
     if compiled is None or compiled.get("loss") is None:
-        binary = units == 1
-        loss = {"type": "binary_crossentropy" if binary else "sparse_categorical_crossentropy",
-                "from_logits": last not in ("sigmoid", "softmax")}
-        importer.notes.append(f"no compile configuration: loss {loss['type']} from_logits "
-                              f"{str(loss['from_logits']).lower()} (the model ends in "
-                              f"{'a dense' if last is None else last} of {units} units)")
+        loss, why = default_loss(layers)
+        importer.notes.append(f"no compile configuration: {why}")
         return loss
     name, config = _class(compiled["loss"])
     if name not in LOSSES:
@@ -678,33 +569,4 @@ def _optimizer(importer: KerasImporter) -> dict:
         out["epsilon_placement"] = "outside" if legacy and config.get("is_legacy_optimizer", True) else "inside"
     if config.get("global_clipnorm") is not None:
         out["clip_norm"] = _f32(config["global_clipnorm"])
-    return out
-
-
-DATASETS = "synthetic, digits, image_folder:PATH, text[:PATH] or synthetic_tokens"
-
-
-def _dataset(importer: KerasImporter, option: str | None, input_: dict, layers: list[dict], loss: dict) -> dict:
-    units, _ = _outputs(layers)
-    binary = loss["type"] == "binary_crossentropy"
-    classes = 2 if binary else units
-    tokens = "vocab" in input_
-    next_token = tokens and not any(layer["type"] in ("sequence_pool", "flatten") for layer in layers)
-    name, _, path = (option or "").partition(":")
-    if option is None:
-        name = "synthetic_tokens" if tokens else "synthetic"
-        what = "next-token prediction" if next_token else f"{classes} classes " + \
-            ("(binary: a dense of 1 unit)" if binary else "(the last Dense's units)")
-        importer.notes.append(f"dataset {name} with input {input_['shape']} and {what}; --dataset chooses another "
-                              f"({DATASETS})")
-    if name == "synthetic" and tokens:
-        name = "synthetic_tokens"
-    if name not in ("synthetic", "digits", "image_folder", "text", "synthetic_tokens") or \
-            (name == "image_folder" and not path) or (path and name not in ("image_folder", "text")):
-        raise HarnessError(f"--dataset {clip(option, 60)}: expected {DATASETS}")
-    out: dict = {"name": name}
-    if path:
-        out["path"] = path
-    if name != "text" and not next_token:
-        out["num_classes"] = classes
     return out

@@ -1,0 +1,695 @@
+"""`amp-harness import torch MODULE:ATTR --input-shape C,H,W`: a PyTorch nn.Module into a spec.
+
+A PyTorch model is Python code, so it is read by running it: `MODULE:ATTR` names an importable module (or a file,
+`path/to/file.py:ATTR`) and an attribute that is an nn.Module, or a class or function of no arguments that returns
+one. torch.fx.symbolic_trace turns its forward into a graph, which one forward pass on a zero input of the given
+shape (batch 3, fx's ShapeProp, in eval mode) annotates with every tensor's shape. The graph must be a chain with
+residual adds (`x + f(x)`, or `f(x) + g(x)` for a projection shortcut: harness.model.importers.Chain, as Keras's
+functional graphs); each node maps to the spec's layers by MODULES (module classes) and FUNCTIONS (functional
+calls and tensor methods) below, each option either copied into the spec's field or held to the value the spec's
+math has. Everything else is one line per problem naming the module (its qualified name in the model, or the
+module whose forward made a functional call) and the field.
+
+Conventions that differ from the spec's and how they map:
+- images are NCHW in PyTorch and NHWC in the spec: the input shape C,H,W is the spec's [H, W, C];
+- PyTorch flattens an image in C, H, W order, the spec in H, W, C order: the spec's layer is just `flatten`, and
+  the import records, for the dense layer after it (and any batchnorm or layernorm on the flat features between),
+  the [C, H, W] its inputs were flattened from (Imported.flattened): canonical_weights permutes those rows;
+- BatchNorm's momentum m (running = (1 - m) * running + m * batch) is the spec's 1 - m, and PyTorch updates its
+  running variance with the unbiased batch variance where the spec uses the biased one (a note says so);
+- PyTorch pads a window symmetrically; the spec's 'same' is TensorFlow's (an odd pixel at the bottom/right). They
+  agree at stride 1 with an odd kernel k and padding k // 2 (and for Conv2d's padding='same', which PyTorch allows
+  at stride 1 only and pads as TensorFlow does), whatever the input's size: those map to 'same', padding 0 to
+  'valid', anything else is refused. Average pooling with padding must exclude it (count_include_pad=False), as
+  the spec's 'same' does.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import math
+import operator
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.errors import HarnessError, clip
+from harness.model.importers import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_STEPS,
+    Chain,
+    ImportOptions,
+    Imported,
+    ImportProblems,
+    Problem,
+    dataset,
+    default_loss,
+    finish,
+    untag,
+)
+
+SHAPE_BATCH = 3  # the batch of the shape-finding pass: not 1 (a flatten that folds the batch in would pass)
+# no loss or optimizer in a module: torch.optim.Adam's defaults, the spec's adam form exactly (epsilon outside)
+DEFAULT_OPTIMIZER = {"type": "adam", "learning_rate": 0.001, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-8}
+
+
+# ---- loading ------------------------------------------------------------------------------------------------
+def load_module(target: str) -> nn.Module:
+    """The nn.Module that `target` ("MODULE:ATTR", "path/to/file.py:ATTR") names; HarnessError in one line."""
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise HarnessError(f"{clip(target, 80)}: give MODULE:ATTR (a module or path/to/file.py, and an attribute)")
+    try:
+        if where.endswith(".py") or "/" in where or "\\" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise HarnessError(f"{clip(where, 120)}: no such file")
+            spec = importlib.util.spec_from_file_location(f"_amp_harness_import_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses and pickling look their module up there
+            with _on_path(str(path.resolve().parent)):  # its own sibling imports
+                spec.loader.exec_module(module)
+        else:
+            with _on_path(""):  # as `python -m`: modules in the working directory
+                module = importlib.import_module(where)
+    except HarnessError:
+        raise
+    except BaseException as exc:  # the user's code: anything, SystemExit included
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise HarnessError(f"{clip(target, 80)}: importing {clip(where, 80)} failed: {type(exc).__name__}: "
+                           f"{clip(str(exc).splitlines()[0] if str(exc) else '', 120)}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise HarnessError(f"{clip(target, 80)}: {clip(where, 80)} has no attribute {clip(attr, 60)}")
+        obj = getattr(obj, part)
+    if isinstance(obj, nn.Module):
+        return obj
+    if callable(obj):
+        try:
+            made = obj()
+        except Exception as exc:
+            raise HarnessError(f"{clip(target, 80)}: calling {clip(attr, 60)}() failed: {type(exc).__name__}: "
+                               f"{clip(str(exc).splitlines()[0] if str(exc) else '', 120)} (give an nn.Module, "
+                               f"or a class or function of no arguments that returns one)") from None
+        if isinstance(made, nn.Module):
+            return made
+        raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)}() returned a {type(made).__name__}, not an "
+                           f"nn.Module")
+    raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)} is a {type(obj).__name__}, not an nn.Module (or a class "
+                       f"or function of no arguments that returns one)")
+
+
+@contextlib.contextmanager
+def _on_path(folder: str):
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+# ---- the graph's nodes --------------------------------------------------------------------------------------
+@dataclass
+class Node:
+    fx: torch.fx.Node
+    module: nn.Module | None  # a call_module's module
+    inputs: list[str]  # the tensors it takes, in argument order (fx node names; repeats kept)
+
+    @property
+    def name(self) -> str:
+        return self.fx.name
+
+    @property
+    def source(self) -> str:
+        """What Imported.sources names: the module's qualified name, or the fx node's name for a functional call."""
+        return str(self.fx.target) if self.fx.op == "call_module" else self.fx.name
+
+    @property
+    def where(self) -> str:
+        if self.fx.op == "call_module":
+            return f"module '{clip(str(self.fx.target), 60)}' ({type(self.module).__name__})"
+        stack = self.fx.meta.get("nn_module_stack") or {}
+        owner = list(stack.values())[-1][0] if stack else ""
+        caller = f"module '{clip(owner, 60)}'" if owner else "forward"
+        return f"{caller} calls {function_name(self.fx)} (fx node '{clip(self.fx.name, 40)}')"
+
+
+def function_name(node: torch.fx.Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if node.target in (operator.add, operator.iadd):
+        return "+"
+    return _qualified(node.target)
+
+
+def _qualified(function) -> str:
+    """torch.nn.functional.gelu, torch.cat: where users call it from (not torch._C._nn)."""
+    module = getattr(function, "__module__", None) or "torch"
+    module = {"torch._C._nn": "torch.nn.functional", "_operator": "operator"}.get(module, module)
+    module = "torch" if module.startswith("torch._C") else module
+    return f"{module}.{getattr(function, '__name__', str(function))}"
+
+
+def _shape(node) -> tuple[int, ...] | None:
+    """A node's tensor shape, batch axis included (None: not a tensor)."""
+    meta = node.meta.get("tensor_meta") if isinstance(node, torch.fx.Node) else None
+    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+
+def _holds_tensors(node: torch.fx.Node) -> bool:
+    """A tensor, or a tuple of them (an LSTM's output): ShapeProp's tensor_meta; not a size or a shape."""
+    return node.meta.get("tensor_meta") is not None
+
+
+def _arg(node: torch.fx.Node, index: int, key: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(key, default)
+
+
+def _pair(value, key: str, what: str) -> int:
+    """A window field the spec takes as one number: PyTorch's (a, a) (or a) -> a."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (tuple, list)) and value and all(v == value[0] for v in value) and isinstance(value[0], int):
+        return value[0]
+    raise Problem(f"{key} {_show(value)}", f"not square; the spec takes one {what} for height and width")
+
+
+def _show(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(_show(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, torch.fx.Node):
+        return f"<{value.name}>"
+    return clip(repr(value), 40)
+
+
+def _window_padding(padding, kernel: int, stride: int, key: str = "padding") -> str:
+    """PyTorch's symmetric padding as the spec's: 0 is 'valid'; k // 2 at stride 1 with an odd k is 'same'
+    (TensorFlow's then pads (k - 1) / 2 on each side too, whatever the input's size); nothing else matches."""
+    if padding in ("valid", "same"):
+        return padding
+    p = _pair(padding, key, "padding")
+    if p == 0:
+        return "valid"
+    if stride == 1 and kernel % 2 == 1 and p == kernel // 2:
+        return "same"
+    raise Problem(f"{key} {_show(padding)}", f"with kernel {kernel} and stride {stride}: PyTorch pads {p} on every "
+                  f"side, the spec's 'same' (TensorFlow's) puts an odd pixel at the bottom/right and 'valid' pads "
+                  f"nothing; they agree only for padding 0, or kernel // 2 at stride 1 with an odd kernel")
+
+
+def _held(module: nn.Module, kind: str, fixed: dict[str, tuple]) -> None:
+    """Options held to the values the spec's `kind` has (the first is what to set)."""
+    for key, allowed in fixed.items():
+        value = getattr(module, key, allowed[0])
+        if value not in allowed:
+            raise Problem(f"{key} {_show(value)}", f"the spec's {kind} takes only {_show(allowed[0])}")
+
+
+# ---- modules ------------------------------------------------------------------------------------------------
+def _linear(m: nn.Linear, shape: tuple[int, ...]) -> list[dict]:
+    if len(shape) == 4:
+        raise Problem("input [C, H, W]", "a Linear on an image acts on its last axis (W); the spec's dense takes a "
+                      "vector or a sequence: flatten first")
+    return [{"type": "dense", "units": m.out_features} | ({} if m.bias is not None else {"use_bias": False})]
+
+
+def _conv2d(m: nn.Conv2d, shape) -> list[dict]:
+    k, s = _pair(m.kernel_size, "kernel_size", "kernel size"), _pair(m.stride, "stride", "stride")
+    _held(m, "conv2d", {"dilation": ((1, 1),), "groups": (1,), "padding_mode": ("zeros",)})
+    padding = _window_padding(m.padding, k, s)
+    layer = {"type": "conv2d", "filters": m.out_channels, "kernel_size": k}
+    return [layer | ({"strides": s} if s != 1 else {}) | ({"padding": padding} if padding != "valid" else {})
+            | ({} if m.bias is not None else {"use_bias": False})]
+
+
+def _pool(m, shape) -> list[dict]:
+    k = _pair(m.kernel_size, "kernel_size", "pool size")
+    s = k if m.stride is None else _pair(m.stride, "stride", "stride")
+    if isinstance(m, nn.MaxPool2d):
+        kind = "maxpool2d"
+        _held(m, kind, {"dilation": (1, (1, 1)), "ceil_mode": (False,), "return_indices": (False,)})
+    else:
+        kind = "avgpool2d"
+        _held(m, kind, {"ceil_mode": (False,), "divisor_override": (None,)})
+    padding = _window_padding(m.padding, k, s)
+    if kind == "avgpool2d" and padding == "same" and m.count_include_pad:
+        raise Problem("count_include_pad True", f"with padding {_show(m.padding)}: PyTorch divides a border window by "
+                      f"k*k; the spec's 'same' average pooling excludes padded pixels (count_include_pad=False)")
+    layer = {"type": kind, "pool_size": k}
+    return [layer | ({"strides": s} if s != k else {}) | ({"padding": padding} if padding != "valid" else {})]
+
+
+def _adaptive(m: nn.AdaptiveAvgPool2d, shape) -> list[dict]:
+    if m.output_size not in (1, (1, 1), [1, 1]):
+        raise Problem(f"output_size {_show(m.output_size)}", "the spec's global_avgpool2d is output_size 1; other "
+                      "adaptive pools are not in the spec")
+    return [{"type": "global_avgpool2d"}]
+
+
+def _flatten(m: nn.Flatten, shape) -> list[dict]:
+    if (m.start_dim, m.end_dim) not in ((1, -1), (1, len(shape) - 1)):
+        raise Problem(f"start_dim {m.start_dim}, end_dim {m.end_dim}", "the spec's flatten keeps the batch axis and "
+                      "flattens the rest (start_dim 1, end_dim -1)")
+    return [{"type": "flatten"}]
+
+
+def _softmax_dim(dim, shape) -> list[dict]:
+    ndim = len(shape)
+    if dim is None:  # torch's legacy implicit dim (torch.nn.functional._get_softmax_dim)
+        dim = 0 if ndim in (0, 1, 3) else 1
+    if not isinstance(dim, int):
+        raise Problem(f"dim {_show(dim)}", "not a constant axis")
+    dim = dim % ndim if ndim else dim
+    if dim != (1 if ndim == 4 else ndim - 1):
+        raise Problem(f"dim {dim}", "the spec's softmax acts on an image's channels (dim 1 of NCHW) or on the last "
+                      "axis of a vector or a sequence")
+    return [{"type": "softmax"}]
+
+
+def _gelu(approximate) -> list[dict]:
+    if approximate not in ("none", "tanh"):
+        raise Problem(f"approximate {_show(approximate)}", "the spec's gelu is 'none' (erf) or 'tanh'")
+    return [{"type": "gelu"} | ({"approximate": True} if approximate == "tanh" else {})]
+
+
+def _batchnorm(m, shape) -> list[dict]:
+    if isinstance(m, nn.BatchNorm1d) and len(shape) != 2:
+        raise Problem(f"input {list(shape[1:])}", "BatchNorm1d on [N, C, L] normalises C over N and L; the spec's "
+                      "batchnorm takes vectors [N, F] (images: BatchNorm2d)")
+    if not m.affine:
+        raise Problem("affine False", "the spec's batchnorm has gamma and beta")
+    if not m.track_running_stats:
+        raise Problem("track_running_stats False", "the spec's batchnorm normalises inference with running "
+                      "statistics")
+    if m.momentum is None:
+        raise Problem("momentum None", "a cumulative average; the spec's running statistics are exponential")
+    momentum = round(1 - m.momentum, 12)  # PyTorch: running = (1 - m) running + m batch; the spec's m is Keras's
+    if not 0 < momentum < 1:
+        raise Problem(f"momentum {m.momentum}", "the spec's momentum (1 - PyTorch's) must be strictly between 0 and 1")
+    return [{"type": "batchnorm", "momentum": momentum, "epsilon": m.eps}]
+
+
+def _layernorm(m: nn.LayerNorm, shape) -> list[dict]:
+    if len(shape) == 4 or tuple(m.normalized_shape) != (shape[-1],):
+        raise Problem(f"normalized_shape {_show(tuple(m.normalized_shape))}", f"on an input {list(shape[1:])}: the "
+                      f"spec's layernorm normalises the last axis of a vector or a sequence (images: its channels, "
+                      f"which a LayerNorm on NCHW cannot name)")
+    if not m.elementwise_affine or getattr(m, "bias", True) is None:
+        raise Problem("elementwise_affine False" if not m.elementwise_affine else "bias False",
+                      "the spec's layernorm has gamma and beta")
+    return [{"type": "layernorm", "epsilon": m.eps}]
+
+
+def _embedding(m: nn.Embedding, shape) -> list[dict]:
+    _held(m, "embedding", {"padding_idx": (None,), "max_norm": (None,), "scale_grad_by_freq": (False,),
+                           "sparse": (False,)})
+    return [{"type": "embedding", "dim": m.embedding_dim}]
+
+
+MODULES = {  # module class -> its spec layers (from the module and its input's shape, batch axis included)
+    nn.Linear: _linear,
+    nn.Conv2d: _conv2d,
+    nn.MaxPool2d: _pool,
+    nn.AvgPool2d: _pool,
+    nn.AdaptiveAvgPool2d: _adaptive,
+    nn.Flatten: _flatten,
+    nn.ReLU: lambda m, shape: [{"type": "relu"}],
+    nn.Sigmoid: lambda m, shape: [{"type": "sigmoid"}],
+    nn.Tanh: lambda m, shape: [{"type": "tanh"}],
+    nn.GELU: lambda m, shape: _gelu(m.approximate),
+    nn.Softmax: lambda m, shape: _softmax_dim(m.dim, shape),
+    nn.BatchNorm1d: _batchnorm,
+    nn.BatchNorm2d: _batchnorm,
+    nn.LayerNorm: _layernorm,
+    nn.Dropout: lambda m, shape: [{"type": "dropout", "rate": m.p}],
+    nn.Embedding: _embedding,
+    nn.Identity: lambda m, shape: [],
+}
+
+
+# ---- functional calls and tensor methods --------------------------------------------------------------------
+def _dims(value, ndim: int) -> set[int] | None:
+    if isinstance(value, int):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not all(isinstance(d, int) for d in value):
+        return None
+    return {d % ndim for d in value}
+
+
+def _mean(node: torch.fx.Node, shape) -> list[dict]:
+    dims = _dims(_arg(node, 1, "dim"), len(shape))
+    if _arg(node, 3, "dtype") is not None:
+        raise Problem(f"dtype {_show(_arg(node, 3, 'dtype'))}", "the spec's mean keeps the compute dtype")
+    if len(shape) == 4 and dims == {2, 3}:
+        return [{"type": "global_avgpool2d"}]
+    if len(shape) == 3 and dims == {1} and not _arg(node, 2, "keepdim", False):
+        return [{"type": "sequence_pool", "mode": "mean"}]
+    raise Problem(f"dim {_show(_arg(node, 1, 'dim'))}", f"a mean over an input {list(shape[1:])}: the spec's means are "
+                  f"over an image's height and width (dim (2, 3): global_avgpool2d) or a sequence's positions (dim 1: "
+                  f"sequence_pool)")
+
+
+def _flat_call(node: torch.fx.Node, shape) -> list[dict]:
+    start, end = _arg(node, 1, "start_dim", 0), _arg(node, 2, "end_dim", -1)
+    if start != 1 or end not in (-1, len(shape) - 1):
+        raise Problem(f"start_dim {_show(start)}, end_dim {_show(end)}", "the spec's flatten keeps the batch axis "
+                      "and flattens the rest (torch.flatten(x, 1))")
+    return [{"type": "flatten"}]
+
+
+def _reshape(node: torch.fx.Node, shape) -> list[dict]:
+    out = _shape(node)
+    if out is not None and len(out) == 2 and out[0] == shape[0] and out[1] == math.prod(shape[1:]):
+        return [{"type": "flatten"}]
+    raise Problem(f"shape {list(out[1:]) if out else '?'}", f"from {list(shape[1:])}: the spec reshapes only to "
+                  f"flatten (x.view(x.size(0), -1))")
+
+
+def _adaptive_call(node: torch.fx.Node, shape) -> list[dict]:
+    size = _arg(node, 1, "output_size")
+    if size not in (1, (1, 1), [1, 1]):
+        raise Problem(f"output_size {_show(size)}", "the spec's global_avgpool2d is output_size 1")
+    return [{"type": "global_avgpool2d"}]
+
+
+def _nothing(node, shape) -> list[dict]:
+    return []
+
+
+FUNCTIONS = {  # function or "Tensor method" -> its spec layers (from the call and its input's shape)
+    F.relu: lambda n, s: [{"type": "relu"}], torch.relu: lambda n, s: [{"type": "relu"}],
+    torch.relu_: lambda n, s: [{"type": "relu"}], "relu": lambda n, s: [{"type": "relu"}],
+    torch.sigmoid: lambda n, s: [{"type": "sigmoid"}], F.sigmoid: lambda n, s: [{"type": "sigmoid"}],
+    "sigmoid": lambda n, s: [{"type": "sigmoid"}],
+    torch.tanh: lambda n, s: [{"type": "tanh"}], F.tanh: lambda n, s: [{"type": "tanh"}],
+    "tanh": lambda n, s: [{"type": "tanh"}],
+    F.gelu: lambda n, s: _gelu(_arg(n, 1, "approximate", "none")),
+    F.softmax: lambda n, s: _softmax_dim(_arg(n, 1, "dim"), s),
+    torch.softmax: lambda n, s: _softmax_dim(_arg(n, 1, "dim"), s),
+    "softmax": lambda n, s: _softmax_dim(_arg(n, 1, "dim"), s),
+    torch.flatten: _flat_call, "flatten": _flat_call,
+    "view": _reshape, "reshape": _reshape, torch.reshape: _reshape,
+    torch.mean: _mean, "mean": _mean,
+    F.adaptive_avg_pool2d: _adaptive_call,
+    "contiguous": _nothing,
+}
+ADDS = (operator.add, operator.iadd, torch.add, "add", "add_")  # with two tensors: a residual join
+FEATUREWISE = ("relu", "sigmoid", "tanh", "gelu", "softmax", "dropout", "batchnorm", "layernorm", "flatten")
+
+
+def _mapped() -> str:
+    names = {f"Tensor.{f}" if isinstance(f, str) else _qualified(f) for f in FUNCTIONS if f != "contiguous"}
+    return ", ".join(["+ (residual adds)", *sorted(names)])
+
+
+# ---- the importer -------------------------------------------------------------------------------------------
+class TorchChain(Chain):
+    join = "add (x + y)"
+
+    def __init__(self, importer: "TorchImporter", nodes: dict[str, Node], start: str):
+        super().__init__(nodes, start, importer.target)
+        self.importer = importer
+
+    def is_add(self, node: Node) -> bool:
+        return node.name in self.importer.adds
+
+    def inputs(self, node: Node) -> list[str]:
+        return node.inputs
+
+    def missing(self, name: str) -> str:
+        return (f"uses the tensor attribute '{clip(name, 40)}' directly: the spec's weights belong to its layers "
+                f"(hold it in a module the table maps)")
+
+    def convert(self, node: Node, first: bool) -> list[dict]:
+        if isinstance(node.module, nn.Embedding) and not first:
+            self.importer.problem(node.where, "an embedding takes the token ids: it must be the model's first layer")
+        return [dict(layer) for layer in self.importer.converted.get(node.name, [])]
+
+    def problem(self, node: Node, message: str) -> None:
+        self.importer.problem(node.where, message)
+
+
+class TorchImporter:
+    def __init__(self, target: str, model: nn.Module, input_shape: tuple[int, ...]):
+        self.target, self.model, self.input_shape = target, model, tuple(input_shape)
+        self.problems: list[str] = []
+        self.flagged: set[str] = set()  # the nodes (their `where`) a problem names
+        self.notes: list[str] = []
+        self.adds: set[str] = set()
+        self.converted: dict[str, list[dict]] = {}  # fx node -> its spec layers, tagged
+        self.vocab: int | None = None
+        self.batchnorm = False  # a BatchNorm was mapped (a note on its running variance)
+
+    def problem(self, where: str, message: str) -> None:
+        """One line per node: a node refused where it was converted is not refused again by the walk."""
+        if where not in self.flagged:
+            self.flagged.add(where)
+            self.problems.append(f"{self.target}: {where}: {message}")
+
+    def trace(self) -> torch.fx.GraphModule:
+        try:
+            traced = torch.fx.symbolic_trace(self.model)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise HarnessError(f"{self.target}: torch.fx.symbolic_trace cannot trace it ({type(exc).__name__}: "
+                               f"{clip(first, 160)}): the importer reads a forward without data-dependent control "
+                               f"flow") from None
+        placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+        used = [n for n in placeholders if n.users]
+        if len(used) != 1:
+            raise ImportProblems([f"{self.target}: forward takes {len(used)} tensors "
+                                  f"({', '.join(n.name for n in used) or 'none'}): the spec has one input"])
+        first = list(used[0].users)
+        tokens = any((n.op == "call_module" and isinstance(traced.get_submodule(n.target), nn.Embedding))
+                     or (n.op == "call_function" and n.target is F.embedding) for n in first)
+        if tokens and len(self.input_shape) != 1:
+            raise HarnessError(f"{self.target}: --input-shape {','.join(map(str, self.input_shape))}: an embedding "
+                               f"takes token ids [T]: give one size")
+        dtype = torch.int64 if tokens else torch.float32
+        sample = [torch.zeros((SHAPE_BATCH, *self.input_shape), dtype=dtype) if n in used else None
+                  for n in placeholders]
+        modes = {name: m.training for name, m in self.model.named_modules()}
+        try:
+            from torch.fx.passes.shape_prop import ShapeProp
+
+            traced.eval()
+            # ShapeProp prints the traceback of a failing node itself: the one line below says it
+            with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+                ShapeProp(traced).propagate(*sample)
+        except Exception as exc:
+            exc = exc.__cause__ or exc  # ShapeProp's RuntimeError wraps the module's own
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise HarnessError(f"{self.target}: --input-shape {','.join(map(str, self.input_shape))}: the module "
+                               f"fails on a {'token' if tokens else 'zero'} input of that shape "
+                               f"({type(exc).__name__}: {clip(first_line, 160)})") from None
+        finally:
+            for name, m in self.model.named_modules():
+                m.training = modes[name]
+        return traced
+
+    def nodes(self, traced: torch.fx.GraphModule) -> tuple[dict[str, Node], str, str]:
+        """(the graph's tensor nodes by name, the input's name, the output's name); every node converted."""
+        nodes: dict[str, Node] = {}
+        start = end = None
+        order: dict[str, tuple | None] = {}  # the [C, H, W] a node's features were flattened from, if any
+        for fx in traced.graph.nodes:
+            if fx.op == "placeholder":
+                if fx.users:
+                    start = fx.name
+                    nodes[fx.name] = Node(fx, None, [])
+                    order[fx.name] = None
+                continue
+            if fx.op == "output":
+                result = fx.args[0]
+                if not isinstance(result, torch.fx.Node):
+                    raise ImportProblems([f"{self.target}: forward returns {type(result).__name__}: the spec has one "
+                                          f"output tensor"])
+                end = result.name
+                continue
+            if fx.op == "get_attr" or not _holds_tensors(fx):
+                continue  # a tensor attribute (reported where it is used), or a size, a shape...
+            inputs: list[str] = []
+            torch.fx.node.map_arg((fx.args, fx.kwargs), lambda a: inputs.append(a.name)
+                                  if a.op == "get_attr" or _holds_tensors(a) else None)
+            node = Node(fx, traced.get_submodule(fx.target) if fx.op == "call_module" else None, inputs)
+            nodes[fx.name] = node
+            self.convert(node)
+            order[fx.name] = self.flat_order(node, order)
+        if start is None or end is None:
+            raise ImportProblems([f"{self.target}: forward takes or returns no tensor"])
+        return nodes, start, end
+
+    def convert(self, node: Node) -> None:
+        fx = node.fx
+        inputs = [a for a in fx.all_input_nodes if _holds_tensors(a)]
+        shape = _shape(inputs[0]) if inputs else None
+        key = fx.target if fx.op in ("call_function", "call_method") else None
+        try:
+            if fx.op == "call_module":
+                rule = next((rule for cls, rule in MODULES.items() if type(node.module) is cls), None)
+                if rule is None:
+                    mapped = ", ".join(cls.__name__ for cls in MODULES)
+                    raise Problem(f"module class {type(node.module).__name__}", f"not in the spec (mapped: {mapped})")
+                layers = rule(node.module, shape)
+                if isinstance(node.module, nn.Embedding):
+                    self.vocab = node.module.num_embeddings
+                if isinstance(node.module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                    self.batchnorm = True
+            elif key in ADDS:
+                if fx.kwargs.get("alpha", 1) != 1:
+                    raise Problem(f"alpha {_show(fx.kwargs['alpha'])}", "a residual adds its branches as they are")
+                if any(not isinstance(a, torch.fx.Node) for a in fx.args) or len(node.inputs) != 2:
+                    raise Problem(f"arguments {_show(fx.args)}", "adds a constant: the spec adds only a residual "
+                                  "block's two branches")
+                self.adds.add(node.name)
+                return
+            elif fx.op in ("call_function", "call_method") and key in FUNCTIONS:
+                if len(inputs) != 1 and not (fx.op == "call_method" and key in ("view", "reshape")):
+                    raise Problem("inputs", f"takes {len(inputs)} tensors: only an add (x + y) joins branches in "
+                                  f"the spec")
+                layers = FUNCTIONS[key](fx, shape)
+            else:
+                raise Problem("call", f"not in the spec (mapped functions: {_mapped()})")
+        except Problem as exc:
+            self.problem(node.where, str(exc))
+            return
+        self.converted[node.name] = [dict(layer, _source=node.source) for layer in layers]
+
+    def flat_order(self, node: Node, order: dict[str, tuple | None]) -> tuple | None:
+        """The [C, H, W] whose C, H, W-order flatten `node`'s output features follow (None: none, or not flat)."""
+        known = [order.get(name) for name in node.inputs]
+        if node.name in self.adds:
+            if len(set(known)) > 1:
+                self.problem(node.where, "adds features flattened from an image (PyTorch's C, H, W order) to "
+                             "features in another order: the spec flattens in H, W, C order, which no weight "
+                             "permutation reconciles here")
+            return known[0] if known else None
+        layers = self.converted.get(node.name)
+        before = known[0] if known else None
+        if not layers:  # nn.Identity, Tensor.contiguous (or a problem, reported)
+            return before
+        kind = layers[0]["type"]
+        shape = _shape(node.fx.all_input_nodes[0]) if node.fx.all_input_nodes else None
+        if kind == "flatten" and shape is not None and len(shape) == 4:  # PyTorch's C, H, W order
+            return tuple(shape[1:]) if shape[2] * shape[3] > 1 else None
+        if before is None:
+            return None
+        if kind in ("dense", "batchnorm", "layernorm"):  # a dense's input rows, a norm's features: permuted
+            layers[0]["_flattened"] = before
+        return before if kind in FEATUREWISE else None
+
+    def input_spec(self) -> dict:
+        shape = self.input_shape
+        if len(shape) == 3:  # C, H, W -> the spec's H, W, C
+            return {"shape": [shape[1], shape[2], shape[0]]}
+        return {"shape": list(shape)} | ({"vocab": self.vocab} if self.vocab is not None else {})
+
+
+def import_nn_module(model: nn.Module, input_shape: tuple[int, ...], options: ImportOptions | None = None,
+                  target: str | None = None) -> Imported:
+    """An nn.Module as a validated spec (ImportProblems: everything the spec cannot express, one line each)."""
+    options = options or ImportOptions()
+    target = target or type(model).__name__
+    importer = TorchImporter(target, model, input_shape)
+    traced = importer.trace()
+    nodes, start, end = importer.nodes(traced)
+    chain = TorchChain(importer, nodes, start)
+    layers = chain.walk(end, start) if end != start else []
+    for name, node in nodes.items():  # once the walk met a problem, the nodes it did not reach say nothing new
+        if name not in chain.visited and name != start and not importer.problems:
+            importer.problem(node.where, "not on the chain from the input to the output (an in-place op whose result "
+                             "is not used, or a branch the spec cannot express: only residual adds join the chain)")
+    if not layers and not importer.problems:
+        importer.problems.append(f"{target}: forward computes nothing the spec can hold")
+    if importer.problems:
+        raise ImportProblems(importer.problems)
+    notes = importer.notes
+    notes.append("the module's own weights are not read: the core draws every initial weight "
+                 "(harness.model.weights); canonical_weights in amp_harness_torch.importer copies them")
+    if importer.batchnorm:
+        notes.append("PyTorch's BatchNorm updates its running variance with the unbiased batch variance, the spec's "
+                     "batchnorm with the biased one (momentum is written as the spec's 1 - PyTorch's)")
+    input_ = importer.input_spec()
+    loss, why = default_loss(layers)
+    notes.append(f"a torch module holds no loss: {why}")
+    notes.append("a torch module holds no optimizer: adam with torch.optim.Adam's defaults (learning_rate 0.001, "
+                 "betas 0.9 and 0.999, epsilon 1e-8 outside the square root: the spec's adam); edit the spec for "
+                 "another")
+    name = target.rpartition(":")[2].rpartition(".")[2] or type(model).__name__
+    tags: dict[str, dict] = {}
+    spec = {
+        "name": clip(name, 100),
+        "description": f"Imported from the PyTorch module {target} ({type(model).__name__}) by `amp-harness import "
+                       f"torch` with input {list(input_shape)}.",
+        "input": input_,
+        "dataset": dataset(options.dataset, input_, layers, loss, notes),
+        "layers": untag(layers, "", tags),
+        "loss": loss,
+        "optimizer": dict(DEFAULT_OPTIMIZER),
+        "batch_size": options.batch_size or DEFAULT_BATCH_SIZE,
+        "steps": options.steps or DEFAULT_STEPS,
+        "seed": 0,
+    }
+    if options.batch_size is None or options.steps is None:
+        notes.append(f"batch_size {spec['batch_size']} and steps {spec['steps']}: a torch module says neither "
+                     f"(--batch-size and --steps set them)")
+    sources = tags.get("_source", {})
+    spec = finish(spec, sources, target, "the torch module")
+    return Imported(spec, notes, sources, tags.get("_flattened", {}))
+
+
+def import_torch(target: str, input_shape: tuple[int, ...], options: ImportOptions | None = None) -> Imported:
+    """`amp-harness import torch MODULE:ATTR --input-shape ...` (TorchAdapter.import_model)."""
+    return import_nn_module(load_module(target), input_shape, options, target)
+
+
+# ---- weights ------------------------------------------------------------------------------------------------
+TORCH_NAMES = {  # canonical parameter -> the torch module's attribute
+    "kernel": "weight", "bias": "bias", "gamma": "weight", "beta": "bias", "moving_mean": "running_mean",
+    "moving_variance": "running_var", "embeddings": "weight",
+}
+
+
+def flatten_permutation(chw: tuple[int, int, int]) -> np.ndarray:
+    """perm such that features_hwc = features_chw[perm]: the spec's H, W, C flatten from PyTorch's C, H, W one."""
+    c, h, w = chw
+    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
+
+
+def canonical_weights(model: nn.Module, imported: Imported) -> dict[str, np.ndarray]:
+    """The module's own weights (and batchnorm statistics) in the spec's canonical names and layouts
+    (harness.model.weights), for the network built from `imported.spec`: kernels from channels-first, and the
+    rows of a dense after a flatten (and the features of a norm between) permuted from C, H, W to H, W, C order."""
+    from harness.model.graph import infer
+    from harness.model.spec import validate
+    from harness.model.weights import from_channels_first
+
+    graph = infer(validate(imported.spec, imported.spec["name"]))
+    out = {}
+    for info in graph.layers:
+        if not info.params:
+            continue
+        module = model.get_submodule(imported.sources[info.path])
+        perm = flatten_permutation(imported.flattened[info.path]) if info.path in imported.flattened else None
+        for param, shape in info.params.items():
+            name = f"{info.path}.{param}"
+            value = from_channels_first(getattr(module, TORCH_NAMES[param]).detach().cpu().numpy(), name)
+            if perm is not None and (info.type != "dense" or param == "kernel"):
+                value = value[perm]  # a dense's input rows ([in, out]; not its bias), a norm's features
+            assert value.shape == tuple(shape), (name, value.shape, shape)
+            out[name] = np.ascontiguousarray(value, dtype=np.float32)
+    return out
