@@ -1,5 +1,5 @@
 """The amp-harness command line: models, check, import, adapters, run, fingerprint, diagnose, profile, study,
-conformance, parity, compare, report."""
+conformance, parity, compare, export, report."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from harness import export
 from harness.errors import HarnessError, clip
 from harness.limits import (
     MAX_GROWTH_INTERVAL,
@@ -600,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     parity.add_argument("dirs", nargs="+", metavar="DIR", help="directories holding fingerprints.jsonl")
     parity.set_defaults(func=cmd_parity)
     compare.add_parser(sub)
+    export.add_parser(sub)
     report = sub.add_parser("report", help="render results as one self-contained HTML page (and a CSV)")
     report.add_argument("dirs", nargs="+", metavar="DIR", help="result directories or results.jsonl files")
     report.add_argument("-o", "--output", default="reports/index.html")
