@@ -334,6 +334,10 @@ class Capabilities:
     #: None where Trainer.profile profiles on a GPU too; else why it cannot there (the core then records a GPU
     #: profile as unsupported with this reason, before building anything)
     no_gpu_profile: str | None = None
+    #: None where the adapter's networks emulate the FP8 precisions by the core's rule (harness.fp8: each matmul
+    #: layer's inputs through fake_quantize_with, its output's gradient too); else why not. An adapter that says
+    #: nothing does not: it would train them as plain float32
+    no_fp8: str | None = "does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"
 
 
 class Adapter(ABC):

@@ -77,6 +77,20 @@ class Recipe:
         raise HarnessError(f"fp8 scaling '{text}': current, delayed or delayed:N (N from 1 to 1024)")
 
 
+@dataclass(frozen=True)
+class Fp8Policy:
+    """An FP8 training precision's casts (harness.precision): every matmul's input and weights in `forward`, the
+    gradient of its output (what its backward matmuls multiply) in `backward`, each scaled by `recipe`."""
+    forward: Fp8Format
+    backward: Fp8Format
+    recipe: Recipe = Recipe(0)
+
+    def describe(self) -> str:
+        formats = self.forward.name if self.forward == self.backward else \
+            f"{self.forward.name} forward, {self.backward.name} gradients"
+        return f"FP8 matmul inputs ({formats}; {self.recipe.name} per-tensor scaling), float32 accumulation"
+
+
 # ---- the reference (numpy) --------------------------------------------------------------------------------
 def quantize(x, fmt: Fp8Format) -> np.ndarray:
     """float32 values cast to `fmt` (nearest, ties to even; saturating) and back to float32."""
@@ -90,11 +104,21 @@ def quantize(x, fmt: Fp8Format) -> np.ndarray:
     return np.where(np.isnan(x), x, np.copysign(rounded, x)).astype(np.float32)
 
 
+SMALLEST_AMAX = 2.0**-126  # float32's smallest normal: an amax below it (or 0, or not finite) gives a scale of 1
+MAX_SCALE_EXP = 126  # the scale's exponent stays in [-126, 126]: a float32 normal, its inverse too
+
+
 def scale_for(amax: float, fmt: Fp8Format, margin: int = 0) -> float:
-    """The recipe's power-of-two scale for a tensor whose largest magnitude is `amax`."""
-    if not amax > 0 or not math.isfinite(amax):
+    """The recipe's power-of-two scale for a tensor whose largest magnitude is `amax`: 2^(floor(log2(max / amax))
+    - margin), found from the exponents (amax = m 2^E with m in [1, 2), max = 1.75 2^Emax: Emax - E, one less where
+    m > 1.75), its exponent clamped to [-126, 126]."""
+    amax = float(np.float32(amax))
+    if not (amax >= SMALLEST_AMAX and math.isfinite(amax)):
         return 1.0
-    return 2.0 ** (math.floor(math.log2(fmt.max / amax)) - margin)
+    m, e = math.frexp(amax)  # amax = m 2^e, m in [0.5, 1)
+    top = fmt.max / 2.0**fmt.max_exp
+    exponent = fmt.max_exp - (e - 1) - (1 if 2 * m > top else 0) - margin
+    return 2.0 ** max(-MAX_SCALE_EXP, min(MAX_SCALE_EXP, exponent))
 
 
 def scaled_quantize(x, fmt: Fp8Format, scale: float) -> np.ndarray:
@@ -227,3 +251,24 @@ def quantize_with(ops, x, fmt: Fp8Format):
     # non-finite: an infinity saturates, NaN stays NaN (a comparison with NaN is false)
     saturated = ops.where(ops.abs(x) > fmt.max, ops.copysign(ops.full_like(x, fmt.max), x), x)
     return ops.where(ops.isfinite(x), rounded, saturated)
+
+
+def scale_with(ops, amax, fmt: Fp8Format, margin: int = 0):
+    """scale_for() of a float32 scalar tensor `amax` through the ops table, in integers: the exponent field, and
+    one less where the mantissa field exceeds the largest value's (0.75 x 2^23: both formats' max is 1.75 x 2^k)."""
+    bits = ops.as_int32(amax)
+    exponent = ops.bit_and(ops.shift_right(bits, 23), 0xFF) - 127
+    top = int((fmt.max / 2.0**fmt.max_exp - 1) * 2**23)
+    above = 0 - ops.shift_right(top - ops.bit_and(bits, 0x7FFFFF), 31)  # 1 where the mantissa is above top
+    e = fmt.max_exp - exponent - above - margin
+    e = 0 - ops.maximum(0 - ops.maximum(e, -MAX_SCALE_EXP), -MAX_SCALE_EXP)  # clamped to [-126, 126]
+    scale = ops.as_float32(ops.shift_left(e + 127, 23))
+    valid = ops.where(ops.isfinite(amax), amax, ops.full_like(amax, 0.0)) >= SMALLEST_AMAX
+    return ops.where(valid, scale, ops.full_like(amax, 1.0))
+
+
+def fake_quantize_with(ops, x, amax, fmt: Fp8Format, margin: int = 0):
+    """x as an FP8 matmul sees it, in float32: multiplied by the scale amax gives (a power of two), cast to `fmt`,
+    divided by the scale again; `amax` the recipe's (this tensor's largest magnitude for the current one)."""
+    scale = scale_with(ops, amax, fmt, margin)
+    return quantize_with(ops, x * scale, fmt) / scale

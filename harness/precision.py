@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from harness.errors import HarnessError
+from harness.fp8 import E4M3, E5M2, Fp8Policy, Recipe
 from harness.rounding import DEFAULT_FRAC_BITS, Rounding
 
 
@@ -19,6 +20,9 @@ class Precision:
     #: how the optimizer writes updated weights (harness.rounding): None for the framework's own optimizer step
     #: in the weights' dtype; else the update is computed in float32 and written by this rule
     rounding: Rounding | None = None
+    #: FP8 training (harness.fp8): every matmul's inputs cast to FP8 and back by the core's rule, emulated in
+    #: float32 (compute_dtype), products accumulated in float32; None for every other precision
+    fp8: Fp8Policy | None = None
     #: how the report's charts draw this precision, the same in every chart (harness.report.charts): a colour
     #: and a marker (matplotlib's letters, harness.report.svg.marker_path) of its own, asked of every entry
     colour: str = field(kw_only=True)
@@ -67,12 +71,21 @@ PRECISIONS: dict[str, Precision] = {
                   f"weights on a 16-bit fixed-point grid ({DEFAULT_FRAC_BITS} fractional bits; fixed16_rn:F for F), "
                   "float32 compute, round-to-nearest", Rounding("nearest", "fixed16"),
                   colour="#555555", marker="h"),
+        # FP8 (harness.fp8, docs/fp8.md): float32 weights and optimizer, every matmul's inputs cast by the core's
+        # rule; NAME:current (the default) scales each tensor by its own amax
+        Precision("fp8_e4m3", "float32", "float32", False, False, "none",
+                  "FP8 e4m3 matmul inputs and gradients (emulated), float32 weights and accumulation",
+                  fp8=Fp8Policy(E4M3, E4M3), colour="#e377c2", marker="*"),
+        Precision("fp8_hybrid", "float32", "float32", False, False, "none",
+                  "FP8 e4m3 forward, e5m2 gradients (emulated), float32 weights and accumulation",
+                  fp8=Fp8Policy(E4M3, E5M2), colour="#17becf", marker="8"),
     )
 }
 
 
 def parse_precision(name: str) -> Precision:
-    """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15)."""
+    """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15); the FP8 ones as
+    NAME:current (what NAME alone means)."""
     base, colon, bits = name.partition(":")
     try:
         precision = PRECISIONS[base]
@@ -80,6 +93,12 @@ def parse_precision(name: str) -> Precision:
         raise HarnessError(f"unknown precision '{name}'; valid: {', '.join(PRECISIONS)}") from None
     if not colon:
         return precision
+    if precision.fp8 is not None:
+        recipe = Recipe.parse(bits)
+        if recipe.history:
+            raise HarnessError(f"precision '{name}': delayed scaling is not built for training yet (only "
+                               f"{base}:current); `amp-harness diagnose` says what it would underflow (docs/fp8.md)")
+        return replace(precision, name=name, fp8=replace(precision.fp8, recipe=recipe))
     if precision.rounding is None or precision.rounding.format != "fixed16" or not bits.isdigit() \
             or not 0 <= int(bits) <= 15:
         raise HarnessError(f"precision '{name}': only the fixed-point precisions take ':F', F the fractional bits "

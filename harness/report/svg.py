@@ -313,11 +313,11 @@ def _dash(dash: str | None, width: float) -> str:
 
 
 def marker_path(shape: str, x: float, y: float, size: float, colour: str) -> tuple[str, str]:
-    """Path data and attributes of one filled marker (matplotlib's letters: o s D d ^ v < > P X p h, anything else
-    a circle) centred at x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a
+    """Path data and attributes of one filled marker (matplotlib's letters: o s D d ^ v < > P X p h 8 *, anything
+    else a circle) centred at x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a
     square cap (a few bytes); the others are outlines."""
     r = size / 2
-    if shape in ("o", "s") or shape not in ("D", "d", "^", "v", "<", ">", "P", "X", "p", "h"):
+    if shape in ("o", "s") or shape not in ("D", "d", "^", "v", "<", ">", "P", "X", "p", "h", "8", "*"):
         cap, width = ("square", size * 0.9) if shape == "s" else ("round", size)
         return (f"M{num(x)} {num(y)}h0",
                 f' fill="none" stroke="{colour}" stroke-width="{num(width)}" stroke-linecap="{cap}"')
@@ -331,11 +331,12 @@ def marker_path(shape: str, x: float, y: float, size: float, colour: str) -> tup
     if shape in ("<", ">"):
         s, h = r * 1.05, r * 1.05 * (1 if shape == "<" else -1)
         return f"M{num(x - h)} {num(y)}l{num(h * 1.5)} {num(s * 0.87)}v{num(-s * 1.74)}z", fill
-    if shape in ("p", "h"):  # a regular pentagon (a corner up) or hexagon (a flat top)
-        n = 5 if shape == "p" else 6
-        turn = -math.pi / 2 if n == 5 else 0.0
-        corners = [(x + r * math.cos(turn + 2 * math.pi * k / n), y + r * math.sin(turn + 2 * math.pi * k / n))
-                   for k in range(n)]
+    if shape in ("p", "h", "8", "*"):  # a regular pentagon (a corner up), hexagon, octagon; a five-pointed star
+        n = {"p": 5, "h": 6, "8": 8, "*": 10}[shape]
+        turn = -math.pi / 2 if shape in ("p", "*") else math.pi / n if shape == "8" else 0.0
+        radii = [r * 1.1, r * 0.45] if shape == "*" else [r]
+        corners = [(x + radii[k % len(radii)] * math.cos(turn + 2 * math.pi * k / n),
+                    y + radii[k % len(radii)] * math.sin(turn + 2 * math.pi * k / n)) for k in range(n)]
         return "M" + "L".join(f"{num(u)} {num(v)}" for u, v in corners) + "z", fill
     a, b = r, r / 3  # a plus of arm half-length a and half-width b (an X: the same, turned 45 degrees)
     outline = [(b, a), (b, b), (a, b), (a, -b), (b, -b), (b, -a), (-b, -a), (-b, -b), (-a, -b), (-a, b), (-b, b),

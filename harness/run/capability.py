@@ -79,7 +79,12 @@ def key(adapter, precision, device) -> str:
 def unsupported(adapter, precision, device, in_process: bool = False) -> str | None:
     """Why `precision` cannot run on `device` with this adapter, or None where it can: the adapter's own limits,
     then the probe (cached; on a miss it runs here with `in_process`, the worker's case, else in a child
-    process, since a precision may change a framework's process-wide state)."""
+    process, since a precision may change a framework's process-wide state). FP8 first, whatever the adapter's
+    own unsupported() says: an adapter that does not declare its emulation would train it as plain float32."""
+    no_fp8 = adapter.capabilities.no_fp8 or (None if adapter.rounding_ops() else
+                                             "has no rounding ops (Adapter.rounding_ops) for the FP8 casts")
+    if precision.fp8 is not None and no_fp8:
+        return f"{adapter.name} {no_fp8}"
     reason = adapter.unsupported(precision, device)
     if reason:
         return reason

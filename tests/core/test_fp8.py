@@ -129,3 +129,29 @@ def test_the_diagnosis_names_a_gradient_the_delayed_recipe_underflows_and_says_s
     # or below 2^-17, half e5m2's smallest subnormal, round to 0
     assert (counts["underflow"], counts["subnormal"], counts["values"]) == (4000, 0, 12000), counts
     assert counts["format"] == "e5m2"
+
+
+def test_the_scale_written_once_is_the_reference_s_for_every_amax():
+    rng = np.random.default_rng(1)
+    amaxes = np.concatenate([np.exp2(rng.uniform(-140, 130, 20_000)).astype(np.float32),
+                             np.array([0.0, INF, NAN, 2.0**-126, 2.0**-127, 448.0, 449.0, 1.75, 1.7500001, 57344.0,
+                                       3.0e38, 1.0, 2.0**-120, 3.0], np.float32)])
+    for fmt in (E4M3, E5M2):
+        for margin in (0, 2):
+            with np.errstate(all="ignore"):
+                got = [float(fp8.scale_with(NUMPY_OPS, np.float32(a), fmt, margin)) for a in amaxes]
+            expected = [fp8.scale_for(float(a), fmt, margin) for a in amaxes]
+            assert got == expected, [(a, g, e) for a, g, e in zip(amaxes, got, expected) if g != e][:5]
+    x = np.array([3.0, 0.01, -2.5], np.float32)
+    assert fp8.fake_quantize_with(NUMPY_OPS, x, np.float32(3.0), E4M3).tolist() == \
+        fp8.scaled_quantize(x, E4M3, 128.0).tolist()
+
+
+def test_an_adapter_that_does_not_say_it_emulates_fp8_reports_the_fp8_precisions_unsupported():
+    from harness.precision import parse_precision
+    from harness.run import capability
+    from tests.fake_adapter.fake_adapter import FakeAdapter
+
+    adapter = FakeAdapter()  # whose own unsupported() knows nothing of FP8
+    assert capability.unsupported(adapter, parse_precision("fp8_hybrid"), adapter.device("cpu")) == \
+        "fake does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"

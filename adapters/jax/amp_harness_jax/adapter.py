@@ -47,7 +47,8 @@ NO_INTER_OP = ("none to set: XLA:CPU may run a step's independent ops at once, o
 class JaxAdapter(Adapter):
     name = "jax"
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
-    capabilities = Capabilities(no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
+    capabilities = Capabilities(no_fp8=None,
+                                no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
                                                "profile does not read")
 
     def framework_version(self) -> str:
@@ -144,7 +145,7 @@ class JaxTrainer(Trainer):
         self.param_dtype = jnp.dtype(precision.param_dtype)
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
         loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
-        self.net = net = Network(spec, graph, precision.compute_dtype)
+        self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8)
         self.declare_attention_masks(graph, attention_mask, device.kind)
         put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
                              for n in names}

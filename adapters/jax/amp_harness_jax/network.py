@@ -20,11 +20,17 @@ layernorm and rmsnorm run in float32, their output float32 (the next dense casts
 jax.nn.dot_product_attention (implementation "xla") is not used: its softmax is always float32, 4.5e-8 from the
 reference in a float64 run (not exact), under amp a float32 softmax this adapter's policy (Flax's) does not
 have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
+
+FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
+each tensor's amax; a custom_vjp passes the gradient straight through) and cast the gradient of the product on its
+way back (a second custom_vjp), the bias added after, as the torch adapter does.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +38,7 @@ from jax import lax
 
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
+from harness.fp8 import Fp8Format, fake_quantize_with
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
@@ -70,6 +77,39 @@ def _add_bias_bwd(bias, grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+def _fp8(x, fmt: Fp8Format):
+    from amp_harness_jax.rounding import OPS
+
+    return fake_quantize_with(OPS, x, jnp.max(jnp.abs(x)), fmt)  # the current recipe: this tensor's own amax
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def cast_input(x, fmt: Fp8Format):
+    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
+    return _fp8(x, fmt)
+
+
+cast_input.defvjp(lambda x, fmt: (_fp8(x, fmt), None), lambda fmt, _, grad: (grad,))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def cast_gradient(y, fmt: Fp8Format):
+    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
+    return y
+
+
+cast_gradient.defvjp(lambda y, fmt: (y, None), lambda fmt, _, grad: (_fp8(grad, fmt),))
+
+
+def product(net, multiply, x, kernel):
+    """multiply(x, kernel) in the compute dtype, with FP8's casts where the network trains in FP8 (net.fp8)."""
+    x, kernel = x.astype(net.compute), kernel.astype(net.compute)
+    if net.fp8 is None:
+        return multiply(x, kernel)
+    return cast_gradient(multiply(cast_input(x, net.fp8.forward), cast_input(kernel, net.fp8.forward)),
+                         net.fp8.backward)
+
+
 @dataclass
 class Run:
     """What one call of the network gives its layers: the weights, the batchnorm statistics (updated in place in
@@ -91,7 +131,7 @@ def dense(info, net):
     kernel, bias = f"{info.path}.kernel", f"{info.path}.bias"
 
     def apply(x, run):
-        x = x.astype(net.compute) @ run.params[kernel].astype(net.compute)
+        x = product(net, jnp.matmul, x, run.params[kernel])
         return add_bias(x, run.params[bias].astype(net.compute)) if info.spec.use_bias else x
 
     return apply
@@ -103,8 +143,8 @@ def conv2d(info, net):
     strides, pads = (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding)
 
     def apply(x, run):
-        x = lax.conv_general_dilated(x.astype(net.compute), run.params[kernel].astype(net.compute), strides, pads,
-                                     dimension_numbers=CONV_DIMENSIONS)
+        x = product(net, lambda x, k: lax.conv_general_dilated(x, k, strides, pads, dimension_numbers=CONV_DIMENSIONS),
+                    x, run.params[kernel])
         return add_bias(x, run.params[bias].astype(net.compute)) if spec.use_bias else x
 
     return apply
@@ -269,7 +309,7 @@ def attention(info, net):
     net.attention[path] = "unfused (attention dropout: the core's masks)" if dropped else "unfused"
 
     def project(x, name, run):  # a dense layer of the compute dtype: [N, T, D] -> [N, T, H, Dh]
-        out = x @ run.params[f"{path}.{name}_kernel"].astype(net.compute)
+        out = product(net, jnp.matmul, x, run.params[f"{path}.{name}_kernel"])
         if spec.use_bias:
             out = add_bias(out, run.params[f"{path}.{name}_bias"].astype(net.compute))
         return out
@@ -287,7 +327,7 @@ def attention(info, net):
                 raise HarnessError(f"attention layer {path}: no attention dropout mask was given with the batch")
             probs = probs * run.masks[path].astype(probs.dtype) / (1 - spec.dropout)
         out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(x.shape)  # the heads concatenated in head order
-        out = out @ run.params[f"{path}.output_kernel"].astype(net.compute)
+        out = product(net, jnp.matmul, out, run.params[f"{path}.output_kernel"])
         return add_bias(out, run.params[f"{path}.output_bias"].astype(net.compute)) if spec.use_bias else out
 
     return apply
@@ -307,8 +347,8 @@ def patches(info, net):
     size, kernel, bias = info.spec.size, f"{info.path}.kernel", f"{info.path}.bias"
 
     def apply(x, run):  # a conv2d of kernel and stride P, 'valid': [N, H/P, W/P, D], then the patches row-major
-        x = lax.conv_general_dilated(x.astype(net.compute), run.params[kernel].astype(net.compute), (size, size),
-                                     [(0, 0), (0, 0)], dimension_numbers=CONV_DIMENSIONS)
+        x = product(net, lambda x, k: lax.conv_general_dilated(x, k, (size, size), [(0, 0), (0, 0)],
+                                                               dimension_numbers=CONV_DIMENSIONS), x, run.params[kernel])
         x = x.reshape(x.shape[0], -1, x.shape[-1])
         return add_bias(x, run.params[bias].astype(net.compute))
 
@@ -327,8 +367,8 @@ def residual(info, net):
 
 
 class Network:
-    def __init__(self, spec, graph: Graph, compute_dtype: str):
-        self.spec, self.compute = spec, jnp.dtype(compute_dtype)
+    def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None):
+        self.spec, self.compute, self.fp8 = spec, jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
         self.infos = {info.path: info for info in graph.layers}
         #: the trainable weights' canonical names; batchnorm's moving statistics are state, not parameters
         self.trainable = [n for n in graph.param_shapes() if not n.rsplit(".", 1)[1].startswith("moving_")]

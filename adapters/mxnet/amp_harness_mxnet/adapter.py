@@ -66,6 +66,9 @@ class MXNetAdapter(Adapter):
         # harness.rounding's rules are written with; the fixed-point grid needs none, but the adapter has no
         # rounding_ops (its optimizers update the weights in place; left undone, see docs/stochastic-rounding.md)
         no_bitcast="MXNet 1.9 has no bitcast operator, no ndarray.view(dtype)",
+        # the FP8 casts (harness.fp8) are written with the same bit-casts
+        no_fp8="cannot emulate FP8: MXNet 1.9 has no bitcast operator (the core's FP8 cast reads and writes float32 "
+               "exponent bits) and no FP8 dtype",
         # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid pointer) or
         # failed with "Unknown type enum 12"; bfloat16 works inside AMP only
         refused=(Refusal("bf16", "cpu", "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network "

@@ -35,7 +35,8 @@ class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
-    capabilities = Capabilities(no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
+    capabilities = Capabilities(no_fp8=None,
+                                no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
                                                "device planes are not read")
 
     def framework_version(self) -> str:
@@ -123,7 +124,7 @@ class TensorFlowTrainer(Trainer):
         keras.config.set_floatx(floatx)
         keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(spec.seed)
-        self.net = Network(spec, graph, weights, floatx)
+        self.net = Network(spec, graph, weights, floatx, precision.fp8)
         self.declare_attention_masks(graph, attention_mask, device.kind)
         self.input_dtype, self.mask_dtype = self.net.input_dtype, floatx  # token ids stay integer
         model = self.net.train_model

@@ -19,6 +19,11 @@ the policy's float16/bfloat16, with float32 variables cast on read, unless said)
 - LayerNormalization (autocast off) and ops.rms_normalization (the spec's rmsnorm) compute in float32 (moments,
   rsqrt) and return the compute dtype; rmsnorm's gamma is read cast to the compute dtype first, layernorm's is not.
 - the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
+
+FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
+each tensor's amax, a tf.custom_gradient passing the gradient straight through) and cast the gradient of the
+product on its way back (a second custom gradient), the bias added after, as the torch adapter does.
 """
 from __future__ import annotations
 
@@ -26,9 +31,11 @@ import math
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 from harness.adapter import layer_scope
+from harness.fp8 import Fp8Format, fake_quantize_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
@@ -108,12 +115,71 @@ class SequencePool(keras.layers.Layer):
         return (input_shape[0], input_shape[2])
 
 
-class Patches(keras.layers.Conv2D):
-    """The spec's patch embedding: a conv2d of kernel and stride P ('valid'), whose [N, H/P, W/P, D] output read
-    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one)."""
+def _fp8(x, fmt: Fp8Format):
+    from amp_harness_tensorflow.rounding import OPS
+
+    return fake_quantize_with(OPS, x, tf.reduce_max(tf.abs(x)), fmt)  # the current recipe: this tensor's amax
+
+
+def cast_input(x, fmt: Fp8Format):
+    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
+    @tf.custom_gradient
+    def cast(v):
+        return _fp8(v, fmt), lambda grad: grad
+    return cast(x)
+
+
+def cast_gradient(y, fmt: Fp8Format):
+    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
+    @tf.custom_gradient
+    def cast(v):
+        return tf.identity(v), lambda grad: _fp8(grad, fmt)
+    return cast(y)
+
+
+def fp8_product(fp8, product, x, kernel):
+    """product(x, kernel) of the FP8 policy's casts."""
+    return cast_gradient(product(cast_input(x, fp8.forward), cast_input(kernel, fp8.forward)), fp8.backward)
+
+
+class Fp8Dense(keras.layers.Dense):
+    """keras.layers.Dense whose product is FP8's (fp8_product), the bias added after."""
+
+    def __init__(self, *args, fp8, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp8 = fp8
 
     def call(self, x):
-        out = super().call(x)
+        y = fp8_product(self.fp8, tf.matmul, x, self.kernel)
+        return y + self.bias if self.use_bias else y
+
+
+class Fp8Conv2D(keras.layers.Conv2D):
+    """keras.layers.Conv2D whose product is FP8's (fp8_product), the bias added after."""
+
+    def __init__(self, *args, fp8, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp8 = fp8
+
+    def call(self, x):
+        y = fp8_product(self.fp8, self.convolution_op, x, self.kernel)
+        return y + self.bias if self.use_bias else y
+
+
+class Patches(keras.layers.Conv2D):
+    """The spec's patch embedding: a conv2d of kernel and stride P ('valid'), whose [N, H/P, W/P, D] output read
+    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one); under
+    FP8 (`fp8`, the policy) its product is FP8's."""
+
+    def __init__(self, *args, fp8=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp8 = fp8
+
+    def call(self, x):
+        if self.fp8 is None:
+            out = super().call(x)
+        else:
+            out = fp8_product(self.fp8, self.convolution_op, x, self.kernel) + self.bias
         return ops.reshape(out, (-1, out.shape[1] * out.shape[2], out.shape[3]))
 
     def compute_output_shape(self, input_shape):
@@ -161,9 +227,11 @@ class SelfAttention(CanonicalLayer):
         spec = info.spec
         self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
         self.implementation = attention_implementation(spec)
+        self.fp8 = net.fp8
 
     def _project(self, x, name: str):
-        out = ops.matmul(x, getattr(self, f"{name}_kernel"))
+        kernel = getattr(self, f"{name}_kernel")
+        out = ops.matmul(x, kernel) if self.fp8 is None else fp8_product(self.fp8, tf.matmul, x, kernel)
         return out + getattr(self, f"{name}_bias") if self.use_bias else out
 
     def call(self, x, mask=None):
@@ -211,14 +279,18 @@ def _named(info, net) -> dict:
 
 @LAYERS.builder("dense")
 def dense(info, net):
-    return keras.layers.Dense(info.spec.units, use_bias=info.spec.use_bias, **_named(info, net))
+    fp8 = {"fp8": net.fp8} if net.fp8 else {}
+    return (Fp8Dense if net.fp8 else keras.layers.Dense)(info.spec.units, use_bias=info.spec.use_bias,
+                                                         **_named(info, net), **fp8)
 
 
 @LAYERS.builder("conv2d")
 def conv2d(info, net):
     spec = info.spec
-    return keras.layers.Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                               use_bias=spec.use_bias, **_named(info, net))
+    fp8 = {"fp8": net.fp8} if net.fp8 else {}
+    return (Fp8Conv2D if net.fp8 else keras.layers.Conv2D)(spec.filters, spec.kernel_size, strides=spec.strides,
+                                                           padding=spec.padding, use_bias=spec.use_bias,
+                                                           **_named(info, net), **fp8)
 
 
 @LAYERS.builder("maxpool2d")
@@ -304,7 +376,7 @@ def sequence_pool(info, net):
 @LAYERS.builder("patches")
 def patches(info, net):
     size = info.spec.size
-    return Patches(info.spec.dim, size, strides=size, padding="valid", **_named(info, net))
+    return Patches(info.spec.dim, size, strides=size, padding="valid", fp8=net.fp8, **_named(info, net))
 
 
 @LAYERS.builder("residual")
@@ -338,7 +410,7 @@ class Network:
     """Two functional models sharing every layer: `train_model` takes [inputs, *dropout masks] (masks in
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
-    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str):
+    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None):
         # token ids stay integer (int64, as the core gives them: the lookup takes them without a cast); images and
         # vectors come in floatx
         self.input_dtype = TOKEN_DTYPE if spec.tokens else floatx
@@ -347,6 +419,7 @@ class Network:
         self.mask_paths = [path for path, _, _ in dropouts]
         masks = {path: keras.Input(shape=shape, dtype=floatx) for path, _, shape in dropouts}
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
+        self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
         self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
         self.train_model = keras.Model([inputs, *masks.values()],

@@ -32,8 +32,9 @@ class TorchAdapter(Adapter):
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
-    capabilities = Capabilities(no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not "
-                                               "its launch's (the device's activities are not read)")
+    capabilities = Capabilities(no_fp8=None,
+                                no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not its "
+                                               "launch's (the device's activities are not read)")
 
     def framework_version(self) -> str:
         import torch
@@ -121,7 +122,7 @@ class TorchTrainer(Trainer):
         self.param_dtype = getattr(torch, precision.param_dtype)
         self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
 
-        net = Network(spec.layers, graph, weights).to(self.device, dtype=self.param_dtype)
+        net = Network(spec.layers, graph, weights, precision.fp8).to(self.device, dtype=self.param_dtype)
         self.declare_attention_masks(graph, attention_mask, device.kind)
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)

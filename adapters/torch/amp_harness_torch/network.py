@@ -20,6 +20,12 @@ SDPA's CPU flash kernel takes and returns 16 bits but keeps its scores, running 
 the opmath type) with -inf for masked keys (read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, not
 measured). The loss is float32 (optimizers.loss_fn). CUDA autocast's lists cast softmax and layer_norm to
 float32 instead (torch's documentation; not measured here, no GPU).
+
+FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
+each tensor's amax) and cast the gradient of the product on its way back (FP8Cast), the bias added after; the
+autograd graph passes the forward casts' gradients straight through, so the backward matmuls multiply the cast
+gradient with the cast values the forward saved, as an FP8 matmul's backward does.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from torch import nn
 
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
+from harness.fp8 import Fp8Format, fake_quantize_with
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
@@ -42,13 +49,53 @@ from harness.numerics import AttentionMask
 LAYERS = LayerBuilders("torch")  # each builder: (LayerInfo, Network) -> an nn.Module (here the Layer classes)
 
 
+def _fp8(x, fmt: Fp8Format):
+    from amp_harness_torch.rounding import OPS
+
+    return fake_quantize_with(OPS, x, x.abs().amax(), fmt)  # the current recipe: this tensor's own amax
+
+
+class CastInput(torch.autograd.Function):
+    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, fmt):
+        return _fp8(x, fmt)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class CastGradient(torch.autograd.Function):
+    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
+
+    @staticmethod
+    def forward(ctx, y, fmt):
+        ctx.fmt = fmt
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _fp8(grad, ctx.fmt), None
+
+
+def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,)):
+    """product(x, kernel) + bias, with FP8's casts where the network trains in FP8 (layer.fp8, the policy)."""
+    if layer.fp8 is None:
+        return product(x, kernel, bias)
+    y = CastGradient.apply(product(CastInput.apply(x, layer.fp8.forward), CastInput.apply(kernel, layer.fp8.forward),
+                                   None), layer.fp8.backward)
+    return y if bias is None else y + bias.view(bias_shape)
+
+
 class Layer(nn.Module):
     """A spec layer; its weights are attributes named as in the canonical weights (kernel, gamma, ...), taken
     from the network being built (net.weights)."""
 
     def __init__(self, info: LayerInfo, net: "Network"):
         super().__init__()
-        self.info = info
+        self.info, self.fp8 = info, net.fp8
         for name in info.params:
             canonical = f"{info.path}.{name}"
             # a copy: a view of the core's array (vectors and embedding tables keep their layout) would train it too
@@ -62,7 +109,7 @@ class Layer(nn.Module):
 @LAYERS.builder("dense")
 class Dense(Layer):
     def forward(self, x):
-        return F.linear(x, self.kernel, getattr(self, "bias", None))
+        return matmul_layer(self, F.linear, x, self.kernel, getattr(self, "bias", None))
 
 
 @LAYERS.builder("conv2d")
@@ -76,7 +123,8 @@ class Conv2D(Layer):
     def forward(self, x):
         if self.padding.explicit:
             x = F.pad(x, _pad_arg(self.padding))
-        return F.conv2d(x, self.kernel, getattr(self, "bias", None), self.stride, self.padding.symmetric)
+        return matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric), x,
+                            self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
 
 
 def _pad_arg(padding) -> tuple[int, int, int, int]:
@@ -252,7 +300,7 @@ class Attention(Layer):
         return self._project("output", heads.transpose(1, 2).reshape(n, length, dim))
 
     def _project(self, name, x):
-        return F.linear(x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None))
+        return matmul_layer(self, F.linear, x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None))
 
     def attend(self, q, k, v):
         """softmax(q k^T / sqrt(Dh), causal) v per head, with the core's dropout on the probabilities in training."""
@@ -307,7 +355,8 @@ class Patches(Layer):
         self.size = info.spec.size
 
     def forward(self, x):
-        return F.conv2d(x, self.kernel, self.bias, self.size).flatten(2).transpose(1, 2)
+        return matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.size), x, self.kernel, self.bias,
+                            (1, -1, 1, 1)).flatten(2).transpose(1, 2)
 
 
 @LAYERS.builder("residual")
@@ -329,10 +378,10 @@ class Residual(Layer):
 
 
 class Network(nn.Module):
-    def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray]):
+    def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray], fp8=None):
         super().__init__()
         # while building only: the layers copy their weights from the canonical ones (Layer.__init__)
-        self.infos, self.weights = {info.path: info for info in graph.layers}, weights
+        self.infos, self.weights, self.fp8 = {info.path: info for info in graph.layers}, weights, fp8
         self.layers = self.build(layer_specs, "")
         del self.infos, self.weights
         self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
