@@ -26,6 +26,8 @@
 # Every diagnose above also records the FP8 cast statistics (diagnosis.fp8: what e4m3/e5m2 at the current and
 # delayed recipes' scales would underflow or saturate per matmul input, computed in the core from the GPU's tensors).
 # `compare` (one command from a spec to the report) on resnet8 in torch and JAX from this interpreter, with a budget.
+# FP8 emulated by the core's rule on the GPU: fp8_e4m3 and fp8_hybrid fingerprinted in torch and JAX and held to each
+# other by `parity`, and the FP8 study (benchmarks/fp8_study.yaml) in torch.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -92,6 +94,14 @@ for fw in torch jax; do
     --no-progress --out "$out/scaling"
 done
 python3 -m harness report "$out/scaling" -o "$out/scaling.html"
+for fw in torch jax; do
+  python3 -m harness fingerprint --framework $fw --device gpu --precision fp8_e4m3,fp8_hybrid \
+    --model mnist_mlp,resnet8,tiny_gpt,tests/specs/pitfall_patches.yaml --no-progress --out "$out/parity_fp8"
+done
+python3 -m harness parity "$out/parity_fp8"
+python3 -m harness run --framework torch --device gpu --matrix benchmarks/fp8_study.yaml --no-progress \
+  --out "$out/fp8_study"
+python3 -m harness report "$out/fp8_study" -o "$out/fp8_study.html"
 python3 -m harness compare resnet8 --frameworks torch,jax --precision fp32,tf32,amp_bf16,amp_fp16 --steps 30 \
   --budget 5m --out "$out/compare"
 python3 -m harness profile --framework torch --device gpu --model tiny_gpt,vit_tiny \
