@@ -530,12 +530,6 @@ def build_parser() -> argparse.ArgumentParser:
     keras_import = frameworks.add_parser("keras", help="a Keras model: model.to_json() output or a .keras file "
                                          "(docs/import.md)")
     keras_import.add_argument("model", metavar="MODEL", help="a JSON file of model.to_json(), or a .keras file")
-    keras_import.add_argument("--dataset", help="synthetic (default), digits, image_folder:PATH, text[:PATH] or "
-                              "synthetic_tokens")
-    keras_import.add_argument("--batch-size", type=_positive, help="the spec's batch size (default 32)")
-    keras_import.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
-    keras_import.add_argument("-o", "--output", help="write the spec here instead of stdout")
-    keras_import.set_defaults(func=cmd_import)
     torch_import = frameworks.add_parser("torch", help="a PyTorch nn.Module, traced by torch.fx in the torch adapter "
                                          "(docs/import.md)")
     torch_import.add_argument("model", metavar="MODULE:ATTR", help="an importable module (or a path/to/file.py) and "
@@ -543,12 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
     torch_import.add_argument("--input-shape", required=True, type=_input_shape, metavar="SIZES",
                               help="one sample's input without the batch axis, in PyTorch's layout: C,H,W for "
                                    "images, F for vectors, T for token ids (into an nn.Embedding)")
-    torch_import.add_argument("--dataset", help="synthetic (default), digits, image_folder:PATH, text[:PATH] or "
-                              "synthetic_tokens")
-    torch_import.add_argument("--batch-size", type=_positive, help="the spec's batch size (default 32)")
-    torch_import.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
-    torch_import.add_argument("-o", "--output", help="write the spec here instead of stdout")
-    torch_import.set_defaults(func=cmd_import)
+    for p in (keras_import, torch_import):
+        p.add_argument("--dataset", help="synthetic (default), digits, image_folder:PATH, text[:PATH] or "
+                       "synthetic_tokens")
+        p.add_argument("--batch-size", type=_positive, help="the spec's batch size (default 32)")
+        p.add_argument("--steps", type=_STEPS, help="the spec's steps (default 100)")
+        p.add_argument("-o", "--output", help="write the spec here instead of stdout")
+        p.set_defaults(func=cmd_import)
     run = sub.add_parser("run", help="train a matrix of models x precisions in one framework")
     fingerprint = sub.add_parser("fingerprint", help="write parity fingerprints (outputs, K steps of losses)")
     diagnose = sub.add_parser("diagnose", help="is 16-bit safe for this model? fp32 training with tensor capture, "

@@ -142,28 +142,25 @@ def fp8_product(fp8, product, x, kernel):
     return cast_gradient(product(cast_input(x, fp8.forward), cast_input(kernel, fp8.forward)), fp8.backward)
 
 
-class Fp8Dense(keras.layers.Dense):
-    """keras.layers.Dense whose product is FP8's (fp8_product), the bias added after."""
+class _Fp8Product:
+    """A Keras Dense or Conv2D whose product (`product`) is FP8's (fp8_product), the bias added after."""
 
     def __init__(self, *args, fp8, **kwargs):
         super().__init__(*args, **kwargs)
         self.fp8 = fp8
 
     def call(self, x):
-        y = fp8_product(self.fp8, tf.matmul, x, self.kernel)
+        y = fp8_product(self.fp8, self.product, x, self.kernel)
         return y + self.bias if self.use_bias else y
 
 
-class Fp8Conv2D(keras.layers.Conv2D):
-    """keras.layers.Conv2D whose product is FP8's (fp8_product), the bias added after."""
+class Fp8Dense(_Fp8Product, keras.layers.Dense):
+    product = staticmethod(tf.matmul)
 
-    def __init__(self, *args, fp8, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fp8 = fp8
 
-    def call(self, x):
-        y = fp8_product(self.fp8, self.convolution_op, x, self.kernel)
-        return y + self.bias if self.use_bias else y
+class Fp8Conv2D(_Fp8Product, keras.layers.Conv2D):
+    def product(self, x, kernel):
+        return self.convolution_op(x, kernel)
 
 
 class Patches(keras.layers.Conv2D):
