@@ -48,7 +48,8 @@ def script_losses(framework: str, spec: str, precision: str, out: Path) -> list[
 def fingerprint_losses(framework: str, spec: str, precision: str) -> list[float]:
     resolved, _ = resolve(spec, steps=STEPS)
     record = run(RunRequest(framework=framework, model=resolved.name, spec=resolved.model_dump(mode="json"),
-                            precision=precision, run_id="export-test", mode="fingerprint", measure_peak=False))
+                            precision=precision, run_id="export-test", mode="fingerprint", threads=2, device="cpu",
+                            measure_peak=False))  # the kit's threads: TensorFlow's are set once per process
     assert record["status"] == "ok", record.get("reason")
     return record["loss"]
 
