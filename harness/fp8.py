@@ -1,6 +1,6 @@
 """FP8, the rule written once: the two formats, the saturating cast with rounding to nearest even, and the
-per-tensor scaling recipes (Transformer Engine's "current" and "delayed" scaling), as a numpy reference that
-every emulation is held to bit for bit, and as arithmetic against a table of elementwise primitives
+per-tensor scaling recipes (Transformer Engine's "current" and "delayed" scaling), as a numpy reference, and as
+the same arithmetic (held to the reference bit for bit through numpy's table) against a table of elementwise primitives
 (`quantize_with(ops, ...)`, the same table harness.rounding's rules use) that an adapter fills for its framework.
 
 The formats (OCP FP8; NVIDIA Hopper and Ada): e4m3 is the "fn" variant, with no infinities: largest finite 448
@@ -50,7 +50,6 @@ class Fp8Format:
 
 E4M3 = Fp8Format("e4m3", 448.0, -6, 3)
 E5M2 = Fp8Format("e5m2", 57344.0, -14, 2)
-FORMATS = {f.name: f for f in (E4M3, E5M2)}
 
 
 @dataclass(frozen=True)
@@ -84,11 +83,6 @@ class Fp8Policy:
     forward: Fp8Format
     backward: Fp8Format
     recipe: Recipe = Recipe(0)
-
-    def describe(self) -> str:
-        formats = self.forward.name if self.forward == self.backward else \
-            f"{self.forward.name} forward, {self.backward.name} gradients"
-        return f"FP8 matmul inputs ({formats}; {self.recipe.name} per-tensor scaling), float32 accumulation"
 
 
 # ---- the reference (numpy) --------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from markupsafe import Markup
 
@@ -52,7 +53,9 @@ PEAK_DTYPES = {"fp32": "float32", "amp_bf16": "bfloat16", "bf16": "bfloat16", "a
                "fp16": "float16", "tf32": "float32"}
 CURVE_DTYPES = ("float32", "bfloat16", "float16")
 CURVE_PAYS = 1.1  # a 16-bit matmul this many times float32's rate or more is faster (one median: no interval)
-BUSY_SHARE = 0.5  # fp32 at this share of the device's float32 matmul peak or more: its step is not mostly overhead
+# fp32 at this share of the device's float32 matmul peak or more, or its matmuls timed alone filling this share of
+# its step or more: the step is its matmuls, not mostly overhead
+BUSY_SHARE = 0.5
 CURVE_EMULATED = 0.25  # below this share of float32's rate at every size: likely emulated (no native kernel)
 
 
@@ -114,11 +117,11 @@ class Point:
         a, b = (self.fp32.peak_mb if self.fp32 else None), (self.cell.peak_mb if self.cell else None)
         return 1 - b / a if a and b is not None else None
 
-    @property
+    @cached_property
     def matmuls(self) -> MatmulTime | None:
         return MatmulTime.of(self.cell)
 
-    @property
+    @cached_property
     def fp32_matmuls(self) -> MatmulTime | None:
         return MatmulTime.of(self.fp32)
 

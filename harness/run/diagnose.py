@@ -85,8 +85,7 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
                   loss=[v if math.isfinite(v) else None for v in losses], diagnosis=diagnosis)
 
 
-MATMUL_LAYERS = {"dense": ("kernel",), "conv2d": ("kernel",), "patches": ("kernel",),
-                 "attention": ("query_kernel", "key_kernel", "value_kernel", "output_kernel")}
+MATMUL_LAYERS = ("dense", "conv2d", "patches", "attention")
 
 
 def _matmul_inputs(graph, weights: dict, outputs: dict, x, casts: fp8.CastStatistics) -> None:
@@ -101,7 +100,7 @@ def _matmul_inputs(graph, weights: dict, outputs: dict, x, casts: fp8.CastStatis
         if inputs is not None and np.issubdtype(np.asarray(inputs).dtype, np.floating):  # (token ids are not)
             casts.add(info.path, "input", inputs)
         casts.add(info.path, "weight", np.concatenate([np.ravel(weights[f"{info.path}.{name}"])
-                                                       for name in MATMUL_LAYERS[info.type]]))
+                                                       for name in info.params if name.endswith("kernel")]))
         casts.add(info.path, "output_gradient", outputs[info.path][1])
 
 

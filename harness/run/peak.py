@@ -27,6 +27,7 @@ import math
 import statistics
 import time
 
+from harness.model.graph import DTYPE_BYTES
 from harness.run.cache import cached
 from harness.run.measure import cpu_info
 
@@ -42,7 +43,6 @@ CURVE_MAX_LOOPS = 1000
 CURVE_CAP_S = 0.25  # a product slower than this ends its dtype's curve: the next size is 8 times the work
 MAX_SHAPE_MB = 1024  # a layer's product whose operands and result take more is not timed (the memory it holds)
 MAX_SHAPE_S = 2.0  # nor one the curve says would take longer (emulated 16-bit on a CPU: ~0.3 GFLOP/s)
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _key(adapter, device, threads: int, tf32: bool) -> str:
@@ -84,7 +84,7 @@ def shape_rates(adapter, device, threads: int, tf32: bool, dtype: str, shapes, c
 def _not_timed(m: int, k: int, n: int, dtype: str, curve: dict | None) -> str | None:
     if not curve:
         return f"no {dtype} matmul kernel here"
-    mb = (m * k + k * n + m * n) * BYTES[dtype] / 2**20
+    mb = (m * k + k * n + m * n) * DTYPE_BYTES[dtype] / 2**20
     if mb > MAX_SHAPE_MB:
         return f"its operands and product take {mb:.0f} MB, over the {MAX_SHAPE_MB} MB this check allows"
     flops = 2 * m * k * n
