@@ -26,8 +26,11 @@
 # Every diagnose above also records the FP8 cast statistics (diagnosis.fp8: what e4m3/e5m2 at the current and
 # delayed recipes' scales would underflow or saturate per matmul input, computed in the core from the GPU's tensors).
 # `compare` (one command from a spec to the report) on resnet8 in torch and JAX from this interpreter, with a budget.
-# FP8 emulated by the core's rule on the GPU: fp8_e4m3 and fp8_hybrid fingerprinted in torch and JAX and held to each
-# other by `parity`, and the FP8 study (benchmarks/fp8_study.yaml) in torch.
+# FP8 emulated by the core's rule on the GPU: fp8_e4m3 and fp8_hybrid, current and delayed, fingerprinted in torch and
+# JAX and held to each other by `parity` (the :native ones too: JAX's unsupported rows are n/a), and the FP8 study
+# (benchmarks/fp8_study.yaml) in torch. Native FP8 (torch._scaled_mm; Hopper and Ada only: elsewhere the capability
+# probe records them unsupported with torch's error): tiny_gpt in fp32, amp_bf16, fp8_hybrid emulated and native,
+# 3 repeats, whose report's FP8 section gives native FP8's step time against fp32's.
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -95,10 +98,16 @@ for fw in torch jax; do
 done
 python3 -m harness report "$out/scaling" -o "$out/scaling.html"
 for fw in torch jax; do
-  python3 -m harness fingerprint --framework $fw --device gpu --precision fp8_e4m3,fp8_hybrid \
+  python3 -m harness fingerprint --framework $fw --device gpu \
+    --precision fp8_e4m3,fp8_hybrid,fp8_hybrid:delayed:16,fp8_hybrid:native,fp8_hybrid:delayed:16:native \
     --model mnist_mlp,resnet8,tiny_gpt,tests/specs/pitfall_patches.yaml --no-progress --out "$out/parity_fp8"
+  python3 -m harness fingerprint --framework $fw --device gpu --precision fp64,fp32,fp8_hybrid,fp8_hybrid:delayed:16 \
+    --model tests/specs/pitfall_fp8_delayed.yaml --no-progress --out "$out/parity_fp8"
 done
 python3 -m harness parity "$out/parity_fp8"
+python3 -m harness run --framework torch --device gpu --model tiny_gpt \
+  --precision fp32,amp_bf16,fp8_hybrid,fp8_hybrid:native --repeats 3 --no-progress --out "$out/fp8_native"
+python3 -m harness report "$out/fp8_native" -o "$out/fp8_native.html"
 python3 -m harness run --framework torch --device gpu --matrix benchmarks/fp8_study.yaml --no-progress \
   --out "$out/fp8_study"
 python3 -m harness report "$out/fp8_study" -o "$out/fp8_study.html"

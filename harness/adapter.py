@@ -212,6 +212,7 @@ class Trainer(ABC):
         (fresh per process, harness.rounding.device_seed)."""
         self.rounding = precision.rounding
         self.rounding_seed = device_seed() if self.rounding is not None else None
+        self.fp8 = precision.fp8
 
     def declare_attention_masks(self, graph: Graph, declare: Callable, device_kind: str) -> None:
         """In build: `declare(info, precision, device_kind)`, the network module's attention_mask, asked for every
@@ -221,10 +222,14 @@ class Trainer(ABC):
 
         self.attention_masks = mask_table(graph, declare, device_kind)
 
+    #: how an FP8 precision's matmuls ran (options["fp8"]): an adapter with real FP8 kernels says so here
+    fp8_matmuls = "emulated: inputs cast by harness.fp8's rule, multiplied and accumulated in float32"
+
     def rounding_options(self) -> dict[str, Any]:
-        """The rounding's entries of `options`."""
+        """The rounding's entries of `options`, and an FP8 precision's (its scaling recipe, how its matmuls ran)."""
+        fp8 = {"fp8": {"scaling": self.fp8.recipe.name, "matmuls": self.fp8_matmuls}} if self.fp8 else {}
         return {"weight_update": self.rounding.describe() if self.rounding else None,
-                "rounding_seed": self.rounding_seed}
+                "rounding_seed": self.rounding_seed, **fp8}
 
     def output(self, tensor) -> np.ndarray:
         """A framework tensor as the core's outputs are: numpy, float32 unless float64 (as_output)."""
@@ -338,6 +343,9 @@ class Capabilities:
     #: layer's inputs through fake_quantize_with, its output's gradient too); else why not. An adapter that says
     #: nothing does not: it would train them as plain float32
     no_fp8: str | None = "does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"
+    #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
+    #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
+    no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
 
 
 class Adapter(ABC):

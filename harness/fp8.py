@@ -14,8 +14,10 @@ The recipes give each tensor a scale s, a power of two: the tensor is multiplied
 again (dequantized) before its matmul, whose products accumulate in float32. A power of two leaves the scaling
 itself exact, so only the cast rounds, and every framework's emulation can agree bit for bit.
 - current: s = 2^(floor(log2(max / amax)) - margin), amax this tensor's largest magnitude now;
-- delayed:N: the same from the largest amax of the last N steps' tensors at this place (Transformer Engine's
-  delayed scaling; its amax_history_len); the first step has no history and uses its own amax.
+- delayed:N: the same from the largest amax of the last N training steps' tensors at this place (Transformer
+  Engine's delayed scaling; its amax_history_len): the scale is known before the tensor is, as an FP8 kernel
+  needs it. A history that holds none yet (its largest is 0: the first step) uses the tensor's own amax; a
+  non-finite amax is not recorded; evaluation reads the history without recording.
 An amax of 0 (or not finite) gives s = 1. The margin (default 0) trades saturation headroom for underflow.
 """
 from __future__ import annotations
@@ -79,10 +81,17 @@ class Recipe:
 @dataclass(frozen=True)
 class Fp8Policy:
     """An FP8 training precision's casts (harness.precision): every matmul's input and weights in `forward`, the
-    gradient of its output (what its backward matmuls multiply) in `backward`, each scaled by `recipe`."""
+    gradient of its output (what its backward matmuls multiply) in `backward`, each scaled by `recipe`. `native`:
+    the framework's own FP8 matmuls multiply the cast values (the same casts, the products summed by its kernel;
+    Capabilities.no_fp8_native), where emulation multiplies them as float32."""
     forward: Fp8Format
     backward: Fp8Format
     recipe: Recipe = Recipe(0)
+    native: bool = False
+
+    def format(self, role: str) -> Fp8Format:
+        """The format of a matmul input (ROLES): the backward one for the output's gradient."""
+        return self.backward if role == "output_gradient" else self.forward
 
 
 # ---- the reference (numpy) --------------------------------------------------------------------------------
@@ -129,8 +138,8 @@ class AmaxHistory:
         self.amaxes: deque[float] = deque(maxlen=max(1, recipe.history))
 
     def scale(self, amax_now: float) -> float:
-        amax = max(self.amaxes) if self.recipe.history and self.amaxes else amax_now
-        return scale_for(amax, self.fmt, self.recipe.margin)
+        past = max(self.amaxes, default=0.0) if self.recipe.history else 0.0
+        return scale_for(past if past > 0 else amax_now, self.fmt, self.recipe.margin)
 
     def record(self, amax: float) -> None:
         if math.isfinite(amax):
@@ -266,3 +275,16 @@ def fake_quantize_with(ops, x, amax, fmt: Fp8Format, margin: int = 0):
     divided by the scale again; `amax` the recipe's (this tensor's largest magnitude for the current one)."""
     scale = scale_with(ops, amax, fmt, margin)
     return quantize_with(ops, x * scale, fmt) / scale
+
+
+def recipe_amax_with(ops, x, history=None):
+    """(the amax a cast of x is scaled by, the history after this training step) through the ops table. The
+    current recipe (history None): x's own amax, and no history. The delayed one (`history` a float32 vector of
+    the last N steps' amaxes at this place, newest first, zeros where none yet): AmaxHistory's rule, the same
+    values bit for bit (a core test holds NUMPY_OPS to it); the caller keeps the new history only in training."""
+    now = ops.amax(x)
+    if history is None:
+        return now, None
+    past = ops.amax(history)
+    amax = ops.where(past > 0, past, now)
+    return amax, ops.where(ops.isfinite(now), ops.shift_in(history, now), history)

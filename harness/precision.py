@@ -83,9 +83,13 @@ PRECISIONS: dict[str, Precision] = {
 }
 
 
+NATIVE = "native"  # an FP8 precision's suffix: the framework's own FP8 matmuls, not the emulation
+
+
 def parse_precision(name: str) -> Precision:
     """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15); the FP8 ones as
-    NAME:current (what NAME alone means)."""
+    NAME:current (what NAME alone means), NAME:delayed or NAME:delayed:N (harness.fp8.Recipe), each with :native
+    after it for the framework's own FP8 matmuls (NAME:native, NAME:delayed:16:native)."""
     base, colon, bits = name.partition(":")
     try:
         precision = PRECISIONS[base]
@@ -94,11 +98,14 @@ def parse_precision(name: str) -> Precision:
     if not colon:
         return precision
     if precision.fp8 is not None:
-        recipe = Recipe.parse(bits)
-        if recipe.history:
-            raise HarnessError(f"precision '{name}': delayed scaling is not built for training yet (only "
-                               f"{base}:current); `amp-harness diagnose` says what it would underflow (docs/fp8.md)")
-        return replace(precision, name=name, fp8=replace(precision.fp8, recipe=recipe))
+        native = bits == NATIVE or bits.endswith(f":{NATIVE}")
+        try:
+            recipe = Recipe.parse(bits[:-len(NATIVE)].removesuffix(":") or "current" if native else bits)
+        except HarnessError as exc:
+            raise HarnessError(f"precision '{name}': {exc}, optionally followed by :{NATIVE}") from None
+        description = precision.description.replace("(emulated)", "(native FP8 matmuls)" if native else "(emulated)")
+        return replace(precision, name=name, fp8=replace(precision.fp8, recipe=recipe, native=native),
+                       description=f"{description}, {recipe.name} scaling")
     if precision.rounding is None or precision.rounding.format != "fixed16" or not bits.isdigit() \
             or not 0 <= int(bits) <= 15:
         raise HarnessError(f"precision '{name}': only the fixed-point precisions take ':F', F the fractional bits "

@@ -219,6 +219,8 @@ class RoundingOps:
     copysign: Callable  # (magnitude, sign) -> |magnitude| with sign's sign bit (negative zero included)
     clip: Callable  # (x, lo, hi), Python floats
     full_like: Callable  # (x, Python float) -> a float32 tensor of x's shape
+    amax: Callable  # x -> its largest magnitude, a float32 scalar tensor (FP8's per-tensor scales)
+    shift_in: Callable  # (vector, scalar) -> the scalar, then the vector's values but its last (an amax history)
     to_tensor: Callable  # (numpy array, harness.adapter.Device) -> a tensor on that device
     to_numpy: Callable  # tensor -> numpy array
     draw_bits: Callable  # (shape, seed, Device) -> int32 tensor of 16 random bits per value, drawn on the device
@@ -308,6 +310,8 @@ NUMPY_OPS = RoundingOps(
     where=np.where, isfinite=np.isfinite, copysign=_quiet(np.copysign),
     clip=lambda x, lo, hi: np.clip(x, np.float32(lo), np.float32(hi)),
     full_like=lambda x, value: np.full(np.shape(x), value, np.float32),
+    amax=lambda x: np.float32(np.max(np.abs(x))),
+    shift_in=lambda history, value: np.concatenate([np.reshape(value, 1), history[:-1]]).astype(np.float32),
     to_tensor=lambda a, device: np.array(a),
     to_numpy=np.asarray,
     draw_bits=lambda shape, seed, device: np.random.default_rng(seed).integers(0, NOISE_RANGE, shape, np.int32),

@@ -1,9 +1,11 @@
 """FP8 cast statistics in diagnose (harness.fp8.CastStatistics), from the adapter's captured layer outputs and
 weights: a classifier whose logits' gradient spans more binades than e4m3 holds is called unsafe for fp8_e4m3,
-naming that layer, and safe for fp8_hybrid, whose output gradients are e5m2. The figures are strict-fp32 training's
-and the rule is the core's, so every framework that captures gives the same verdicts."""
+naming that layer, and safe for fp8_hybrid, whose output gradients are e5m2; one whose gradients shrink every step
+(pitfall_fp8_delayed) is called unsafe for fp8_hybrid's delayed recipe and safe for its current one. The figures
+are strict-fp32 training's and the rule is the core's, so every framework that captures gives the same verdicts."""
 from __future__ import annotations
 
+from harness.conformance.specs import SPECS
 from harness.conformance.test_attention_numerics import _diagnosis
 from harness.fp8 import verdicts
 
@@ -31,3 +33,12 @@ def test_fp8_e4m3_gradients_underflow_where_the_hybrid_recipe_s_e5m2_holds_them(
         assert said[f"fp8_e4m3:{recipe}"].startswith(f"fp8_e4m3:{recipe}: not safe: layer 2's output gradient "
                                                      f"(e4m3) underflows in "), said[f"fp8_e4m3:{recipe}"]
         assert said[f"fp8_hybrid:{recipe}"].startswith(f"fp8_hybrid:{recipe}: safe"), said[f"fp8_hybrid:{recipe}"]
+
+
+def test_gradients_shrinking_every_step_underflow_the_delayed_recipe_s_e5m2_only(framework):
+    spec = SPECS["pitfall_fp8_delayed"]  # the golden's spec ran 20 steps; the hazard builds up over its 48
+    said = verdicts(_diagnosis(framework, spec.name, spec.with_overrides(steps=48).model_dump(mode="json"))
+                    .get("fp8") or {})
+    assert said["fp8_hybrid:current"].startswith("fp8_hybrid:current: safe"), said["fp8_hybrid:current"]
+    assert said["fp8_hybrid:delayed:16"].startswith("fp8_hybrid:delayed:16: not safe: layer 0's output gradient "
+                                                    "(e5m2) underflows in "), said["fp8_hybrid:delayed:16"]

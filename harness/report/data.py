@@ -20,6 +20,7 @@ from harness.identity import setting
 
 if TYPE_CHECKING:  # they build on the objects here
     from harness.report.answer import Block
+    from harness.report.fp8 import Fp8Section
     from harness.report.profile import ProfileSection
     from harness.report.pure16 import Pure16Section
     from harness.report.scaling import ScalingSection
@@ -374,3 +375,4 @@ class View:
     pure16: Pure16Section
     profile: ProfileSection
     crossover: ScalingSection  # the scaling studies: where 16-bit starts to pay (harness.report.scaling)
+    fp8: Fp8Section  # the FP8 precisions beside fp32 and amp_bf16 (harness.report.fp8)

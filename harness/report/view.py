@@ -22,6 +22,7 @@ from harness.report import format as f
 from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Environment, Fastest, MemoryRow, NotRun,
                                  ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean)
 from harness.report.explain import explain, in_short
+from harness.report.fp8 import emulated as fp8_emulated, fp8_section
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.scaling import scaling_section
@@ -193,12 +194,16 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])
                for best in [min(cs, key=lambda c: c.median_ms)]]
 
-    numerics, studies_shown, safe = numerics_view(diagnoses or [], studies, fp32_cells, scaled)
+    # the first screen weighs speed: emulated FP8's step times measure the emulation (its own section says so)
+    timed = [s for s in summary if not fp8_emulated(s.cell.records)]
+    fp8 = fp8_section(records, diagnoses or [])  # where it is shown, it holds the FP8 verdicts of diagnose
+    numerics, studies_shown, safe = numerics_view(diagnoses or [], studies, fp32_cells, scaled, fp8.shown)
     return View(
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_records=len(records) + len(sized), n_ok=len(ok), skipped=skipped, models=models, frameworks=frameworks,
-        answer=answer.build(cells, summary, [{**r, "device_key": device_key(r)} for r in not_run]),
-        headline=_headline(summary), any_range=any(not s.interval for s in summary),
+        answer=answer.build({k: c for k, c in cells.items() if not fp8_emulated(c.records)}, timed,
+                            [{**r, "device_key": device_key(r)} for r in not_run]),
+        headline=_headline(timed), any_range=any(not s.interval for s in summary),
         min_repeats=stats.MIN_REPEATS, unstable_cv=stats.UNSTABLE_CV, precise=stats.PRECISE,
         chance_margin=accuracy.CHANCE_MARGIN,
         summary=summary, fastest=fastest, speed=speed, any_tokens=any(c.tokens_per_s for c in cells.values()),
@@ -213,7 +218,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         parity=[c.row() for c in parity_compare(parity_records)] if parity_records else None,
         numerics=numerics, studies=studies_shown, sixteen_bit_safe=safe,
         pure16=pure16_section(records, diagnoses or []), profile=profiled,
-        crossover=scaling_section(sized, cast_shares))
+        crossover=scaling_section(sized, cast_shares), fp8=fp8)
 
 
 def judged_figure(figure: str, c: Cell) -> str:
@@ -221,6 +226,7 @@ def judged_figure(figure: str, c: Cell) -> str:
     return figure if c.judged else accuracy.TOO_SHORT
 
 
+FP8_ELSEWHERE = "FP8 recipes: see FP8 training above, beside the FP8 runs"
 LOSS_TOLERANCE = 1e-4  # relative: below this, two precisions' loss curves are the same curve
 
 
@@ -257,12 +263,14 @@ def _flat_scale(records: list[dict]) -> str | None:
 
 
 def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell],
-                  scaled: list[dict] | None = None) -> tuple[list[Diagnosis], list[Study], list[str]]:
+                  scaled: list[dict] | None = None,
+                  fp8_elsewhere: bool = False) -> tuple[list[Diagnosis], list[Study], list[str]]:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts, and where
     the `scaled` runs (timed amp_fp16 runs) hold its loss scales, the attention score gradients' headroom at the
     largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
     are judged here from the captured figures (harness.numerics.judge), not read from the record: a diagnosis made
-    before a rule existed gets it."""
+    before a rule existed gets it. With fp8_elsewhere (the FP8 section is shown), the FP8 recipes' verdicts are
+    that section's, and a line here points to it."""
     from harness.fp8 import verdicts as fp8_verdicts
     from harness.numerics import attention_verdicts, judge, merge
 
@@ -282,13 +290,14 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         title = (f"{d['model']} ({d['framework']}): gradients in fp32, {len(diagnosis['captured_steps'])} captured "
                  f"steps (0 to {diagnosis['captured_steps'][-1]})")
         verdicts = judge(diagnosis)
+        fp8_lines = list(fp8_verdicts(diagnosis.get("fp8") or {}).values())
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
         numerics.append(Diagnosis(d.get("model"), d.get("framework"),
                                   Markup(charts.gradient_histogram(series, shift, title)),
                                   [sentence for _, sentence in verdicts.values()]
                                   + list(attention_verdicts(diagnosis).values())
-                                  + list(fp8_verdicts(diagnosis.get("fp8") or {}).values()),
+                                  + ([FP8_ELSEWHERE] if fp8_elsewhere and fp8_lines else fp8_lines),
                                   headroom=score_headroom(d, scaled or [])))
     study_charts = []
     by_study: dict[tuple, list[dict]] = {}

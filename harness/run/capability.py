@@ -85,6 +85,8 @@ def unsupported(adapter, precision, device, in_process: bool = False) -> str | N
                                              "has no rounding ops (Adapter.rounding_ops) for the FP8 casts")
     if precision.fp8 is not None and no_fp8:
         return f"{adapter.name} {no_fp8}"
+    if precision.fp8 is not None and precision.fp8.native and adapter.capabilities.no_fp8_native:
+        return f"{adapter.name} {adapter.capabilities.no_fp8_native}"
     reason = adapter.unsupported(precision, device)
     if reason:
         return reason

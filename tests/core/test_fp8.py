@@ -101,6 +101,30 @@ def test_delayed_scaling_reads_the_largest_amax_of_the_last_n_steps():
             fp8.Recipe.parse(bad)
 
 
+def test_the_delayed_history_written_once_is_the_reference_s():
+    """recipe_amax_with over a float32 vector (what each adapter keeps per matmul input) scales every step as
+    AmaxHistory does: a first step and an all-zero history use the tensor's own amax, NaN and infinities are
+    not recorded, the oldest amax drops out after N steps."""
+    rng = np.random.default_rng(2)
+    amaxes = list(rng.uniform(0.0, 1.0, 60) * 2.0 ** rng.integers(-30, 30, 60))
+    amaxes[3:6] = [0.0, 0.0, 0.0]
+    amaxes[10], amaxes[20], amaxes[30] = NAN, INF, 0.0
+    for n in (1, 3, 16):
+        for fmt in (E4M3, E5M2):
+            reference, history = fp8.AmaxHistory(fp8.Recipe(n), fmt), np.zeros(n, np.float32)
+            if n == 3:
+                reference.record(0.0)  # a history holding only a 0: treated as empty, as a zero vector is
+            for step, amax in enumerate(amaxes):
+                x = np.array([amax, -amax / 3, 0.0], np.float32)
+                used, history = fp8.recipe_amax_with(NUMPY_OPS, x, history)
+                got = float(fp8.scale_with(NUMPY_OPS, np.float32(used), fmt))
+                want = reference.scale(float(np.float32(amax)))
+                reference.record(float(np.float32(amax)))
+                assert got == want, (n, fmt.name, step, amax, got, want)
+    used, none = fp8.recipe_amax_with(NUMPY_OPS, np.array([-3.0, 2.0], np.float32))
+    assert (float(used), none) == (3.0, None)  # the current recipe: the tensor's own amax, no history
+
+
 def test_cast_shares_count_underflow_subnormals_and_saturation():
     x = np.array([1e-6, 3e-3, 1.0, 1000.0, 0.0, NAN], np.float32)  # zeros and NaN are not counted
     shares = fp8.cast_shares(x, E4M3, 1.0)
@@ -155,3 +179,17 @@ def test_an_adapter_that_does_not_say_it_emulates_fp8_reports_the_fp8_precisions
     adapter = FakeAdapter()  # whose own unsupported() knows nothing of FP8
     assert capability.unsupported(adapter, parse_precision("fp8_hybrid"), adapter.device("cpu")) == \
         "fake does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"
+
+
+def test_an_adapter_that_emulates_fp8_but_declares_no_native_matmuls_reports_the_native_variant_unsupported():
+    from dataclasses import replace
+
+    from harness.precision import parse_precision
+    from harness.run import capability
+    from tests.fake_adapter.fake_adapter import FakeAdapter
+
+    adapter = FakeAdapter()
+    adapter.capabilities = replace(adapter.capabilities, no_fp8=None)  # emulates FP8, says nothing of native
+    adapter.rounding_ops = lambda: NUMPY_OPS
+    assert capability.unsupported(adapter, parse_precision("fp8_hybrid:delayed:16:native"), adapter.device("cpu")) \
+        == "fake has no native FP8 matmuls (Capabilities.no_fp8_native)"

@@ -16,7 +16,7 @@ def tox_commands(command: str) -> list[list[str]]:
     tox.read(ROOT / "tox.ini")
     section = tox["framework"]
     lines = section["commands"].splitlines()
-    for name in ("models", "variant_models", "transformer_models", "clipped_model", "fp8_models"):
+    for name in ("models", "variant_models", "transformer_models", "clipped_model", "fp8_models", "fp8_delayed_model"):
         lines = [line.replace(f"{{[framework]{name}}}", section[name]) for line in lines]
     return [args for args in map(shlex.split, lines) if args[:2] == ["amp-harness", command]]
 

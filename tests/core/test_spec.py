@@ -131,8 +131,8 @@ def test_precisions():
     assert set(PRECISIONS) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp64", "bf16_sr", "fp16_sr",
                                "bf16_kahan", "fixed16_sr", "fixed16_rn", "fp8_e4m3", "fp8_hybrid"}
     assert parse_precision("fp8_hybrid:current").fp8.backward.name == "e5m2"
-    with pytest.raises(HarnessError, match="delayed scaling is not built for training yet"):
-        parse_precision("fp8_e4m3:delayed:8")
+    assert parse_precision("fp8_e4m3:delayed:8").fp8.recipe.history == 8
+    assert parse_precision("fp8_e4m3:delayed").fp8.recipe.history == 16
     with pytest.raises(HarnessError, match="current, delayed or delayed:N"):
         parse_precision("fp8_e4m3:later")
     assert parse_loss_scale(None, parse_precision("amp_fp16")).mode == "dynamic"

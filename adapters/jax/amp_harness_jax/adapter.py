@@ -48,6 +48,8 @@ class JaxAdapter(Adapter):
     name = "jax"
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
     capabilities = Capabilities(no_fp8=None,
+                                no_fp8_native="runs FP8 emulated only: a dot_general of float8 operands is not "
+                                              "wired into its network (not built)",
                                 no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
                                                "profile does not read")
 
@@ -149,7 +151,7 @@ class JaxTrainer(Trainer):
         self.declare_attention_masks(graph, attention_mask, device.kind)
         put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
                              for n in names}
-        self.params, self.statistics = put(net.trainable), put(net.statistics)
+        self.params, self.statistics = put(net.trainable), {**put(net.statistics), **net.fp8_histories()}
         self.start_rounding(precision)
         rounding = self.rounding
         if rounding is None:
@@ -180,8 +182,8 @@ class JaxTrainer(Trainer):
             """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step; `rate` the
             step's scheduled learning rate, or None for the spec's constant one."""
             # the scopes (and the network's layer scopes) only name the HLO ops' metadata, read by profile
-            def objective(params):
-                out, new_statistics = net.apply(params, statistics, x, masks, training=True)
+            def objective(params, gradient_histories):  # the histories' "gradients" are their new values
+                out, new_statistics = net.apply(params, {**statistics, **gradient_histories}, x, masks, training=True)
                 with jax.named_scope(LOSS_SCOPE):
                     loss = loss_fn(spec.loss, out, y)
                 if not scaling:
@@ -189,7 +191,9 @@ class JaxTrainer(Trainer):
                 with jax.named_scope(LOSS_SCALE_SCOPE):
                     return loss * scale, (loss, new_statistics)
 
-            grads, (loss, new_statistics) = jax.grad(objective, has_aux=True)(params)
+            (grads, recorded), (loss, new_statistics) = jax.grad(objective, (0, 1), has_aux=True)(
+                params, net.gradient_histories(statistics))
+            new_statistics = {**new_statistics, **recorded}
             finite = jnp.array(True)
             if scaling:
                 with jax.named_scope(LOSS_SCALE_SCOPE):
@@ -306,7 +310,8 @@ class JaxTrainer(Trainer):
         return self.output(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {name: self.output(value) for name, value in {**self.params, **self.statistics}.items()}
+        return {name: self.output(value) for name, value in {**self.params, **self.statistics}.items()
+                if name in self.params or name in self.net.statistics}
 
     def param_count(self) -> int:
         return sum(int(p.size) for p in self.params.values())

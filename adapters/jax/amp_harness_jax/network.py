@@ -22,9 +22,10 @@ reference in a float64 run (not exact), under amp a float32 softmax this adapter
 have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
-each tensor's amax; a custom_vjp passes the gradient straight through) and cast the gradient of the product on its
-way back (a second custom_vjp), the bias added after, as the torch adapter does.
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
+recipe: recipe_amax_with; a custom_vjp passes the gradient straight through) and cast the gradient of the product
+on its way back (a second custom_vjp), the bias added after, as the torch adapter does. The delayed recipe's amax
+histories are state beside batchnorm's statistics (Network.fp8_histories).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from jax import lax
 
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
-from harness.fp8 import Fp8Format, fake_quantize_with
+from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
@@ -77,37 +78,56 @@ def _add_bias_bwd(bias, grad):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def _fp8(x, fmt: Fp8Format):
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def cast_input(x, amax, fmt: Fp8Format):
+    """A matmul input as FP8 gives it (harness.fp8), scaled by `amax`; its gradient passed through unchanged."""
     from amp_harness_jax.rounding import OPS
 
-    return fake_quantize_with(OPS, x, jnp.max(jnp.abs(x)), fmt)  # the current recipe: this tensor's own amax
+    return fake_quantize_with(OPS, x, amax, fmt)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1,))
-def cast_input(x, fmt: Fp8Format):
-    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
-    return _fp8(x, fmt)
+cast_input.defvjp(lambda x, amax, fmt: (cast_input(x, amax, fmt), amax),
+                  lambda fmt, amax, grad: (grad, jnp.zeros_like(amax)))
 
 
-cast_input.defvjp(lambda x, fmt: (_fp8(x, fmt), None), lambda fmt, _, grad: (grad,))
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(1,))
-def cast_gradient(y, fmt: Fp8Format):
-    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def cast_gradient(y, history, fmt: Fp8Format):
+    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls. Under the
+    delayed recipe `history` is the gradient's amax history, and what differentiation gives for it is the history
+    after this step (Flax's fp8_ops idiom: the step keeps it as the new value)."""
     return y
 
 
-cast_gradient.defvjp(lambda y, fmt: (y, None), lambda fmt, _, grad: (_fp8(grad, fmt),))
+def _cast_gradient_bwd(fmt, history, grad):
+    from amp_harness_jax.rounding import OPS
+
+    amax, recorded = recipe_amax_with(OPS, grad, history)
+    return fake_quantize_with(OPS, grad, amax, fmt), recorded
 
 
-def product(net, multiply, x, kernel):
-    """multiply(x, kernel) in the compute dtype, with FP8's casts where the network trains in FP8 (net.fp8)."""
+cast_gradient.defvjp(lambda y, history, fmt: (y, history), _cast_gradient_bwd)
+
+
+def product(net, multiply, x, kernel, run, site: str):
+    """multiply(x, kernel) in the compute dtype, with FP8's casts where the network trains in FP8 (net.fp8: `site`
+    names the product's amax histories in the state under the delayed recipe, recorded in training)."""
+    from amp_harness_jax.rounding import OPS
+
     x, kernel = x.astype(net.compute), kernel.astype(net.compute)
     if net.fp8 is None:
         return multiply(x, kernel)
-    return cast_gradient(multiply(cast_input(x, net.fp8.forward), cast_input(kernel, net.fp8.forward)),
-                         net.fp8.backward)
+    cast = []
+    for role, value in (("input", x), ("weight", kernel)):
+        amax, recorded = recipe_amax_with(OPS, lax.stop_gradient(value), run.state.get(fp8_key(site, role)))
+        if recorded is not None and run.training:
+            run.state[fp8_key(site, role)] = recorded
+        cast.append(cast_input(value, amax, net.fp8.forward))
+    return cast_gradient(multiply(*cast), run.state.get(fp8_key(site, "output_gradient")), net.fp8.backward)
+
+
+def fp8_key(site: str, role: str) -> str:
+    """The state's name of the amax history of a product's input (harness.fp8.ROLES) under the delayed recipe."""
+    return f"fp8:{site}:{role}"
 
 
 @dataclass
@@ -129,9 +149,10 @@ LAYERS = LayerBuilders("jax")  # each builder: (LayerInfo, Network) -> a functio
 @LAYERS.builder("dense")
 def dense(info, net):
     kernel, bias = f"{info.path}.kernel", f"{info.path}.bias"
+    net.products.append(info.path)
 
     def apply(x, run):
-        x = product(net, jnp.matmul, x, run.params[kernel])
+        x = product(net, jnp.matmul, x, run.params[kernel], run, info.path)
         return add_bias(x, run.params[bias].astype(net.compute)) if info.spec.use_bias else x
 
     return apply
@@ -140,11 +161,12 @@ def dense(info, net):
 @LAYERS.builder("conv2d")
 def conv2d(info, net):
     spec, kernel, bias = info.spec, f"{info.path}.kernel", f"{info.path}.bias"
+    net.products.append(info.path)
     strides, pads = (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding)
 
     def apply(x, run):
         x = product(net, lambda x, k: lax.conv_general_dilated(x, k, strides, pads, dimension_numbers=CONV_DIMENSIONS),
-                    x, run.params[kernel])
+                    x, run.params[kernel], run, info.path)
         return add_bias(x, run.params[bias].astype(net.compute)) if spec.use_bias else x
 
     return apply
@@ -307,9 +329,10 @@ def attention(info, net):
     scale = math.sqrt(head_dim)
     dropped = spec.dropout > 0
     net.attention[path] = "unfused (attention dropout: the core's masks)" if dropped else "unfused"
+    net.products += [f"{path}.{name}" for name in ("query", "key", "value", "output")]
 
     def project(x, name, run):  # a dense layer of the compute dtype: [N, T, D] -> [N, T, H, Dh]
-        out = product(net, jnp.matmul, x, run.params[f"{path}.{name}_kernel"])
+        out = product(net, jnp.matmul, x, run.params[f"{path}.{name}_kernel"], run, f"{path}.{name}")
         if spec.use_bias:
             out = add_bias(out, run.params[f"{path}.{name}_bias"].astype(net.compute))
         return out
@@ -327,7 +350,7 @@ def attention(info, net):
                 raise HarnessError(f"attention layer {path}: no attention dropout mask was given with the batch")
             probs = probs * run.masks[path].astype(probs.dtype) / (1 - spec.dropout)
         out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(x.shape)  # the heads concatenated in head order
-        out = product(net, jnp.matmul, out, run.params[f"{path}.output_kernel"])
+        out = product(net, jnp.matmul, out, run.params[f"{path}.output_kernel"], run, f"{path}.output")
         return add_bias(out, run.params[f"{path}.output_bias"].astype(net.compute)) if spec.use_bias else out
 
     return apply
@@ -345,10 +368,12 @@ def sequence_pool(info, net):
 @LAYERS.builder("patches")
 def patches(info, net):
     size, kernel, bias = info.spec.size, f"{info.path}.kernel", f"{info.path}.bias"
+    net.products.append(info.path)
 
     def apply(x, run):  # a conv2d of kernel and stride P, 'valid': [N, H/P, W/P, D], then the patches row-major
         x = product(net, lambda x, k: lax.conv_general_dilated(x, k, (size, size), [(0, 0), (0, 0)],
-                                                               dimension_numbers=CONV_DIMENSIONS), x, run.params[kernel])
+                                                               dimension_numbers=CONV_DIMENSIONS),
+                    x, run.params[kernel], run, info.path)
         x = x.reshape(x.shape[0], -1, x.shape[-1])
         return add_bias(x, run.params[bias].astype(net.compute))
 
@@ -375,7 +400,19 @@ class Network:
         self.statistics = [n for n in graph.param_shapes() if n.rsplit(".", 1)[1].startswith("moving_")]
         #: how each attention layer computes (canonical path -> a short name), filled by its builder
         self.attention: dict[str, str] = {}
+        self.products: list[str] = []  # the matmuls' names (product's sites), filled by the builders
         self.layers = self.build(spec.layers, "")
+
+    def fp8_histories(self) -> dict[str, jnp.ndarray]:
+        """The delayed FP8 recipe's amax histories, empty (zeros), by their state names (fp8_key): state, threaded
+        through the step with batchnorm's statistics; those of output gradients also differentiated (cast_gradient)."""
+        n = self.fp8.recipe.history if self.fp8 else 0
+        return {fp8_key(site, role): jnp.zeros(n, jnp.float32) for site in self.products for role in ROLES} if n else {}
+
+    @staticmethod
+    def gradient_histories(state: dict) -> dict:
+        """The output gradients' amax histories among `state`, which the step differentiates to record them."""
+        return {name: value for name, value in state.items() if name.endswith(":output_gradient")}
 
     def build(self, specs, prefix: str) -> list[tuple[str, object]]:
         """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""

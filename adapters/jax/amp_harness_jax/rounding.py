@@ -32,6 +32,8 @@ OPS = RoundingOps(
     maximum=jnp.maximum, add_mask=jnp.add, floor=jnp.floor, round_half_even=jnp.round, abs=jnp.abs,
     where=jnp.where, isfinite=jnp.isfinite, copysign=jnp.copysign, clip=jnp.clip,
     full_like=lambda x, value: jnp.full_like(x, value, jnp.float32),
+    amax=lambda x: jnp.max(jnp.abs(x)),
+    shift_in=lambda history, value: jnp.concatenate([jnp.reshape(value, 1), history[:-1]]),
     to_tensor=lambda a, device: jax.device_put(np.array(a), jax_device(device)),
     to_numpy=np.asarray,
     draw_bits=lambda shape, seed, device: jax.jit(lambda key: draw_bits(key, tuple(shape)))(

@@ -36,6 +36,9 @@ class TensorFlowAdapter(Adapter):
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
     capabilities = Capabilities(no_fp8=None,
+                                no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" "
+                                              "dtype policy) scales by its delayed recipe, not harness.fp8's, so its "
+                                              "runs would not be this precision (not built)",
                                 no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
                                                "device planes are not read")
 

@@ -21,9 +21,9 @@ the policy's float16/bfloat16, with float32 variables cast on read, unless said)
 - the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
-each tensor's amax, a tf.custom_gradient passing the gradient straight through) and cast the gradient of the
-product on its way back (a second custom gradient), the bias added after, as the torch adapter does.
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
+recipe: recipe_amax_with; a tf.custom_gradient passing the gradient straight through) and cast the gradient of the
+product on its way back (a second custom gradient), the bias added after, as the torch adapter does (Fp8Casts).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import tensorflow as tf
 from keras import ops
 
 from harness.adapter import layer_scope
-from harness.fp8 import Fp8Format, fake_quantize_with
+from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
@@ -115,42 +115,49 @@ class SequencePool(keras.layers.Layer):
         return (input_shape[0], input_shape[2])
 
 
-def _fp8(x, fmt: Fp8Format):
-    from amp_harness_tensorflow.rounding import OPS
+class Fp8Casts:
+    """One matmul's FP8 casts (harness.fp8): its input and kernel on the way forward, its output's gradient on the
+    way back (custom gradients: the forward casts pass their gradient through), each scaled by the recipe; under
+    the delayed one each keeps its amax history in a variable, assigned in training only (in the backward pass for
+    the gradient's: the step's tf.function runs the assignment with the gradient it belongs to)."""
 
-    return fake_quantize_with(OPS, x, tf.reduce_max(tf.abs(x)), fmt)  # the current recipe: this tensor's amax
+    def __init__(self, policy: Fp8Policy):
+        self.policy, n = policy, policy.recipe.history
+        self.histories = {role: tf.Variable(tf.zeros([n]), trainable=False, name=f"fp8_{role}_amax_history")
+                          for role in ROLES} if n else {}
 
+    def cast(self, x, role: str, training):
+        from amp_harness_tensorflow.rounding import OPS
 
-def cast_input(x, fmt: Fp8Format):
-    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
-    @tf.custom_gradient
-    def cast(v):
-        return _fp8(v, fmt), lambda grad: grad
-    return cast(x)
+        amax, history = recipe_amax_with(OPS, x, self.histories.get(role))
+        if history is not None and training:
+            self.histories[role].assign(history)
+        return fake_quantize_with(OPS, x, amax, self.policy.format(role))
 
+    def product(self, product, x, kernel, training=None):
+        """product(x, kernel) of FP8's casts."""
+        def cast_input(v, role):
+            @tf.custom_gradient
+            def cast(v):
+                return self.cast(v, role, training), lambda grad: grad
+            return cast(v)
 
-def cast_gradient(y, fmt: Fp8Format):
-    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
-    @tf.custom_gradient
-    def cast(v):
-        return tf.identity(v), lambda grad: _fp8(grad, fmt)
-    return cast(y)
+        @tf.custom_gradient
+        def cast_gradient(v):
+            return tf.identity(v), lambda grad: self.cast(grad, "output_gradient", True)
 
-
-def fp8_product(fp8, product, x, kernel):
-    """product(x, kernel) of the FP8 policy's casts."""
-    return cast_gradient(product(cast_input(x, fp8.forward), cast_input(kernel, fp8.forward)), fp8.backward)
+        return cast_gradient(product(cast_input(x, "input"), cast_input(kernel, "weight")))
 
 
 class _Fp8Product:
-    """A Keras Dense or Conv2D whose product (`product`) is FP8's (fp8_product), the bias added after."""
+    """A Keras Dense or Conv2D whose product (`product`) is FP8's (Fp8Casts.product), the bias added after."""
 
     def __init__(self, *args, fp8, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fp8 = fp8
+        self.fp8 = Fp8Casts(fp8)
 
-    def call(self, x):
-        y = fp8_product(self.fp8, self.product, x, self.kernel)
+    def call(self, x, training=None):
+        y = self.fp8.product(self.product, x, self.kernel, training)
         return y + self.bias if self.use_bias else y
 
 
@@ -170,13 +177,13 @@ class Patches(keras.layers.Conv2D):
 
     def __init__(self, *args, fp8=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fp8 = fp8
+        self.fp8 = Fp8Casts(fp8) if fp8 else None
 
-    def call(self, x):
+    def call(self, x, training=None):
         if self.fp8 is None:
             out = super().call(x)
         else:
-            out = fp8_product(self.fp8, self.convolution_op, x, self.kernel) + self.bias
+            out = self.fp8.product(self.convolution_op, x, self.kernel, training) + self.bias
         return ops.reshape(out, (-1, out.shape[1] * out.shape[2], out.shape[3]))
 
     def compute_output_shape(self, input_shape):
@@ -209,6 +216,9 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask:
     return AttentionMask(-math.inf, compute, compute)
 
 
+PROJECTIONS = ("query", "key", "value", "output")
+
+
 class SelfAttention(CanonicalLayer):
     """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec).
 
@@ -224,19 +234,19 @@ class SelfAttention(CanonicalLayer):
         spec = info.spec
         self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
         self.implementation = attention_implementation(spec)
-        self.fp8 = net.fp8
+        self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
 
-    def _project(self, x, name: str):
+    def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
-        out = ops.matmul(x, kernel) if self.fp8 is None else fp8_product(self.fp8, tf.matmul, x, kernel)
+        out = ops.matmul(x, kernel) if self.fp8 is None else self.fp8[name].product(tf.matmul, x, kernel, training)
         return out + getattr(self, f"{name}_bias") if self.use_bias else out
 
-    def call(self, x, mask=None):
+    def call(self, x, mask=None, training=None):
         length, dim = x.shape[1], x.shape[2]
         head_dim = dim // self.heads
         # [N, T, H, Dh]: head h is columns h*Dh .. (h+1)*Dh-1
-        q, k, v = (ops.reshape(self._project(x, name), (-1, length, self.heads, head_dim))
-                   for name in ("query", "key", "value"))
+        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.heads, head_dim))
+                   for name in PROJECTIONS[:3])
         scale = 1 / math.sqrt(head_dim)
         if self.implementation == FUSED:
             scale = ops.convert_to_tensor(scale, dtype=keras.backend.result_type(x.dtype, "float32"))
@@ -250,7 +260,7 @@ class SelfAttention(CanonicalLayer):
             if mask is not None:
                 probs = _dropped(probs, mask, self.rate)
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
-        return self._project(ops.reshape(heads, (-1, length, dim)), "output")
+        return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -42,6 +42,8 @@ OPS = RoundingOps(
     maximum=tf.maximum, add_mask=lambda x, mask: x + tf.cast(mask, tf.float32), floor=tf.floor,
     round_half_even=tf.round, abs=tf.abs, where=tf.where, isfinite=tf.math.is_finite, copysign=_copysign,
     clip=tf.clip_by_value, full_like=lambda x, value: tf.fill(tf.shape(x), tf.constant(value, tf.float32)),
+    amax=lambda x: tf.reduce_max(tf.abs(x)),
+    shift_in=lambda history, value: tf.concat([tf.reshape(value, [1]), history[:-1]], 0),
     to_tensor=lambda a, device: _placed(tf.constant, device)(a),
     to_numpy=lambda t: t.numpy(),
     draw_bits=lambda shape, seed, device: _placed(

@@ -32,7 +32,7 @@ class TorchAdapter(Adapter):
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
-    capabilities = Capabilities(no_fp8=None,
+    capabilities = Capabilities(no_fp8=None, no_fp8_native=None,
                                 no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not its "
                                                "launch's (the device's activities are not read)")
 
@@ -158,6 +158,7 @@ class TorchTrainer(Trainer):
             self.grad_scaler = torch.amp.GradScaler(
                 self.device.type, init_scale=loss_scale.initial, growth_factor=loss_scale.growth_factor,
                 backoff_factor=loss_scale.backoff_factor, growth_interval=loss_scale.growth_interval)
+        self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
         self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": variant == "compile",
                         "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
                         "loss_scaler": "GradScaler" if self.grad_scaler else

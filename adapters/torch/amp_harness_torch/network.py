@@ -22,10 +22,11 @@ measured). The loss is float32 (optimizers.loss_fn). CUDA autocast's lists cast 
 float32 instead (torch's documentation; not measured here, no GPU).
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the scale from
-each tensor's amax) and cast the gradient of the product on its way back (FP8Cast), the bias added after; the
-autograd graph passes the forward casts' gradients straight through, so the backward matmuls multiply the cast
-gradient with the cast values the forward saved, as an FP8 matmul's backward does.
+multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
+recipe: recipe_amax_with) and cast the gradient of the product on its way back (CastGradient), the bias added
+after; the autograd graph passes the forward casts' gradients straight through, so the backward matmuls multiply
+the cast gradient with the cast values the forward saved, as an FP8 matmul's backward does. Each product's casts
+(Fp8Casts) keep the delayed recipe's amax histories as buffers, updated in place in training.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from torch import nn
 
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
-from harness.fp8 import Fp8Format, fake_quantize_with
+from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with, scale_with
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
@@ -49,43 +50,118 @@ from harness.numerics import AttentionMask
 LAYERS = LayerBuilders("torch")  # each builder: (LayerInfo, Network) -> an nn.Module (here the Layer classes)
 
 
-def _fp8(x, fmt: Fp8Format):
-    from amp_harness_torch.rounding import OPS
+class Fp8Casts(nn.Module):
+    """One matmul's FP8 casts (harness.fp8): its input and kernel on the way forward, its output's gradient on the
+    way back, each scaled by the recipe; under the delayed one each keeps its amax history (a buffer, recorded in
+    training only)."""
 
-    return fake_quantize_with(OPS, x, x.abs().amax(), fmt)  # the current recipe: this tensor's own amax
+    def __init__(self, policy: Fp8Policy):
+        super().__init__()
+        self.policy = policy
+        for role in ROLES:
+            self.register_buffer(role, torch.zeros(policy.recipe.history) if policy.recipe.history else None,
+                                 persistent=False)
+
+    def amax(self, x, role: str):
+        """The amax x's cast is scaled by (the recipe's; a delayed history recorded in training)."""
+        from amp_harness_torch.rounding import OPS
+
+        amax, history = recipe_amax_with(OPS, x, getattr(self, role))
+        if history is not None and self.training:
+            getattr(self, role).copy_(history)
+        return amax
+
+    def cast(self, x, role: str):
+        """x as its FP8 cast gives it, in float32 (emulation)."""
+        from amp_harness_torch.rounding import OPS
+
+        return fake_quantize_with(OPS, x, self.amax(x, role), self.policy.format(role))
+
+    def quantize(self, x, role: str):
+        """(x scaled and cast to torch's FP8 dtype, the scale): the same values as cast(), before dequantizing.
+        torch's cast rounds to nearest even but gives e4m3fn NaN past 448: the clamp saturates first, as the
+        core's rule does (NaN stays NaN)."""
+        from amp_harness_torch.rounding import OPS
+
+        fmt = self.policy.format(role)
+        scale = scale_with(OPS, self.amax(x, role), fmt)
+        return (x * scale).clamp(-fmt.max, fmt.max).to(FP8_DTYPES[fmt.name]), scale
 
 
 class CastInput(torch.autograd.Function):
     """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
 
     @staticmethod
-    def forward(ctx, x, fmt):
-        return _fp8(x, fmt)
+    def forward(ctx, x, casts, role):
+        return casts.cast(x, role)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None
 
 
 class CastGradient(torch.autograd.Function):
     """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
 
     @staticmethod
-    def forward(ctx, y, fmt):
-        ctx.fmt = fmt
+    def forward(ctx, y, casts):
+        ctx.casts = casts
         return y.view_as(y)
 
     @staticmethod
     def backward(ctx, grad):
-        return _fp8(grad, ctx.fmt), None
+        return ctx.casts.cast(grad, "output_gradient"), None
 
 
-def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,)):
-    """product(x, kernel) + bias, with FP8's casts where the network trains in FP8 (layer.fp8, the policy)."""
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+NATIVE_FP8 = "native: torch._scaled_mm (FP8 operands, float32 products)"
+
+
+def _padded(x, multiple=16):
+    """A 2D float tensor zero-padded to multiples of 16 in both sizes (CUDA's FP8 GEMMs need them; zeros change
+    neither an amax nor a product)."""
+    return F.pad(x, (0, -x.shape[1] % multiple, 0, -x.shape[0] % multiple))
+
+
+def scaled_mm(a, b, scale_a, scale_b):
+    """a @ b of FP8 tensors [m, k] and [k, n] through torch._scaled_mm, float32 out, each dequantized by its
+    scale's inverse; b laid out column-major, as the kernel wants it."""
+    return torch._scaled_mm(a.contiguous(), b.t().contiguous().t(), scale_a=1 / scale_a, scale_b=1 / scale_b,
+                            out_dtype=torch.float32)
+
+
+class NativeLinear(torch.autograd.Function):
+    """x @ kernel^T with torch's FP8 matmuls (torch._scaled_mm), on the casts Fp8Casts gives: the product of the
+    input and kernel cast forward; back, the output gradient's cast times the saved kernel cast (the input's
+    gradient) and its transpose times the saved input cast (the kernel's), as an FP8 training kernel does."""
+
+    @staticmethod
+    def forward(ctx, x, kernel, casts):
+        (m, k), n = x.shape, kernel.shape[0]
+        (qx, sx), (qw, sw) = casts.quantize(_padded(x), "input"), casts.quantize(_padded(kernel), "weight")
+        ctx.save_for_backward(qx, sx, qw, sw)
+        ctx.casts, ctx.sizes = casts, (m, k, n)
+        return scaled_mm(qx, qw.t(), sx, sw)[:m, :n]
+
+    @staticmethod
+    def backward(ctx, grad):
+        qx, sx, qw, sw = ctx.saved_tensors
+        m, k, n = ctx.sizes
+        qg, sg = ctx.casts.quantize(_padded(grad), "output_gradient")
+        return scaled_mm(qg, qw, sg, sw)[:m, :k], scaled_mm(qg.t(), qx, sg, sx)[:n, :k], None
+
+
+def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="product"):
+    """product(x, kernel) + bias, with FP8's casts where the network trains in FP8 (the layer's fp8 casts of the
+    product `name`); F.linear's through torch's FP8 matmuls where the policy is native."""
     if layer.fp8 is None:
         return product(x, kernel, bias)
-    y = CastGradient.apply(product(CastInput.apply(x, layer.fp8.forward), CastInput.apply(kernel, layer.fp8.forward),
-                                   None), layer.fp8.backward)
+    casts = layer.fp8[name]
+    if casts.policy.native and product is F.linear:
+        y = NativeLinear.apply(x.reshape(-1, x.shape[-1]), kernel, casts).reshape(*x.shape[:-1], kernel.shape[0])
+    else:
+        y = CastGradient.apply(product(CastInput.apply(x, casts, "input"), CastInput.apply(kernel, casts, "weight"),
+                                       None), casts)
     return y if bias is None else y + bias.view(bias_shape)
 
 
@@ -93,9 +169,14 @@ class Layer(nn.Module):
     """A spec layer; its weights are attributes named as in the canonical weights (kernel, gamma, ...), taken
     from the network being built (net.weights)."""
 
+    #: its matmuls (matmul_layer's names), each given its FP8 casts where the network trains in FP8
+    PRODUCTS: tuple[str, ...] = ()
+
     def __init__(self, info: LayerInfo, net: "Network"):
         super().__init__()
-        self.info, self.fp8 = info, net.fp8
+        self.info = info
+        self.fp8 = nn.ModuleDict({name: Fp8Casts(net.fp8) for name in self.PRODUCTS}) \
+            if net.fp8 and self.PRODUCTS else None
         for name in info.params:
             canonical = f"{info.path}.{name}"
             # a copy: a view of the core's array (vectors and embedding tables keep their layout) would train it too
@@ -108,12 +189,16 @@ class Layer(nn.Module):
 
 @LAYERS.builder("dense")
 class Dense(Layer):
+    PRODUCTS = ("product",)
+
     def forward(self, x):
         return matmul_layer(self, F.linear, x, self.kernel, getattr(self, "bias", None))
 
 
 @LAYERS.builder("conv2d")
 class Conv2D(Layer):
+    PRODUCTS = ("product",)
+
     def __init__(self, info, net):
         super().__init__(info, net)
         spec = info.spec
@@ -282,6 +367,8 @@ class Attention(Layer):
     spec's; on CPU its flash kernel matched the unfused math to 3e-16 in float64). With dropout: the math written
     out, because SDPA's dropout draws its own mask and the core's must be applied to the probabilities."""
 
+    PRODUCTS = ("query", "key", "value", "output")
+
     def __init__(self, info, net):
         super().__init__(info, net)
         spec = info.spec
@@ -300,7 +387,8 @@ class Attention(Layer):
         return self._project("output", heads.transpose(1, 2).reshape(n, length, dim))
 
     def _project(self, name, x):
-        return matmul_layer(self, F.linear, x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None))
+        return matmul_layer(self, F.linear, x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None),
+                            name=name)
 
     def attend(self, q, k, v):
         """softmax(q k^T / sqrt(Dh), causal) v per head, with the core's dropout on the probabilities in training."""
@@ -350,6 +438,8 @@ class SequencePool(Layer):
 class Patches(Layer):
     """A conv2d of kernel and stride P; its [N, D, H/P, W/P] output read as H/P * W/P patches in row-major order."""
 
+    PRODUCTS = ("product",)
+
     def __init__(self, info, net):
         super().__init__(info, net)
         self.size = info.spec.size
@@ -390,6 +480,12 @@ class Network(nn.Module):
         self._masked = {m.info.path: m for m in self.modules() if isinstance(m, (Dropout, Attention)) and m.rate > 0}
         #: which attention ran in each attention layer, by canonical path (the trainer's options["attention"])
         self.attention_kernels = {m.info.path: m.kernel for m in self.modules() if isinstance(m, Attention)}
+        #: how the FP8 products ran where not all emulated (the trainer's options["fp8"]["matmuls"])
+        self.fp8_matmuls = None
+        if fp8 is not None and fp8.native:
+            convolutions = sorted({m.info.type for m in self.modules() if isinstance(m, (Conv2D, Patches))})
+            self.fp8_matmuls = NATIVE_FP8 + (f"; {' and '.join(convolutions)} emulated (torch has no FP8 "
+                                             f"convolution)" if convolutions else "")
 
     def build(self, specs, prefix: str) -> nn.ModuleList:
         """The modules of `specs`, the layers at `prefix`0, `prefix`1..."""

@@ -26,6 +26,7 @@ OPS = RoundingOps(
     maximum=torch.clamp_min, add_mask=torch.add, floor=torch.floor, round_half_even=torch.round, abs=torch.abs,
     where=torch.where, isfinite=torch.isfinite, copysign=torch.copysign, clip=torch.clamp,
     full_like=torch.full_like,
+    amax=lambda x: x.abs().amax(), shift_in=lambda history, value: torch.cat([value.reshape(1), history[:-1]]),
     to_tensor=lambda a, device: torch.from_numpy(np.array(a)).to(device.name),
     to_numpy=lambda t: t.cpu().numpy(),
     draw_bits=lambda shape, seed, device: draw_bits(shape, torch.Generator(device=device.name).manual_seed(seed)),

@@ -1,0 +1,268 @@
+"""The report's FP8 section: per model, framework and setting (harness.identity) with an FP8 run, fp32, amp_bf16
+and each FP8 precision (fp8_e4m3, fp8_hybrid, with a recipe suffix where they had one: fp8_hybrid:delayed:16)
+side by side: eval loss and its range over seeds, its change against fp32 paired by seed with its 95% interval
+and verdict (harness.report.accuracy.compare: held against fp32's seed-to-seed spread), eval accuracy and its
+range (a next-token model's perplexity instead: its token accuracy means little) with a classifier's accuracy
+verdict, the one the Accuracy section gives; how each FP8 precision's matmuls ran, as its records say
+(options["fp8"]["matmuls"]; a record without it is older than the option: emulated); and what diagnose says of
+each FP8 recipe (harness.fp8.verdicts), which the Numerics section then leaves to this one.
+
+Emulated FP8 casts each matmul's inputs to FP8 and back and multiplies in float32: it costs more than fp32, and its
+step times measure the emulation, not FP8. So the section shows a step-time ratio against fp32 (harness.stats.ratio,
+as the comparisons' speed-ups) for FP8 precisions whose matmuls ran natively only.
+
+    section = fp8_section(records, diagnoses)   # records as harness.report.view gets them
+    section.entries, section.diagnoses, section.shown (templates/_fp8.html.j2, _fp8.md.j2)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from harness import stats
+from harness.identity import compatible, describe, loss_scale_setting, setting, varying
+from harness.precision import PRECISIONS
+from harness.report import accuracy
+from harness.report import format as f
+from harness.report.accuracy import Check, Metric
+from harness.report.data import VERDICTS
+
+BESIDE = ("fp32", "amp_bf16")  # what FP8 stands beside: the reference, and mixed bf16 (float32 master weights)
+UNRECORDED = "emulated (not recorded: a run from before options[\"fp8\"])"
+NATIVE = "native"  # how options["fp8"]["matmuls"] starts for real FP8 kernels ("native (torch._scaled_mm)")
+
+
+def _base(precision: str) -> str:
+    return precision.partition(":")[0].partition(" ")[0]  # "fp8_e4m3:current (loss scale fixed 16)": fp8_e4m3
+
+
+def is_fp8(precision: str) -> bool:
+    """An FP8 precision by its registry entry (harness.precision): fp8_hybrid, fp8_hybrid:delayed:16, ...:native,
+    and an arm's name with its loss scale ("fp8_e4m3 (loss scale fixed 16)")."""
+    found = PRECISIONS.get(_base(precision))
+    return found is not None and found.fp8 is not None
+
+
+def matmuls(r: dict) -> str:
+    """How an FP8 run's matmuls ran, as its record says."""
+    return ((r.get("options") or {}).get("fp8") or {}).get("matmuls") or UNRECORDED
+
+
+def emulated(records: list[dict]) -> bool:
+    """Runs of an FP8 precision whose matmuls were not all native: their step times measure the emulation."""
+    return bool(records) and is_fp8(records[0]["precision"]) and \
+        not all(matmuls(r).startswith(NATIVE) for r in records)
+
+
+def _seeds(records: list[dict], metric_: Metric) -> tuple[float | None, tuple[float, float] | None]:
+    """The mean over seeds of a figure (accuracy.by_seed), and its range where there are two seeds or more."""
+    values = list(accuracy.by_seed(records, metric_).values())
+    if not values:
+        return None, None
+    return float(np.mean(values)), (min(values), max(values)) if len(values) > 1 else None
+
+
+def _as_loss(records: list[dict]) -> list[dict]:
+    """A classifier's eval loss is a cross-entropy in nats too, its chance level ln(classes): judged as
+    accuracy.TokenLoss judges a next-token model's."""
+    return [{**r, "task": accuracy.NEXT_TOKEN} for r in records]
+
+
+def _repeat_ms(records: list[dict]) -> list[float]:
+    """One step time per repeat, its median step (as data.Cell's: fresh processes are the independent samples)."""
+    return [float(np.median(r["step_times_ms"])) for r in records if r.get("step_times_ms")]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One precision's runs in an entry, its figures as numbers (None: no ok run gave one)."""
+    precision: str
+    runs: int
+    ok: int
+    loss: float | None  # eval loss, mean over seeds
+    loss_seeds: tuple[float, float] | None  # its range over seeds (None: fewer than two)
+    loss_check: Check | None  # against fp32, paired by seed (None: fp32's own arm)
+    accuracy: float | None  # eval accuracy, mean over seeds
+    accuracy_seeds: tuple[float, float] | None
+    accuracy_check: Check | None  # a classifier's accuracy against fp32, as the Accuracy section judges it
+    matmuls: tuple[str, ...] = ()  # an FP8 arm's: how its matmuls ran, as its records say
+    speed: stats.Ratio | None = None  # fp32's step time over this arm's: natively run FP8 only
+    failed: tuple[str, ...] = ()
+
+    @property
+    def fp8(self) -> bool:
+        return is_fp8(self.precision)
+
+    @property
+    def native(self) -> bool:
+        """Every run of it said its FP8 matmuls ran natively; an emulated or unrecorded one makes it emulated."""
+        return bool(self.matmuls) and all(m.startswith(NATIVE) for m in self.matmuls)
+
+
+def _arm(name: str, records: list[dict], fp32: list[dict], classes: int | None, next_token: bool) -> Arm:
+    ok = [r for r in records if r.get("status") == "ok"]
+    loss, loss_seeds = _seeds(ok, accuracy.TOKEN_LOSS)
+    figure, figure_seeds = _seeds(ok, accuracy.ACCURACY)
+    compared = name != "fp32" and bool(fp32)
+    arm = Arm(name, len(records), len(ok), loss, loss_seeds,
+              accuracy.compare(_as_loss(ok), _as_loss(fp32), classes) if compared else None,
+              figure, figure_seeds, accuracy.compare(ok, fp32, classes) if compared and not next_token else None,
+              tuple(sorted({matmuls(r) for r in ok or records})) if is_fp8(name) else (),
+              failed=tuple(f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"))
+    if arm.native and _repeat_ms(ok) and _repeat_ms(fp32):
+        arm = replace(arm, speed=stats.ratio(_repeat_ms(fp32), _repeat_ms(ok)))
+    return arm
+
+
+def _change(check: Check | None) -> str:
+    """A change against fp32 as a column shows it: "+0.0123 nats, 95% CI -0.0010 to +0.0250 (unchanged)"; without
+    an interval (too short, stalls, one seed, nothing to compare) the report's own words for it."""
+    if check is None:
+        return "-"
+    if check.low is None:
+        return check.change
+    m = check.metric
+    return (f"{m.delta(check.delta)}, {f.percent(accuracy.CONFIDENCE, 0)} CI {m.bound(check.low)} to "
+            f"{m.bound(check.high)} ({check.verdict})")
+
+
+def _speed(arm: Arm) -> str:
+    r = arm.speed
+    if r is None:
+        return "emulated: not a speed" if arm.fp8 and not arm.native else "-"
+    words = f.faster(r.estimate) if r.decision in ("faster", "slower") else VERDICTS[r.decision]
+    return f"{f.ratio(r.estimate)} ({r.label}): {words}"
+
+
+def _span(seeds: tuple[float, float] | None, show) -> str:
+    return "one seed" if seeds is None else show(*seeds)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model, framework and setting: its arms in table order (fp32, amp_bf16, the FP8 precisions)."""
+    model: str
+    framework: str
+    arms: list[Arm]
+    next_token: bool  # judged by eval loss (accuracy.metric): perplexity stands where accuracy would
+
+    @property
+    def emulated(self) -> list[str]:
+        return [a.precision for a in self.arms if a.fp8 and not a.native]
+
+    @property
+    def native(self) -> list[str]:
+        return [a.precision for a in self.arms if a.native]
+
+    def _evidence(self, names: list[str]) -> str:
+        return "; ".join(sorted({m for a in self.arms if a.precision in names for m in a.matmuls}))
+
+    @property
+    def emulated_note(self) -> str:
+        if not self.emulated:
+            return ""
+        return (f"{', '.join(self.emulated)}: FP8 is emulated here (fake-quantized float32 matmuls: each matmul's "
+                f"inputs cast to FP8 and back, multiplied in float32), so its step times are not a measure of FP8 "
+                f"speed, and this comparison is about loss and accuracy only. The records say: "
+                f"{self._evidence(self.emulated)}.")
+
+    @property
+    def native_note(self) -> str:
+        if not self.native:
+            return ""
+        return (f"{', '.join(self.native)}: native FP8 matmuls (the records say: {self._evidence(self.native)}); "
+                f"the step-time column is fp32's step time over theirs.")
+
+    @property
+    def header(self) -> tuple[str, ...]:
+        figure = ("perplexity", "over seeds") if self.next_token else \
+            ("eval accuracy", "over seeds", "accuracy vs fp32 (paired by seed)")
+        return (("precision", "ok runs", "FP8 matmuls", "eval loss", "over seeds", "loss vs fp32 (paired by seed)")
+                + figure + (("step time vs fp32",) if self.native else ()))
+
+    @property
+    def rows(self) -> list[list[str]]:
+        out = []
+        for a in self.arms:
+            matmul = ("native" if a.native else "emulated") if a.fp8 else "-"  # the notes quote the records
+            row = [a.precision, f"{a.ok}/{a.runs}", matmul, f.number(a.loss, 4),
+                   _span(a.loss_seeds, lambda lo, hi: f.number_span(lo, hi, 4)), _change(a.loss_check)]
+            if self.next_token:
+                row += [f.number(accuracy.perplexity(a.loss), 2), _span(a.loss_seeds, lambda lo, hi: f.number_span(
+                    accuracy.perplexity(lo), accuracy.perplexity(hi), 2))]
+            else:
+                row += [f.percent(a.accuracy), _span(a.accuracy_seeds, f.percent_span), _change(a.accuracy_check)]
+            out.append(row + ([_speed(a)] if self.native else []))
+        return out
+
+    @property
+    def failed(self) -> list[str]:
+        return [f"{a.precision}: {a.failed[0]}" for a in self.arms if a.failed]
+
+
+@dataclass(frozen=True)
+class Diagnosed:
+    """One diagnosis's sentences per FP8 precision and scaling recipe (harness.fp8.verdicts)."""
+    model: str | None
+    framework: str | None
+    verdicts: list[str]
+
+
+@dataclass(frozen=True)
+class Fp8Section:
+    """The section as data: an entry per model, framework and setting with an FP8 run, and the diagnoses' FP8
+    verdicts. Absent from the page (not `shown`) when no record has an FP8 precision."""
+    entries: list[Entry]
+    diagnoses: list[Diagnosed]
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.entries)
+
+
+def fp8_entries(records: list[dict]) -> list[Entry]:
+    """Per (model, framework, setting) with an FP8 run: its arms. Runs under different loss-scale settings are
+    arms of their own; a record whose worker never reported its setting (a crash) joins every setting it agrees
+    with, as in pure16."""
+    groups: dict[tuple, dict[tuple, list]] = {}
+    partial = []
+    for r in records:
+        if r.get("mode", "run") != "run" or not r.get("model") or not (
+                r.get("precision") in BESIDE or is_fp8(r.get("precision") or "")):
+            continue
+        if r.get("status") != "ok" and r.get("device") is None:
+            partial.append(r)
+            continue
+        groups.setdefault((r["model"], r.get("framework"), setting(r)), {}).setdefault(
+            (r["precision"], loss_scale_setting(r)), []).append(r)
+    for r in partial:
+        for (model, framework, setting_), arms in groups.items():
+            if (model, framework) == (r["model"], r.get("framework")) and compatible(setting(r), setting_):
+                arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    out = []
+    for (model, framework, setting_), arms in sorted(groups.items(), key=lambda item: tuple(map(str, item[0]))):
+        if not any(is_fp8(p) for p, _ in arms):
+            continue
+        scales: dict[str, set] = {}
+        for p, scale in arms:
+            scales.setdefault(p, set()).add(scale)
+        named = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs for (p, scale), rs in arms.items()}
+        every = [r for rs in named.values() for r in rs]
+        next_token = accuracy.metric(every) is accuracy.TOKEN_LOSS
+        classes = accuracy.num_classes(every)
+        fp32 = [r for r in named.get("fp32", []) if r.get("status") == "ok"]
+        ordered = sorted(named, key=lambda p: (BESIDE.index(_base(p)) if _base(p) in BESIDE else len(BESIDE), p))
+        label = framework + describe(setting_, varying(s for (_, fw, s) in groups if fw == framework))
+        out.append(Entry(model, label, [_arm(p, named[p], fp32, classes, next_token) for p in ordered], next_token))
+    return out
+
+
+def fp8_section(records: list[dict], diagnoses: list[dict] | None = None) -> Fp8Section:
+    """The section for the report: its entries, and (when it has any) the diagnoses' FP8 verdicts."""
+    from harness.fp8 import verdicts
+
+    entries = fp8_entries(records)
+    diagnosed = [Diagnosed(d.get("model"), d.get("framework"), list(verdicts(d["diagnosis"]["fp8"]).values()))
+                 for d in diagnoses or [] if d.get("status") == "ok" and (d.get("diagnosis") or {}).get("fp8")]
+    return Fp8Section(entries, diagnosed if entries else [])
