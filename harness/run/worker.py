@@ -314,12 +314,15 @@ def _listed(a: np.ndarray) -> list:
 def describe(framework: str, device: str = "auto") -> dict:
     """What `amp-harness adapters` shows for one adapter: version, device, which precisions can run here (each
     proved by the capability probe, in a process of its own, unless the cache knows)."""
-    from harness.precision import PRECISIONS
+    from harness.precision import NATIVE, PRECISIONS, parse_precision
 
     adapter = load_adapter(framework)
     dev = adapter.device(device)
+    # the FP8 precisions' native variants too: whether this framework's own FP8 matmuls run here
+    precisions = {**PRECISIONS, **{f"{name}:{NATIVE}": parse_precision(f"{name}:{NATIVE}")
+                                   for name, p in PRECISIONS.items() if p.fp8 is not None}}
     return {"framework": framework, "version": adapter.framework_version(), "device": asdict(dev),
-            "precisions": {name: capability.unsupported(adapter, p, dev) for name, p in PRECISIONS.items()},
+            "precisions": {name: capability.unsupported(adapter, p, dev) for name, p in precisions.items()},
             "variants": adapter.variants}
 
 

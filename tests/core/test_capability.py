@@ -99,6 +99,7 @@ def test_the_adapters_listing_prints_what_the_probe_found():
     assert lines["fp32"].split()[1] == "runs"
     assert lines["amp_bf16"].split()[1] == "unsupported:" and lines["amp_bf16"].endswith(NO_KERNEL)
     assert lines["tf32"].endswith("fake cannot do TF32")  # the adapter's own limit, known without a probe
+    assert lines["fp8_hybrid:native"].split()[1] == "unsupported:"  # FP8's native variants are listed too
 
 
 def test_the_conformance_kit_accepts_unsupported_only_where_the_probe_says_so(tmp_path):
