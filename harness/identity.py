@@ -15,7 +15,7 @@ A run whose variant `--variant auto` chose (the fastest here for its model and p
 """
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from harness.precision import parse_loss_scale, parse_precision
 
@@ -124,6 +124,34 @@ def compatible(partial: Setting, full: Setting) -> bool:
     """A record whose worker never reported (a crash, a lost node) knows only part of its setting: it belongs
     to every setting that agrees with what it knows."""
     return all(a is None or a == b for a, b in zip(partial, full))
+
+
+def arms_by_setting(records: list[dict], keep: Callable[[dict], bool]) -> dict[tuple, dict[str, list[dict]]]:
+    """The run records `keep` accepts, per (model, framework, Setting), by arm: the precision, with its loss-scale
+    setting after it ("fp16 (loss scale fixed 16)") where one precision ran under several. A record whose worker
+    never reported its setting (a crash) joins every setting it agrees with (compatible)."""
+    groups: dict[tuple, dict[tuple, list]] = {}
+    partial = []
+    for r in records:
+        if r.get("mode", "run") != "run" or not r.get("model") or not keep(r):
+            continue
+        if r.get("status") != "ok" and r.get("device") is None:
+            partial.append(r)
+            continue
+        groups.setdefault((r["model"], r.get("framework"), setting(r)), {}).setdefault(
+            (r["precision"], loss_scale_setting(r)), []).append(r)
+    for r in partial:
+        for (model, framework, setting_), arms in groups.items():
+            if (model, framework) == (r["model"], r.get("framework")) and compatible(setting(r), setting_):
+                arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    named = {}
+    for key, arms in sorted(groups.items(), key=lambda item: tuple(map(str, item[0]))):
+        scales: dict[str, set] = {}
+        for precision, scale in arms:
+            scales.setdefault(precision, set()).add(scale)
+        named[key] = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs
+                      for (p, scale), rs in arms.items()}
+    return named
 
 
 def varying(settings: Iterable[Setting]) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from harness import stats
-from harness.identity import compatible, describe, loss_scale_setting, setting, varying
+from harness.identity import arms_by_setting, describe, varying
 from harness.precision import PRECISIONS
 from harness.report import accuracy
 from harness.report import format as f
@@ -222,32 +222,13 @@ class Fp8Section:
 
 
 def fp8_entries(records: list[dict]) -> list[Entry]:
-    """Per (model, framework, setting) with an FP8 run: its arms. Runs under different loss-scale settings are
-    arms of their own; a record whose worker never reported its setting (a crash) joins every setting it agrees
-    with, as in pure16."""
-    groups: dict[tuple, dict[tuple, list]] = {}
-    partial = []
-    for r in records:
-        if r.get("mode", "run") != "run" or not r.get("model") or not (
-                r.get("precision") in BESIDE or is_fp8(r.get("precision") or "")):
-            continue
-        if r.get("status") != "ok" and r.get("device") is None:
-            partial.append(r)
-            continue
-        groups.setdefault((r["model"], r.get("framework"), setting(r)), {}).setdefault(
-            (r["precision"], loss_scale_setting(r)), []).append(r)
-    for r in partial:
-        for (model, framework, setting_), arms in groups.items():
-            if (model, framework) == (r["model"], r.get("framework")) and compatible(setting(r), setting_):
-                arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    """Per (model, framework, setting) with an FP8 run: its arms (harness.identity.arms_by_setting: runs under
+    different loss-scale settings are arms of their own, a crashed run joins every setting it agrees with)."""
+    groups = arms_by_setting(records, lambda r: r.get("precision") in BESIDE or is_fp8(r.get("precision") or ""))
     out = []
-    for (model, framework, setting_), arms in sorted(groups.items(), key=lambda item: tuple(map(str, item[0]))):
-        if not any(is_fp8(p) for p, _ in arms):
+    for (model, framework, setting_), named in groups.items():
+        if not any(is_fp8(p) for p in named):
             continue
-        scales: dict[str, set] = {}
-        for p, scale in arms:
-            scales.setdefault(p, set()).add(scale)
-        named = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs for (p, scale), rs in arms.items()}
         every = [r for rs in named.values() for r in rs]
         next_token = accuracy.metric(every) is accuracy.TOKEN_LOSS
         classes = accuracy.num_classes(every)

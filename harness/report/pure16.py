@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from harness.report import format as f
 from harness.report.accuracy import Check, Metric, compare, metric, num_classes
-from harness.identity import compatible, describe, loss_scale_setting, setting, varying
+from harness.identity import arms_by_setting, describe, varying
 from harness.run import nonfinite
 
 #: the arms in the order the table shows them; fp32 is the reference, the mixed arms (float32 master weights) show
@@ -93,29 +93,12 @@ def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> lis
     """Per (model, framework, setting) with a pure-16-bit arm and fp32: the arms, the swamped shares and the
     sentence. A record whose worker never reported its setting (a crash) joins every setting it agrees with."""
     swamped = swamped_shares(diagnoses or [])
-    groups: dict[tuple, dict[str, list]] = {}
-    partial = []
-    for r in records:
-        if r.get("mode", "run") != "run" or _base(r.get("precision", "")) not in ARMS or not r.get("model"):
-            continue
-        if r.get("status") != "ok" and r.get("device") is None:
-            partial.append(r)
-            continue
-        arms = groups.setdefault((r["model"], r.get("framework"), setting(r)), {})
-        arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
-    for r in partial:
-        for (model, framework, setting_), arms in groups.items():
-            if (model, framework) == (r["model"], r.get("framework")) and compatible(setting(r), setting_):
-                arms.setdefault((r["precision"], loss_scale_setting(r)), []).append(r)
+    groups = arms_by_setting(records, lambda r: _base(r.get("precision", "")) in ARMS)
     out = []
-    for (model, framework, setting_), arms in sorted(groups.items(), key=lambda item: tuple(map(str, item[0]))):
-        scales: dict[str, set] = {}
-        for precision, scale in arms:
-            scales.setdefault(precision, set()).add(scale)
-        rows = {(p if len(scales[p]) == 1 else f"{p} (loss scale {scale})"): rs for (p, scale), rs in arms.items()}
+    for (model, framework, setting_), rows in groups.items():
         if "fp32" not in rows or not PURE & {_base(p) for p in rows}:
             continue
-        every = [r for rs in arms.values() for r in rs]
+        every = [r for rs in rows.values() for r in rs]
         metric_ = metric(every)
         rows = {name: _arm(rs, name, metric_) for name, rs in rows.items()}
         classes = num_classes(every)
