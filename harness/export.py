@@ -40,7 +40,7 @@ PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "fp64")  # fp64: the math checked 
 LAYERS = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "flatten", "relu", "gelu", "tanh",
           "sigmoid", "softmax", "batchnorm", "layernorm", "dropout", "residual")
 OPTIMIZERS = ("sgd", "adam", "rmsprop")
-# the core's dynamic loss scaling (README, Precisions), equal in every framework's script
+# the core's dynamic loss scaling (docs/precisions.md), equal in every framework's script
 LOSS_SCALE = {"initial": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
 COMPUTE = {"fp32": None, "amp_bf16": "bfloat16", "amp_fp16": "float16", "fp64": None}
 

@@ -14,8 +14,9 @@ def pitfall_specs() -> list[Path]:
 
 @pytest.fixture(autouse=True)
 def machine_cache(tmp_path_factory, monkeypatch) -> Path:
-    """A cache of machine facts (peaks, capabilities: harness.run.cache) of each test's own: a fault one test
-    injects must not become what the next test's probe reads."""
+    """A cache of machine facts (peaks, capabilities, variant choices: harness.run.cache) of each test's own: the
+    tests never read or write the user's ~/.cache/amp-harness nor a fact an earlier test or run left behind, and a
+    fault one test injects never becomes what the next test's probe reads. adapters/*/tests import it too."""
     path = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("AMP_HARNESS_CACHE", str(path))
     return path

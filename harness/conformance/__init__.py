@@ -30,9 +30,9 @@ class _CtrlC:
 
 
 def run(framework: str, pytest_args: list[str]) -> int:
-    """Run the kit against one adapter; amp-harness's exit code (README, "Exit codes"): 0 every check passed, 1 a
-    check failed or the kit could not run (a collection error, pytest's internal error), 130 Ctrl-C. Arguments
-    that select no check, or that pytest cannot parse, are bad input: a HarnessError (exit 2)."""
+    """Run the kit against one adapter; amp-harness's exit code (docs/commands.md, "Exit codes"): 0 every check passed,
+    1 a check failed or the kit could not run (a collection error, pytest's internal error), 130 Ctrl-C. Arguments that
+    select no check, or that pytest cannot parse, are bad input: a HarnessError (exit 2)."""
     import pytest
 
     ctrl_c = _CtrlC()

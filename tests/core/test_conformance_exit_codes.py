@@ -1,5 +1,5 @@
-"""`amp-harness conformance` exits as the README's table says (0 passed, 1 a failure, 2 bad input), not with
-pytest's own statuses (5: no test collected, 4: a usage error)."""
+"""`amp-harness conformance` exits as the table in docs/commands.md ("Exit codes") says (0 passed, 1 a failure,
+2 bad input), not with pytest's own statuses (5: no test collected, 4: a usage error)."""
 from __future__ import annotations
 
 from harness.conformance import HERE

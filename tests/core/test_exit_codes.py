@@ -1,5 +1,5 @@
-"""The README's exit-code table, row by row: each row names the scenarios that must end with its code, and each
-scenario below runs the real command line."""
+"""The exit-code table of docs/commands.md ("Exit codes"), row by row: each row names the scenarios that must end
+with its code, and each scenario below runs the real command line."""
 from __future__ import annotations
 
 import os
@@ -119,8 +119,8 @@ def parity_mismatch(tmp):
 
 
 def _table() -> list[tuple[int, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Exit codes"):]
+    text = (ROOT / "docs" / "commands.md").read_text()
+    section = text[text.index("## Exit codes"):]
     rows = re.findall(r"^\| (\d+) \|[^|]*\| ([^|]+) \|$", section, re.M)
     return [(int(code), scenario.strip()) for code, scenarios in rows for scenario in scenarios.split(",")]
 

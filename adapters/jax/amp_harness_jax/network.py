@@ -314,9 +314,9 @@ def _causal_blocked(length: int):
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
     """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    README "Masks in 16 bits"): jnp.finfo(compute dtype).min, put in by jnp.where on the compute dtype's scores
-    (-65504 in float16, -3.39e38 in bfloat16), and jax.nn.softmax in that dtype (its sum accumulates in float32), on
-    any device (the code says so, not a kernel's choice)."""
+    docs/diagnose.md "Masks in 16 bits"): jnp.finfo(compute dtype).min, put in by jnp.where on the compute dtype's
+    scores (-65504 in float16, -3.39e38 in bfloat16), and jax.nn.softmax in that dtype (its sum accumulates in
+    float32), on any device (the code says so, not a kernel's choice)."""
     compute = precision.compute_dtype
     return AttentionMask(float(jnp.finfo(compute).min), compute, compute)
 

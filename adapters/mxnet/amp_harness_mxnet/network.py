@@ -279,13 +279,13 @@ def attention_implementation(info) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; README
-    "Masks in 16 bits"): the mask is a constant in the weights' dtype (causal_mask: -inf where j > i) added to the
-    scores. Under AMP the weights are float32, so the sum is float32 (amp_fp16: the float32 constant widens the
-    float16 scores; amp_bf16: batch_dot is float32 already) and softmax is one of AMP's float32 operators: -inf in
-    float32, softmax in float32 (typed in the AMP graph). In pure 16-bit the constant, the scores and softmax are in
-    the weights' 16-bit dtype (typed, not run: MXNet has no 16-bit kernels on a CPU). The same on any device (AMP's
-    operator lists do not depend on it)."""
+    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask;
+    docs/diagnose.md, "Masks in 16 bits"): the mask is a constant in the weights' dtype (causal_mask: -inf where j > i)
+    added to the scores. Under AMP the weights are float32, so the sum is float32 (amp_fp16: the float32 constant widens
+    the float16 scores; amp_bf16: batch_dot is float32 already) and softmax is one of AMP's float32 operators: -inf in
+    float32, softmax in float32 (typed in the AMP graph). In pure 16-bit the constant, the scores and softmax are in the
+    weights' 16-bit dtype (typed, not run: MXNet has no 16-bit kernels on a CPU). The same on any device (AMP's operator
+    lists do not depend on it)."""
     return AttentionMask(-math.inf, precision.param_dtype, precision.param_dtype)
 
 

@@ -205,8 +205,8 @@ def attention_implementation(spec) -> str:
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
     """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    README "Masks in 16 bits"). Fused: ops.dot_product_attention casts the scores to result_type(compute dtype,
-    float32), float32 for 16-bit inputs, and tf.where puts Keras' large negative there (KERAS_LARGE_NEGATIVE,
+    docs/diagnose.md "Masks in 16 bits"). Fused: ops.dot_product_attention casts the scores to result_type(compute
+    dtype, float32), float32 for 16-bit inputs, and tf.where puts Keras' large negative there (KERAS_LARGE_NEGATIVE,
     -2.37e38, never -inf); its softmax runs in float32. Unfused: -inf, and ops.softmax, in the compute dtype. The same
     on any device (Keras' TensorFlow backend takes this path everywhere)."""
     compute = precision.compute_dtype

@@ -346,7 +346,7 @@ def attention_kernel(spec) -> str:
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask | None:
     """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured
-    on a CPU, torch 2.13: README, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its
+    on a CPU, torch 2.13: docs/diagnose.md, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its
     float32 scores (the opmath type, for 16-bit inputs too) and gives a row whose every score is -inf zero weights
     (an output of 0, as its math kernel's _safe_softmax); on a GPU: None, CUDA picks among its kernels (not
     measured). Unfused: masked_fill(-inf) on the scores in the compute dtype (autocast's, or the weights' in pure
