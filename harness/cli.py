@@ -17,7 +17,7 @@ from harness.limits import (
     MAX_SECONDS,
     MAX_STEPS,
     MAX_THREADS,
-    usable_cpus,
+    default_threads,
 )
 from harness.results import NO_RESULT
 from harness.run import compare
@@ -574,9 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--warmup", type=_WARMUP, default=5)
     study.add_argument("--repeats", type=_REPEATS, default=MIN_REPEATS)
     study.set_defaults(func=cmd_study, out="results")
-    for p in (run, diagnose, profile):
-        p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, repeats), e.g. "
-                       "benchmarks/compare.yaml (diagnose and profile take its models and sizes)")
+    for p in (run, fingerprint, diagnose, profile):
+        p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, loss scales, variants, "
+                       "repeats), e.g. benchmarks/compare.yaml (fingerprint takes its models, sizes, precisions, loss "
+                       "scales and variants; diagnose and profile its models and sizes)")
     run.add_argument("--warmup", type=_WARMUP, help="untimed steps before the timed ones (default 5)")
     run.add_argument("--repeats", type=_repeats,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
@@ -586,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--budget", type=_SECONDS, help="seconds for --repeats auto's repeats after each cell's first "
                      "run (default 600)")
     run.set_defaults(func=cmd_run, out="results")
-    fingerprint.set_defaults(func=cmd_fingerprint, steps=20, out="parity")
+    fingerprint.set_defaults(func=cmd_fingerprint, out="parity")
     conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
                                  "fingerprints (the conformance kit); exit 1 on a failure")
     conformance.add_argument("--framework", required=True)
@@ -626,8 +627,9 @@ def _add_matrix_options(run: argparse.ArgumentParser) -> None:
                      "`amp-harness adapters`), or auto (the default): the fastest here for the run's model and "
                      "precision, measured once per machine; fingerprint and diagnose take the adapter's first")
     run.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
-    run.add_argument("--threads", type=_THREADS, default=usable_cpus(),
-                     help="intra-op threads, at most the CPUs this process may use (default: all of them)")
+    run.add_argument("--threads", type=_THREADS, default=default_threads(),
+                     help="intra-op threads, at most the CPUs this process may use (default: "
+                          "$AMP_HARNESS_THREADS, else all of them)")
     run.add_argument("--timeout", type=_SECONDS, default=1800.0, help="seconds per run (default 1800)")
     run.add_argument("--out", help="output directory (run: ./results; fingerprint: ./parity)")
     run.add_argument("--no-progress", action="store_true")

@@ -33,3 +33,23 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # no affinity on macOS
         return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """A run's intra-op threads where --threads gives none: $AMP_HARNESS_THREADS, else every CPU this process may
+    use. tox's test envs set 1: there two processes run at a time (`--jobs 2`, pytest -n 2), and two processes
+    of two threads each on two cores wait on each other's spinning threads (a fingerprint ran 20-50x slower)."""
+    given = os.environ.get("AMP_HARNESS_THREADS", "")
+    return min(int(given), usable_cpus()) if given.isdigit() and int(given) > 0 else usable_cpus()
+
+
+def slot_cpus(slot: int, threads: int) -> set[int]:
+    """The CPUs of job `slot` when several processes of `threads` threads each share this process's CPUs: its own
+    `threads` of them (wrapping round where the jobs ask for more than there are). Pinned there, two jobs never
+    run on one core while another idles, whatever each framework does with its threads (JAX's XLA sizes its pool
+    by the CPUs a process may use)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set()
+    return {cpus[(slot * threads + i) % len(cpus)] for i in range(min(threads, len(cpus)))}

@@ -10,6 +10,20 @@ import os
 
 import pytest
 
+from harness.limits import default_threads, slot_cpus
+
+#: the intra-op threads of every run the kit makes: one number per process, since TensorFlow sets its threads once
+#: per process; 2, or $AMP_HARNESS_THREADS where it is smaller (tox sets 1 and runs the kit in two workers)
+THREADS = min(2, default_threads())
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`amp-harness conformance --framework NAME -- -n 2`), each worker, and every process it
+    starts, runs on CPUs of its own: two workers never share a core while another idles."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and slot_cpus(int(worker[2:]), THREADS):
+        os.sched_setaffinity(0, slot_cpus(int(worker[2:]), THREADS))
+
 
 def pytest_addoption(parser):
     parser.addoption("--amp-framework", default=os.environ.get("AMP_HARNESS_FRAMEWORK"),
@@ -29,7 +43,7 @@ def adapter(framework):
     from harness.adapter import load_adapter
 
     adapter = load_adapter(framework)
-    adapter.set_threads(2)
+    adapter.set_threads(THREADS)
     return adapter
 
 

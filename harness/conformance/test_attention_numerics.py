@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness import numerics
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import SPECS, residual_stream
 from harness.run import worker
 
@@ -19,7 +20,7 @@ LARGE_SCORES = residual_stream("large_attention_scores", "attention after a resi
 def _diagnosis(framework, name, spec) -> dict:
     record = worker.run(worker.RunRequest(framework=framework, model=name, spec=spec, precision="fp32",
                                           run_id=f"conformance-{name}", warmup=0, mode="diagnose", every=1,
-                                          threads=2, device="cpu"))
+                                          threads=THREADS, device="cpu"))
     assert record["status"] == "ok", f"{name}: the diagnose run is {record['status']}: {record['reason']}"
     diagnosis = record["diagnosis"]
     if not diagnosis["available"]:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from harness import results
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import SPECS, hint, spec_file
-from harness.limits import usable_cpus
 from harness.model import reference
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
@@ -50,7 +50,7 @@ def cli(cwd, *args, env=None):
 
         args = (*args, "--variant", next(iter(load_adapter(args[args.index("--framework") + 1]).variants)))
     out = subprocess.run([sys.executable, "-m", "harness", *args, "--out", str(cwd), "--no-progress",
-                          "--threads", str(min(2, usable_cpus()))],
+                          "--threads", str(THREADS)],
                          capture_output=True, text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     return results.read_records([cwd])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import spec_file
 from harness.export import export, template_path
 from harness.run.plan import resolve
@@ -48,7 +49,7 @@ def script_losses(framework: str, spec: str, precision: str, out: Path) -> list[
 def fingerprint_losses(framework: str, spec: str, precision: str) -> list[float]:
     resolved, _ = resolve(spec, steps=STEPS)
     record = run(RunRequest(framework=framework, model=resolved.name, spec=resolved.model_dump(mode="json"),
-                            precision=precision, run_id="export-test", mode="fingerprint", threads=2, device="cpu",
+                            precision=precision, run_id="export-test", mode="fingerprint", threads=THREADS, device="cpu",
                             measure_peak=False))  # the kit's threads: TensorFlow's are set once per process
     assert record["status"] == "ok", record.get("reason")
     return record["loss"]

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from harness.conformance.goldens import load
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import OTHER_CORPUS, SPECS, hint
 from harness.parity import compare
 from harness.run import worker
@@ -59,7 +60,7 @@ def _against_the_golden(unsupported, framework, name, loss_scale=None):
                       f"tolerances, against the float64 golden")
     resolved = spec.with_overrides(steps=len(golden["loss"])).model_dump(mode="json")
     record = worker.run(worker.RunRequest(framework=framework, model=name, spec=resolved, precision=precision,
-                                          run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=2,
+                                          run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=THREADS,
                                           device="cpu", loss_scale=loss_scale))
     assert record["status"] == "ok", hint(spec, f"the {precision} fingerprint run is {record['status']}: "
                                                 f"{record['reason']}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import residual_stream
 from harness.model import reference
 from harness.model.data import Data
@@ -46,7 +47,7 @@ def test_a_diverged_run_names_its_first_nonfinite_layer_and_pass(framework, unsu
         pytest.skip(f"fp16 is unsupported here: {unsupported('fp16')}")
     record = worker.run(worker.RunRequest(framework=framework, model="overflowing_stream", spec=OVERFLOWING,
                                           precision="fp16", loss_scale="none", run_id="conformance-nonfinite",
-                                          warmup=0, threads=2, device="cpu", measure_peak=False))
+                                          warmup=0, threads=THREADS, device="cpu", measure_peak=False))
     assert record["status"] == "diverged", f"pure fp16 must overflow: {record['status']}, {record['reason']}"
     found = record["nonfinite"]
     if not found["found"] and "cannot capture" in found["why"]:
@@ -67,7 +68,7 @@ def test_an_update_that_makes_weights_nonfinite_is_named_at_that_step(framework,
     unread = 1 - len(np.unique(x)) / spec.input.vocab  # rows step 0's gradient leaves exactly 0
     record = worker.run(worker.RunRequest(framework=framework, model="unread_rows", spec=UNREAD_ROWS,
                                           precision="fp16", loss_scale="none", run_id="conformance-nonfinite-update",
-                                          warmup=0, threads=2, device="cpu", measure_peak=False))
+                                          warmup=0, threads=THREADS, device="cpu", measure_peak=False))
     found = record.get("nonfinite") or {}
     if not found.get("found") and "cannot capture" in (found.get("why") or ""):
         pytest.skip(found["why"])

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from harness import results
+from harness.conformance.plugin import THREADS
 from harness.conformance.specs import spec_file
-from harness.limits import usable_cpus
 from harness.precision import parse_precision
 from harness.run.profile import COVERAGE_TOLERANCE
 
@@ -27,7 +27,7 @@ def _profiles(tmp_path, framework, unsupported, model, precisions, *sizes) -> li
     """The profile records of the precisions that ran; one unsupported must be so by the capability probe."""
     out = subprocess.run([sys.executable, "-m", "harness", "profile", "--framework", framework, "--model",
                           spec_file(tmp_path, model), "--precision", ",".join(precisions), "--steps", "2", *sizes,
-                          "--out", str(tmp_path), "--no-progress", "--threads", str(min(2, usable_cpus()))],
+                          "--out", str(tmp_path), "--no-progress", "--threads", str(THREADS)],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     records = results.read_records([tmp_path], results.PROFILES_FILE)

@@ -1,5 +1,6 @@
-"""Matrix files: a comparison campaign in YAML (models with their own size overrides, precisions, repeats),
-for `amp-harness run --matrix FILE`. See benchmarks/compare.yaml."""
+"""Matrix files: a campaign in YAML (models with their own size overrides, precisions, loss scales, variants,
+repeats), for `amp-harness run|fingerprint|diagnose|profile --matrix FILE`. See benchmarks/compare.yaml, and
+tests/identity.yaml (what `tox` fingerprints and diagnoses in every framework)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,13 +34,17 @@ class MatrixModel(_Strict):
     loss_scales: Optional[list[str]] = Field(None, min_length=1)
     # this model's precisions instead of the matrix's (e.g. the pure 16-bit arms of swamped_mlp)
     precisions: Optional[list[str]] = Field(None, min_length=1)
-    # the commands that take this model from the file (`amp-harness run|diagnose|profile --matrix`): a model whose
-    # runs would take too long for the campaign's time can still be diagnosed
-    commands: list[Literal["run", "diagnose", "profile"]] = Field(("run", "diagnose", "profile"), min_length=1)
+    # this model's variants (the adapter's names, or [all]) instead of the command's --variant: a framework's other
+    # ways to run a step, fingerprinted on the specs that hold every kind of layer
+    variants: Optional[list[str]] = Field(None, min_length=1)
+    # the commands that take this model from the file (`amp-harness run|fingerprint|diagnose|profile --matrix`): a
+    # model whose runs would take too long for the campaign's time can still be diagnosed
+    commands: list[Literal["run", "fingerprint", "diagnose", "profile"]] = Field(
+        ("run", "fingerprint", "diagnose", "profile"), min_length=1)
 
     def overrides(self) -> dict:
         return {"batch_size": self.batch_size, "input_size": self.input_size, "steps": self.steps,
-                "loss_scales": self.loss_scales, "precisions": self.precisions}
+                "loss_scales": self.loss_scales, "precisions": self.precisions, "variants": self.variants}
 
 
 class Matrix(_Strict):

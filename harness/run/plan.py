@@ -8,10 +8,9 @@ its resolved spec (RunRequest.spec), so the worker, a failure record and --resum
 file again, and an executor ships no spec file to a node."""
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.errors import HarnessError, SpecError
@@ -48,16 +47,19 @@ def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
 
 @dataclass(frozen=True)
 class Cell:
-    """A model of the matrix, resolved: its spec with the cell's overrides, and a matrix file's own precisions and
-    loss scales for it (None: the command's)."""
+    """A model of the matrix, resolved: its spec with the cell's overrides, and a matrix file's own precisions, loss
+    scales and variants for it (None: the command's)."""
     model: str  # as the user named it
     spec: ModelSpec
     graph: Graph
     precisions: tuple[str, ...] | None = None
     loss_scales: tuple[str, ...] | None = None
+    variants: tuple[str, ...] | None = None
 
 
 SIZES = ("batch_size", "steps", "input_size", "width", "seq_len")  # the overrides a cell may give its spec
+SIZES_AND_ARMS = ("batch_size", "input_size", "steps", "precisions", "loss_scales", "variants")  # a matrix model's
+FINGERPRINT_STEPS = 20  # fingerprint's steps where neither --steps nor a matrix file gives them
 
 
 def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
@@ -72,7 +74,7 @@ def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
         if any(v is not None for v in sizes.values()):
             spec = spec.with_overrides(**sizes)
             graph = infer(spec, spec.name)
-        own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales")]
+        own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales", "variants")]
         out.append(Cell(model, spec, graph, *own))
     return out
 
@@ -94,10 +96,11 @@ def matrix(framework: str, cells: list[Cell], precisions: list[str], repeats: in
     during the matrix spreads over all of them instead of falling on one.
 
     A cell's own loss scales (a matrix file's) replace `loss_scales` for the precisions that scale the loss by
-    default (amp_fp16); the others run once, unscaled. A cell's own precisions replace `precisions`."""
+    default (amp_fp16); the others run once, unscaled. A cell's own precisions replace `precisions`, its own
+    variants (resolved: adapter names) `variants`."""
     stamp = stamp_now()
     requests = []
-    for cell, r, v in itertools.product(cells, range(repeats), variants):
+    for cell, r, v in ((c, r, v) for c in cells for r in range(repeats) for v in c.variants or variants):
         spec = cell.spec.model_dump(mode="json")
         for i, scale in enumerate(cell.loss_scales or loss_scales):
             for p in cell.precisions or precisions:
@@ -153,11 +156,12 @@ def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
     if args.framework not in discover():
         load_adapter(args.framework)  # raises the "not installed" error
     precisions = args.precision or ["fp32"]
+    steps = FINGERPRINT_STEPS if mode == "fingerprint" and args.steps is None else args.steps
     if getattr(args, "matrix", None):
         entries, precisions, warmup, repeats, budget = _from_matrix_file(args, mode, precisions, warmup, repeats,
-                                                                         budget)
+                                                                         budget, steps)
     elif args.model:
-        sizes = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": args.steps}
+        sizes = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": steps}
         entries = [(model, {**sizes, **{k: v for k, v in point.items() if v is not None}})
                    for model in args.model for point in grid or [{}]]
     else:
@@ -191,8 +195,13 @@ def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
     if not fitting:
         raise HarnessError(f"no size of the study can run here (each skipped above); the last: {refused}")
     resolved = fitting
-    variants = _variants(load_adapter(args.framework), args.variant, timed=mode == "run" and not extra.get("nonfinite"))
-    _check_runs(entries, precisions, repeats, len(variants), loss_scales)
+    adapter, timed = load_adapter(args.framework), mode == "run" and not extra.get("nonfinite")
+    variants = _variants(adapter, args.variant, timed)
+    resolved = [replace(c, variants=tuple(_variants(adapter, list(c.variants), timed, f"{args.matrix}: {c.model}: "
+                                                                                      f"variants"))) if c.variants else c
+                for c in resolved]
+    _check_runs(entries, precisions, repeats, max(len(v) for v in [variants, *(c.variants or () for c in resolved)]),
+                loss_scales)
     requests = matrix(args.framework, resolved, precisions, repeats, variants, loss_scales, warmup=warmup,
                       growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
                       force=args.force, **extra)
@@ -202,35 +211,43 @@ def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
     return Plan(requests, out, filename, executor, (budget or DEFAULT_BUDGET_S) if auto else None, args.resume)
 
 
-def _from_matrix_file(args, mode: str, precisions, warmup, repeats, budget) -> tuple:
-    """The entries (model, overrides) a matrix file gives `mode`, and for `run` its precisions, warm-up, repeats
-    and budget (the options win where the file leaves them out)."""
+def _from_matrix_file(args, mode: str, precisions, warmup, repeats, budget, steps: int | None) -> tuple:
+    """The entries (model, overrides) a matrix file gives `mode`, for `run` and `fingerprint` its precisions, and
+    for `run` its warm-up, repeats and budget (the options win where the file leaves them out). `steps`: the
+    command's, for the models the file gives none (--steps is refused beside a file that sets steps)."""
     from harness.run.matrix import load_matrix
 
     if args.model:
         raise HarnessError("give either --model or --matrix, not both")
     file = load_matrix(args.matrix)
-    beside = [name for name, value in (("--steps", args.steps if mode != "profile" else None),
+    sets_steps = file.steps is not None or any(m.steps is not None for m in file.models)
+    beside = [name for name, value in (("--steps", args.steps if mode != "profile" and sets_steps else None),
                                        ("--batch-size", args.batch_size), ("--input-size", args.input_size))
               if value is not None]
-    if mode == "run":  # the matrix file sets these; diagnose and profile take its models and sizes only
-        beside += [name for name, value in (("--precision", args.precision), ("--warmup", warmup),
+    if mode in ("run", "fingerprint"):  # the matrix file sets these; diagnose and profile take its models and sizes
+        beside += [name for name, value in (("--precision", args.precision),) if value is not None]
+    if mode == "run":
+        beside += [name for name, value in (("--warmup", warmup),
                                             ("--repeats", "repeats" in file.model_fields_set and repeats),
                                             ("--budget", "budget" in file.model_fields_set and budget))
                    if value is not None and value is not False]
     if beside:
         raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
                            f"not beside --matrix")
-    own = ("batch_size", "input_size", "steps") if mode == "diagnose" else ("batch_size", "input_size")
-    entries = [(m.model, {"steps": file.steps, **{k: v for k, v in m.overrides().items()
-                                                   if v is not None and (mode == "run" or k in own)}})
+    # run and fingerprint take a model's precisions, loss scales and variants too; diagnose trains in fp32
+    own = {"run": SIZES_AND_ARMS, "fingerprint": SIZES_AND_ARMS, "diagnose": ("batch_size", "input_size", "steps"),
+           "profile": ("batch_size", "input_size")}[mode]
+    entries = [(m.model, {"steps": file.steps if file.steps is not None else steps,
+                          **{k: v for k, v in m.overrides().items() if v is not None and k in own}})
                for m in file.models if mode in m.commands]
     if not entries:
         raise HarnessError(f"{args.matrix}: no model is for {mode} (each model's `commands` leave it out)")
     if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
         entries = [(m, {**o, "steps": args.steps}) for m, o in entries]
+    if mode in ("run", "fingerprint"):
+        precisions = file.precisions
     if mode == "run":
-        precisions, warmup = file.precisions, file.warmup
+        warmup = file.warmup
         repeats = repeats if repeats is not None else file.repeats
         budget = budget if budget is not None else file.budget
     return entries, precisions, warmup, repeats, budget
@@ -247,10 +264,10 @@ def _check_runs(entries: list[tuple[str, dict]], precisions: list[str], repeats:
                            f"{MAX_RUNS:,} in one command (harness.limits.MAX_RUNS); fewer repeats or a smaller matrix")
 
 
-def _variants(adapter, asked: list[str] | None, timed: bool) -> list[str]:
+def _variants(adapter, asked: list[str] | None, timed: bool, where: str = "--variant") -> list[str]:
     """The variants to run, by name. None asked for, or "auto": for timed runs of an adapter with more than one,
     "auto" (the worker runs the fastest here: harness.run.variants), else the adapter's first; "all": every one,
-    the default first."""
+    the default first. `where`: what asked, as the error names it."""
     from harness.run.variants import AUTO as VARIANT_AUTO
 
     if asked == ["all"]:
@@ -259,7 +276,7 @@ def _variants(adapter, asked: list[str] | None, timed: bool) -> list[str]:
         return [VARIANT_AUTO] if timed and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
     unknown = [v for v in asked if v not in adapter.variants]
     if unknown:
-        raise HarnessError(f"--variant {unknown[0]}: {adapter.name} has the variants "
+        raise HarnessError(f"{where} {unknown[0]}: {adapter.name} has the variants "
                            + ", ".join(f"{name} ({what})" for name, what in adapter.variants.items())
                            + (" and auto (the fastest here), which goes alone" if VARIANT_AUTO in unknown else
                               "; or auto (the fastest here)"))

@@ -22,14 +22,19 @@ from harness.run.worker import RunRequest
 STDERR_TAIL_LINES = 8
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: get SIGKILL if the runner dies (Linux), so no orphan runs on."""
-    try:
-        import ctypes
+def _before_exec(cpus: set[int]):
+    """In the worker, before exec: get SIGKILL if the runner dies (Linux), so no orphan runs on; run on `cpus`
+    where given (a job slot of the local executor: harness.limits.slot_cpus)."""
+    def setup() -> None:
+        try:
+            import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
 
 
 def _stderr_tail(path: Path) -> str:
@@ -38,13 +43,14 @@ def _stderr_tail(path: Path) -> str:
 
 
 def run_group(reqs: list[RunRequest], timeout_s: float, on_progress=None, on_record=None,
-              python: str = sys.executable) -> list[dict]:
+              python: str = sys.executable, cpus: set[int] = frozenset()) -> list[dict]:
     """Run requests one after another in one subprocess (untimed runs of one framework and precision: the
     process start, a framework import of seconds, is paid once) and return their records, whatever happens to
     the process: the run it died in gets the failure, and the ones after it run again each in a process of
     its own. `on_record(record)` is called as each record is known; if it raises (a full disk), the worker is
     killed and the exception reaches the caller: a record that cannot be kept must stop the matrix, not vanish
-    in the progress-reader thread. `python` is the interpreter of the framework's environment."""
+    in the progress-reader thread. `python` is the interpreter of the framework's environment; `cpus`, where
+    given, the CPUs it runs on."""
     with tempfile.TemporaryDirectory(prefix="amp-harness-") as tmp:
         tmp = Path(tmp)
         request_file, record_file, stderr_file = tmp / "request.json", tmp / "record.json", tmp / "stderr.txt"
@@ -59,7 +65,7 @@ def run_group(reqs: list[RunRequest], timeout_s: float, on_progress=None, on_rec
             proc = subprocess.Popen([python, "-m", "harness.run.worker", str(request_file), str(record_file)],
                                     stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                     start_new_session=True,  # its own group: Ctrl-C reaches the runner only
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=_before_exec(cpus))
 
             def finished(i: int) -> None:  # the worker wrote record i (called in the reader thread)
                 if raised:
@@ -99,7 +105,8 @@ def run_group(reqs: list[RunRequest], timeout_s: float, on_progress=None, on_rec
             record = failure_record(req, "failed", f"worker {how}" + (f": {tail}" if tail else ""), started)
         if on_record:
             on_record(record)
-        rest = [r for q in reqs[len(done) + 1:] for r in run_group([q], timeout_s, on_progress, on_record, python)]
+        rest = [r for q in reqs[len(done) + 1:]
+                for r in run_group([q], timeout_s, on_progress, on_record, python, cpus)]
         return done + [record] + rest
 
 

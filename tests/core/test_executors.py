@@ -112,6 +112,8 @@ def test_a_record_that_cannot_be_kept_stops_the_group_and_its_worker(tmp_path):
     (["--executor", "ray", "--python", "fake"], "argument --python: 'fake' is not FRAMEWORK=PATH"),
     (["--executor", "ray", "--retries", "99"], "argument --retries: '99' is not a number of retries from 0 to 10"),
     (["--executor", "slurm"], "argument --executor: invalid choice: 'slurm'"),
+    (["--jobs", "2"], "--jobs 2: only for fingerprint and diagnose with the local executor"),
+    (["--jobs", "0"], "argument --jobs: '0' is not a number of processes from 1 to 64"),
 ])
 def test_executor_options_are_checked_before_any_run(tmp_path, args, message):
     out = amp(*MATRIX, "--out", str(tmp_path), *args)
@@ -126,3 +128,43 @@ def test_the_ray_executor_without_ray_installed_is_one_line(tmp_path):
     out = amp(*MATRIX, "--out", str(tmp_path), "--executor", "ray")
     assert out.returncode == 2
     assert "--executor ray: Ray is not installed in this environment (pip install -e '.[ray]'" in out.stderr
+
+
+def test_untimed_runs_take_jobs_processes_at_a_time_and_every_record_is_kept(monkeypatch):
+    """--jobs 2: two batches run at once (each waits at a barrier that only two at once pass) and every record
+    reaches the runner, saying where it ran."""
+    import threading
+    import types
+
+    from harness.run import process
+    from harness.run.executors import LocalExecutor
+
+    barrier, seen, pinned = threading.Barrier(2, timeout=30), [], []
+
+    def run_group(batch, timeout_s, on_progress, on_record, cpus):
+        pinned.append(cpus)
+        barrier.wait()  # BrokenBarrierError after 30 s where the batches run one after another
+        for q in batch:
+            on_record({"run_id": q.run_id})
+
+    monkeypatch.setattr(process, "run_group", run_group)
+    runs = [types.SimpleNamespace(run_id=i, threads=1) for i in range(6)]
+    LocalExecutor(jobs=2).run_batches([runs[:2], runs[2:3], runs[3:4], runs[4:]], 60, None, seen.append, [],
+                                      lambda batch: None)
+    if len(os.sched_getaffinity(0)) >= 2:  # the two jobs on CPUs of their own
+        assert pinned[0] != pinned[1] and all(len(cpus) == 1 for cpus in pinned), pinned
+    assert sorted(r["run_id"] for r in seen) == list(range(6))
+    assert {r["env"]["placement"] for r in seen} == {"2 untimed runs at a time on this machine"}
+
+
+def test_fingerprints_with_jobs_are_those_of_one_process_at_a_time(tmp_path):
+    common = ["fingerprint", "--framework", "fake", "--model", SPEC, "--precision", "fp64,fp32,amp_bf16", "--steps",
+              "3", "--threads", "1", "--no-progress"]
+    alone, jobs = amp(*common, "--out", str(tmp_path / "alone")), amp(*common, "--jobs", "2", "--out",
+                                                                      str(tmp_path / "jobs"))
+    assert alone.returncode == 0 and jobs.returncode == 0, (alone.stderr, jobs.stderr)
+    by = {name: {r["precision"]: r for r in results.read_records([tmp_path / name], results.FINGERPRINTS_FILE)}
+          for name in ("alone", "jobs")}
+    assert sorted(by["jobs"]) == ["amp_bf16", "fp32", "fp64"]
+    assert all(by["jobs"][p]["loss"] == by["alone"][p]["loss"] for p in by["alone"])
+    assert {r["env"]["placement"] for r in by["jobs"].values()} == {"2 untimed runs at a time on this machine"}

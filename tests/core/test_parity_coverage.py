@@ -1,49 +1,56 @@
-"""The specs that `tox` fingerprints in every framework cover the whole spec language, so that parity proves
-identity for every layer, activation, loss and optimizer a user can write."""
+"""The specs that `tox` fingerprints in every framework (tests/identity.yaml) cover the whole spec language, so that
+parity proves identity for every layer, activation, loss and optimizer a user can write."""
 from __future__ import annotations
 
 import configparser
-import shlex
 
 from harness.model.graph import infer
 from harness.model.spec import LAYER_TYPES, load_spec
+from harness.run.matrix import load_matrix
 from tests.conftest import ROOT
 
+IDENTITY = ROOT / "tests" / "identity.yaml"
 
-def tox_commands(command: str) -> list[list[str]]:
-    """The arguments of each `amp-harness COMMAND` line of tox's framework envs, as written there."""
+
+def test_tox_fingerprints_and_diagnoses_the_identity_matrix_in_every_framework_env():
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
-    section = tox["framework"]
-    lines = section["commands"].splitlines()
-    for name in ("models", "variant_models", "transformer_models", "clipped_model", "fp8_models", "fp8_delayed_model"):
-        lines = [line.replace(f"{{[framework]{name}}}", section[name]) for line in lines]
-    return [args for args in map(shlex.split, lines) if args[:2] == ["amp-harness", command]]
+    lines = tox["framework"]["commands"].splitlines()
+    for command in ("fingerprint", "diagnose"):
+        assert any(line.startswith(f"amp-harness {command} ") and "--matrix tests/identity.yaml" in line
+                   for line in lines), f"tox's framework envs run no `amp-harness {command} --matrix {IDENTITY}`"
+    envs = [name for name in tox.sections() if tox.has_option(name, "commands")
+            and "{[framework]commands}" in tox[name]["commands"]]
+    assert {"testenv:torch", "testenv:tensorflow", "testenv:mxnet", "testenv:jax"} <= set(envs), envs
 
 
-def tox_models(command: str) -> list[str]:
-    """The models that tox's framework envs pass to `amp-harness COMMAND`, as written there."""
-    return [m for args in tox_commands(command) for m in args[args.index("--model") + 1].split(",")]
+def entries(command: str) -> list:
+    """The identity matrix's models that `amp-harness COMMAND --matrix` takes."""
+    return [m for m in load_matrix(str(IDENTITY)).models if command in m.commands]
+
+
+def spec_of(model: str):
+    return load_spec(str(ROOT / model) if model.endswith(".yaml") else model)
 
 
 def test_every_variant_is_fingerprinted_in_fp64_and_fp32_on_every_kind_of_layer():
-    (variants,) = [args for args in tox_commands("fingerprint") if "--variant" in args]
-    assert variants[variants.index("--variant") + 1] == "all"
-    assert set(variants[variants.index("--precision") + 1].split(",")) >= {"fp64", "fp32"}
-    models = variants[variants.index("--model") + 1].split(",")
-    found = set().union(*(features(load_spec(str(ROOT / m) if m.endswith(".yaml") else m)) for m in models))
-    assert {"dense", "conv2d", "batchnorm", "residual", "dropout"} <= found, found
+    matrix = load_matrix(str(IDENTITY))
+    in_every_variant = [m for m in entries("fingerprint") if m.variants == ["all"]]
+    assert all({"fp64", "fp32"} <= set(m.precisions or matrix.precisions) for m in in_every_variant)
+    found = set().union(*(features(spec_of(m.model)) for m in in_every_variant))
+    assert {"dense", "conv2d", "batchnorm", "residual", "dropout", "attention", "embedding"} <= found, found
 
 
 def fingerprinted_specs() -> list:
-    return [load_spec(str(ROOT / m) if m.endswith(".yaml") else m) for m in tox_models("fingerprint")]
+    return [spec_of(m.model) for m in entries("fingerprint")]
 
 
 def test_every_built_in_model_and_pitfall_spec_is_fingerprinted_and_diagnosed():
     everything = {path.stem for path in (ROOT / "models").glob("*.yaml")} | {
         f"tests/specs/{path.name}" for path in (ROOT / "tests" / "specs").glob("pitfall_*.yaml")}
     for command in ("fingerprint", "diagnose"):
-        assert not everything - set(tox_models(command)), f"{command}: {sorted(everything - set(tox_models(command)))}"
+        missing = everything - {m.model for m in entries(command)}
+        assert not missing, f"{command}: {sorted(missing)}"
 
 
 def features(spec) -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from harness import adapter, results
 from harness.cli import build_parser
-from harness.errors import SpecError
+from harness.errors import HarnessError, SpecError
 from harness.run.executors import Executor, LocalExecutor
 from harness.run.executors.ray_cluster import RayExecutor, _run_batch
 from harness.run.plan import plan, resolve
@@ -97,3 +97,37 @@ def test_a_ray_task_runs_its_batch_from_the_requests_alone(fake, tmp_path, monke
     (record,) = out["records"]
     assert record["status"] == "ok", record["reason"]
     assert record["spec_hash"] == planned.requests[0].resolved_spec().spec_hash()
+
+
+def test_a_matrix_file_gives_fingerprint_each_model_s_precisions_loss_scales_and_variants(fake, tmp_path,
+                                                                                          monkeypatch):
+    """What tox's identity proof (tests/identity.yaml) rests on: one fingerprint command runs each entry's own
+    precisions, its loss scales on the scaled precisions only, its variants; diagnose takes sizes, not arms."""
+    monkeypatch.setattr(FakeAdapter, "variants", {"slowed": "first", "plain": "second"}, raising=False)
+    spec = _spec_file(tmp_path)
+    matrix = tmp_path / "identity.yaml"
+    matrix.write_text("precisions: [fp64, fp32]\nmodels:\n"
+                      f"  - {{model: mnist_mlp, batch_size: 8, precisions: [fp32, amp_fp16, bf16_sr],"
+                      f" loss_scales: ['dynamic:1024']}}\n"
+                      f"  - {{model: {spec}, batch_size: 4, variants: [all], commands: [fingerprint]}}\n"
+                      f"  - {{model: underflow_mlp, batch_size: 4, commands: [diagnose]}}\n")
+
+    def requests(*argv):
+        args = build_parser().parse_args([*argv, "--framework", "fake", "--matrix", str(matrix),
+                                          "--out", str(tmp_path / "out")])
+        return plan(args, "fingerprint" if argv[0] == "fingerprint" else "diagnose", 1, 0, results.FINGERPRINTS_FILE)
+
+    got = {(q.model, q.precision, q.variant, q.loss_scale, q.resolved_spec().batch_size, q.resolved_spec().steps)
+           for q in requests("fingerprint").requests}
+    assert got == {("mnist_mlp", "fp32", "slowed", None, 8, 20), ("mnist_mlp", "amp_fp16", "slowed", "dynamic:1024", 8, 20),
+                   ("mnist_mlp", "bf16_sr", "slowed", None, 8, 20),
+                   *((str(spec), p, v, None, 4, 20) for p in ("fp64", "fp32") for v in ("slowed", "plain"))}
+    diagnosed = {(q.model, q.precision, q.variant, q.resolved_spec().steps)
+                 for q in requests("diagnose", "--steps", "3").requests}
+    assert diagnosed == {("mnist_mlp", "fp32", "slowed", 3), ("underflow_mlp", "fp32", "slowed", 3)}
+    matrix.write_text(matrix.read_text().replace("precisions: [fp64, fp32]", "precisions: [fp64, fp32]\nsteps: 5"))
+    with pytest.raises(HarnessError, match="--steps: the matrix file .* sets this"):
+        requests("diagnose", "--steps", "3")
+    matrix.write_text(matrix.read_text().replace("variants: [all]", "variants: [nosuch]"))
+    with pytest.raises(HarnessError, match=r"identity.yaml: .*mlp.yaml: variants nosuch: fake has the variants"):
+        requests("fingerprint")

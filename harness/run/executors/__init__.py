@@ -42,6 +42,7 @@ class Executor(Protocol):
 #: where `tox` builds each framework's environment, the default interpreter of a framework's runs on a cluster
 TOX_DIR = Path(__file__).resolve().parents[3] / ".tox"
 DEFAULT_RETRIES = 2
+MAX_JOBS = 64  # --jobs: processes at a time (more than the CPUs share them: harness.limits.slot_cpus)
 
 
 def _python(text: str) -> tuple[str, str]:
@@ -49,6 +50,16 @@ def _python(text: str) -> tuple[str, str]:
     if not sep or not framework.strip() or not path.strip():
         raise argparse.ArgumentTypeError(f"'{text}' is not FRAMEWORK=PATH, e.g. torch=/opt/envs/torch/bin/python")
     return framework.strip(), path.strip()
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of processes from 1 to {MAX_JOBS}")
+    return value
 
 
 def _retries(text: str) -> int:
@@ -75,6 +86,9 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pack", action="store_true",
                        help="ray: let runs share a node (one CPU each, a quarter of a GPU) when their timing does "
                             "not matter (fingerprints, diagnoses); by default a run has a GPU or a node to itself")
+    group.add_argument("--jobs", type=_jobs, default=1,
+                       help="local, fingerprint and diagnose only: run this many processes at a time (their timing "
+                            "does not matter; give each --threads 1 where the jobs fill the CPUs); default 1")
     group.add_argument("--retries", type=_retries, default=None,
                        help=f"ray: tries again of a run whose task was lost with its node or worker (default "
                             f"{DEFAULT_RETRIES}); then it is recorded failed with the Ray error")
@@ -82,13 +96,16 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def executor_from_args(args: argparse.Namespace, mode: str) -> Executor:
     """The executor the options ask for; `mode` (run, profile, fingerprint, diagnose) tells whether timing matters."""
+    if args.jobs > 1 and (args.executor != "local" or mode not in ("fingerprint", "diagnose")):
+        raise HarnessError(f"--jobs {args.jobs}: only for fingerprint and diagnose with the local executor (a timed "
+                           f"run has the machine to itself; on a cluster, --pack)")
     if args.executor == "local":
         given = [name for name, value in (("--address", args.address), ("--python", args.python),
                                           ("--pack", args.pack), ("--retries", args.retries))
                  if value is not None and value is not False]  # 0 retries is given too
         if given:
             raise HarnessError(f"{', '.join(given)}: only with --executor ray")
-        return LocalExecutor()
+        return LocalExecutor(args.jobs)
     if importlib.util.find_spec("ray") is None:
         raise HarnessError("--executor ray: Ray is not installed in this environment (pip install -e '.[ray]', "
                            "see docs/cluster.md)")
