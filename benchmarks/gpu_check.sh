@@ -77,6 +77,13 @@ for fw in torch jax; do
     --model "$optimizers" --no-progress --out "$out/parity_optimizers"
 done
 python3 -m harness parity "$out/parity_optimizers"
+# the whole identity proof tox runs on CPUs (tests/identity.yaml: every built-in model and pitfall spec in fp64, fp32,
+# the mixed precisions, stochastic rounding and FP8), on the GPU in both, held to each other
+for fw in torch jax; do
+  python3 -m harness fingerprint --framework $fw --device gpu --matrix tests/identity.yaml --no-progress \
+    --out "$out/parity_identity"
+done
+python3 -m harness parity "$out/parity_identity"
 python3 -m harness diagnose --framework torch --device gpu --model tiny_gpt --steps 20 --every 10 \
   --no-progress --out "$out/diagnose"
 for fw in torch jax; do

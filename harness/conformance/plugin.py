@@ -7,6 +7,7 @@ In a plugin author's own suite: `pytest -p harness.conformance.plugin --pyargs h
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -28,6 +29,10 @@ def pytest_configure(config) -> None:
 def pytest_addoption(parser):
     parser.addoption("--amp-framework", default=os.environ.get("AMP_HARNESS_FRAMEWORK"),
                      help="the adapter (its --framework name) that the conformance kit checks")
+    parser.addoption("--amp-fingerprints", metavar="DIR",
+                     help="fingerprints `amp-harness fingerprint` wrote for this adapter (tox's identity matrix): a "
+                          "golden check whose run is there, same framework version, spec and precision, takes its "
+                          "record instead of running it again")
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +62,17 @@ def unsupported(adapter):
 
     device = adapter.device("cpu")
     return lambda precision: capability.unsupported(adapter, parse_precision(precision), device)
+
+
+@pytest.fixture(scope="session")
+def fingerprinted(request, adapter):
+    """fingerprinted(request): the ok record, in --amp-fingerprints, of the run a harness.run.worker.RunRequest asks
+    for (this adapter and version, its first variant, the same spec, precision and loss-scale settings), or None."""
+    from harness.identity import request_key, run_key
+    from harness.results import FINGERPRINTS_FILE, read_records
+
+    where = request.config.getoption("--amp-fingerprints")
+    version, first = adapter.framework_version(), next(iter(adapter.variants))
+    found = {run_key(r): r for r in (read_records([where], FINGERPRINTS_FILE) if where else [])
+             if r.get("status") == "ok" and r.get("framework_version") == version}
+    return lambda req: found.get(request_key(replace(req, variant=req.variant or first)))

@@ -28,8 +28,8 @@ def test_goldens_are_shipped():
 
 
 @pytest.mark.parametrize("name", sorted(GOLDENS))
-def test_float64_fingerprint_matches_the_golden(unsupported, framework, name):
-    precision, comparison = _against_the_golden(unsupported, framework, name)
+def test_float64_fingerprint_matches_the_golden(unsupported, fingerprinted, framework, name):
+    precision, comparison = _against_the_golden(unsupported, fingerprinted, framework, name)
     note = " (float64 unsupported: compared in float32)" if precision == "fp32" else ""
     assert comparison.verdict.startswith("pass"), hint(
         SPECS[name], f"{comparison.verdict}{note}: relative errors against the golden fingerprint: "
@@ -37,19 +37,20 @@ def test_float64_fingerprint_matches_the_golden(unsupported, framework, name):
 
 
 @pytest.mark.parametrize("name", sorted(n for n in GOLDENS if SPECS[n].optimizer.clip_norm is not None))
-def test_clipping_takes_the_norm_of_the_unscaled_gradients(unsupported, framework, name):
+def test_clipping_takes_the_norm_of_the_unscaled_gradients(unsupported, fingerprinted, framework, name):
     """The same run under a fixed loss scale of 1024 must still match the golden: clipping the scaled gradients
     (1024 times the norm) or before the scaler's check would not."""
-    precision, comparison = _against_the_golden(unsupported, framework, name, loss_scale=EXACT_SCALE)
+    precision, comparison = _against_the_golden(unsupported, fingerprinted, framework, name, loss_scale=EXACT_SCALE)
     assert comparison.verdict.startswith("pass"), hint(
         SPECS[name], f"clipping: under a fixed loss scale of {EXACT_SCALE} the {precision} run no longer matches "
                      f"the golden ({comparison.verdict}: {_errors(comparison)}): clip_norm must act on the unscaled "
                      f"gradients' global norm, after the loss scaler's finite check (harness.model.spec)")
 
 
-def _against_the_golden(unsupported, framework, name, loss_scale=None):
+def _against_the_golden(unsupported, fingerprinted, framework, name, loss_scale=None):
     """(the precision it ran in, its fingerprint compared with the golden): float64, or float32 where the adapter
-    cannot compute in float64."""
+    cannot compute in float64. The run is the one `amp-harness fingerprint` recorded where --amp-fingerprints has it
+    (tox fingerprints every golden's spec just before the kit), else run here."""
     golden, spec = GOLDENS[name], SPECS[name]
     if name in OTHER_CORPUS:
         pytest.skip(f"{name}: {OTHER_CORPUS[name]} (another Python's standard library): no golden to compare")
@@ -59,9 +60,10 @@ def _against_the_golden(unsupported, framework, name, loss_scale=None):
         warnings.warn(f"{framework} cannot compute in float64: {name} is compared in float32, at the fp32 "
                       f"tolerances, against the float64 golden")
     resolved = spec.with_overrides(steps=len(golden["loss"])).model_dump(mode="json")
-    record = worker.run(worker.RunRequest(framework=framework, model=name, spec=resolved, precision=precision,
-                                          run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=THREADS,
-                                          device="cpu", loss_scale=loss_scale))
+    request = worker.RunRequest(framework=framework, model=name, spec=resolved, precision=precision,
+                                run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=THREADS,
+                                device="cpu", loss_scale=loss_scale)
+    record = fingerprinted(request) or worker.run(request)
     assert record["status"] == "ok", hint(spec, f"the {precision} fingerprint run is {record['status']}: "
                                                 f"{record['reason']}")
     (comparison,) = compare([{**golden, "precision": precision}, record])

@@ -220,7 +220,7 @@ def _from_matrix_file(args, mode: str, precisions, warmup, repeats, budget, step
     if args.model:
         raise HarnessError("give either --model or --matrix, not both")
     file = load_matrix(args.matrix)
-    sets_steps = file.steps is not None or any(m.steps is not None for m in file.models)
+    sets_steps = file.steps is not None or any(m.steps is not None for m in file.models if mode in m.commands)
     beside = [name for name, value in (("--steps", args.steps if mode != "profile" and sets_steps else None),
                                        ("--batch-size", args.batch_size), ("--input-size", args.input_size))
               if value is not None]

@@ -116,3 +116,16 @@ def test_hyper_parameters_are_not_float32_exact():
         values = [v for k, v in spec.optimizer.model_dump().items() if isinstance(v, float) and v not in (0.0,)]
         inexact = [v for v in values if float(np.float32(v)) != v]
         assert inexact, f"{spec.name}: every optimizer hyper-parameter is exact in float32: {values}"
+
+
+def test_every_precision_is_fingerprinted_on_every_kind_of_layer_it_computes_differently():
+    """fp64 on every spec (the identity proof); fp32 and each mixed precision on specs that hold every layer type
+    between them; every other precision the matrix names on at least one spec."""
+    matrix = load_matrix(str(IDENTITY))
+    arms = [(spec_of(m.model), set(m.precisions or matrix.precisions)) for m in entries("fingerprint")]
+    assert {s.name for s, p in arms if "fp64" in p} == {s.name for s, _ in arms}
+    for precision in ("fp32", "amp_bf16", "amp_fp16"):
+        covered = set().union(*(features(s) for s, p in arms if precision in p))
+        assert not set(LAYER_TYPES) - covered, f"{precision}: {sorted(set(LAYER_TYPES) - covered)}"
+    named = set().union(*(p for _, p in arms))
+    assert {"bf16_sr", "bf16_kahan", "fixed16_sr", "fp8_e4m3", "fp8_hybrid", "fp8_hybrid:delayed:16"} <= named
