@@ -168,3 +168,12 @@ def test_fingerprints_with_jobs_are_those_of_one_process_at_a_time(tmp_path):
     assert sorted(by["jobs"]) == ["amp_bf16", "fp32", "fp64"]
     assert all(by["jobs"][p]["loss"] == by["alone"][p]["loss"] for p in by["alone"])
     assert {r["env"]["placement"] for r in by["jobs"].values()} == {"2 untimed runs at a time on this machine"}
+
+
+def test_with_jobs_the_largest_batches_go_first_and_a_lone_one_is_split_so_that_no_job_idles():
+    from harness.run.executors.local import shared
+
+    assert shared([list(range(5))], 2) == [[0, 1], [2, 3, 4]]
+    assert shared([[9], list(range(5))], 2) == [list(range(5)), [9]]  # the largest first
+    assert shared([[1]], 2) == [[1]]
+    assert shared([list(range(8))], 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -58,5 +58,21 @@ class LocalExecutor:
                 one(batch)
             return
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="amp-harness-batch") as pool:
+            batches = shared(batches, self.jobs)
             for future in [pool.submit(one, batch) for batch in batches]:
                 future.result()  # the first failure reaches the caller, once the batches in flight have ended
+
+
+def shared(batches: list[list], jobs: int) -> list[list]:
+    """The batches in the order `jobs` processes at a time finish soonest: the largest first, so that the small
+    ones fill in at the end (by their number of runs: their times are not known before), and the largest halved
+    (its process split in two) until there are `jobs` of them or none has two runs: a diagnose of one precision
+    is one batch, and one process would leave the other jobs idle."""
+    batches = sorted(batches, key=len, reverse=True)
+    while len(batches) < jobs:
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]), default=None)
+        if largest is None or len(batches[largest]) < 2:
+            break
+        batch = batches.pop(largest)
+        batches[largest:largest] = [batch[:len(batch) // 2], batch[len(batch) // 2:]]
+    return batches
