@@ -22,8 +22,9 @@ def pytest_configure(config) -> None:
     """Under pytest-xdist (`amp-harness conformance --framework NAME -- -n 2`), each worker, and every process it
     starts, runs on CPUs of its own: two workers never share a core while another idles."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit() and slot_cpus(int(worker[2:]), THREADS):
-        os.sched_setaffinity(0, slot_cpus(int(worker[2:]), THREADS))
+    cpus = slot_cpus(int(worker[2:]), THREADS) if worker.startswith("gw") and worker[2:].isdigit() else set()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def pytest_addoption(parser):
