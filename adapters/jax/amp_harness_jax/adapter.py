@@ -214,6 +214,7 @@ class JaxTrainer(Trainer):
             out = new_params, new_opt_state, new_statistics, loss, finite
             return (*out, grads) if capture else out
 
+        self._step_fn = step
         self._step = jax.jit(step, donate_argnums=(0, 1, 2))
         # diagnose mode only (compiled on first use): the same step, also returning the gradients
         self._captured = jax.jit(partial(step, capture=True), donate_argnums=(0, 1, 2))
@@ -251,7 +252,8 @@ class JaxTrainer(Trainer):
     def to_device(self, x, y, masks):
         batch = (self._put(x, self.input_dtype), self._put(y, np.int32),
                  {path: self._put(mask, self.param_dtype) for path, mask in masks.items()})
-        return self.jax.block_until_ready(batch)
+        self._last_batch = self.jax.block_until_ready(batch)  # the profile compiles its step for this batch's shapes
+        return self._last_batch
 
     def set_rounding_noise(self, bits):
         self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
@@ -299,11 +301,32 @@ class JaxTrainer(Trainer):
             ([(self.scaler, "update", LOSS_SCALE_SCOPE)] if self.scaler is not None else [])
         for owner, name, scope in patched:
             setattr(owner, name, annotated(getattr(owner, name), scope))
+        step, self._step = self._step, self._fresh_step()
         try:
             return profile_steps(self, run_steps)
         finally:
+            self._step = step
             for owner, name, _ in patched:
                 delattr(owner, name)  # the class's method again
+
+    def _fresh_step(self):
+        """The step compiled now, ahead of the profiled steps and outside JAX's persistent compilation cache
+        (JAX_COMPILATION_CACHE_DIR): an executable loaded from that cache gives the profiler no HLO module to join
+        its events to, so no op would land in any layer."""
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax = self.jax
+        enabled = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        try:
+            rate = self._put(np.asarray(self.learning_rate()), self._rate_dtype) if self.scheduled else None
+            fresh = jax.jit(lambda *args: self._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
+            return fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
+                               rate, None).compile()
+        finally:
+            jax.config.update("jax_enable_compilation_cache", enabled)
+            compilation_cache.reset_cache()
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:

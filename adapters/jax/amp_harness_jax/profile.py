@@ -36,9 +36,10 @@ from harness.run.xla_profile import SCOPE_TOKEN
 
 BACKWARD_MARK = "transpose("  # in the op_name of the backward ops JAX derives from a forward op
 ASYNC = {"convolution"}  # XLA:CPU's convolution thunk runs Eigen's convolution on the intra-op pool, asynchronously
-NOTE = ("the timed runs' own jitted executable, train_step wrapped in a profiler annotation; XLA fuses ops across "
-        "layers: a fusion goes to the layer most of its ops come from, an instruction XLA made itself to the layer "
-        "using its result (a weight's gradient to the weight's layer), and overlapping instructions share the time")
+NOTE = ("the timed runs' jitted step, compiled again before the profiled steps (the same program), train_step "
+        "wrapped in a profiler annotation; XLA fuses ops across layers: a fusion goes to the layer most of its ops "
+        "come from, an instruction XLA made itself to the layer using its result (a weight's gradient to the "
+        "weight's layer), and overlapping instructions share the time")
 
 
 def annotated(function, scope: str):
