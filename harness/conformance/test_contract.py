@@ -266,6 +266,40 @@ def test_mnist_mlp_fp32_learns_digits(tmp_path, framework):
 
 
 # ---- tensor capture (optional) ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, precision", [("pitfall_batchnorm", "fp32"), ("pitfall_dropout_adam", "amp_fp16")])
+def test_the_capturing_twin_trains_as_the_plain_step(adapter, unsupported, name, precision):
+    """Fingerprints train every step through captured_step (harness.run.worker): one compiled step instead of
+    two. So the twin must train as train_step does, loss scaling and batchnorm's statistics included: the same
+    losses, scales and outputs within the parity check's bounds for the precision."""
+    if unsupported(precision):
+        pytest.skip(f"{precision} unsupported here: {unsupported(precision)}")
+    spec, steps = SPECS[name], 4
+    settings = LossScale(mode="dynamic", initial=2.0**20, growth_interval=2) if precision == "amp_fp16" else LossScale()
+    runs = []
+    for capturing in (False, True):
+        trainer, _, _ = build(adapter, spec, precision, settings)
+        data, losses, scales = Data(spec), [], []
+        for step in range(steps):
+            b = batch(trainer, spec, data, step)
+            captured = trainer.captured_step(b) if capturing else None
+            if capturing and captured is None:
+                pytest.skip(f"{adapter.name} cannot capture tensors")
+            losses.append(captured[0] if capturing else trainer.train_step(b))
+            state = trainer.loss_scale_state()
+            scales.append(state and (state.scale, state.skipped))
+        runs.append((np.array(losses), scales, trainer.predict(data.fixed_batch()[0])))
+    (plain_losses, plain_scales, plain_out), (twin_losses, twin_scales, twin_out) = runs
+    _, loss_bound, output_bound = TOLERANCES[precision]
+    assert twin_scales == plain_scales, hint(spec, f"loss scale (scale, skipped) per step: train_step "
+                                                  f"{plain_scales}, captured_step {twin_scales}")
+    loss_error = np.abs(twin_losses - plain_losses).max() / np.abs(plain_losses).max()
+    assert loss_error <= loss_bound, hint(spec, f"{precision} losses: train_step {plain_losses}, captured_step "
+                                               f"{twin_losses}: the capturing twin must train as the plain step")
+    output_error = np.abs(twin_out - plain_out).max() / np.abs(plain_out).max()
+    assert output_error <= output_bound, hint(spec, f"{precision} outputs after {steps} steps differ by "
+                                                   f"{output_error:.2e} between train_step and captured_step")
+
+
 @pytest.mark.parametrize("name", ["pitfall_nested_residual_dropout", "pitfall_batchnorm", "mnist_mlp"])
 def test_tensor_capture_in_canonical_names_and_layouts(adapter, name):
     """Diagnose mode: gradients of every trainable weight, each layer's output and its gradient."""

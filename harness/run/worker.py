@@ -277,17 +277,22 @@ def _fingerprint(spec, data, masks, trainer, loss_scale, record, noise: Rounding
     x, _ = data.fixed_batch()
     initial = trainer.predict(x)
     losses, scales, gradients = [], LossScaleLog(loss_scale), None
+    # every step through the capturing twin where the adapter has one, so that a compiled step is built once, not
+    # twice (the kit proves the twin trains as the plain step does); the first step's gradients are fingerprinted
+    capturing = True
     for step in range(spec.steps):
         bx, by = data.train_batch(step)
         if noise is not None:
             trainer.set_rounding_noise(noise.for_step(step))
         batch = trainer.to_device(bx, by, masks.for_step(step, len(by)))
-        captured = trainer.captured_step(batch) if step == 0 else None  # the first step's gradients, if it can
+        captured = trainer.captured_step(batch) if capturing else None
         if captured is None:
+            capturing = False
             losses.append(trainer.train_step(batch))
         else:
             losses.append(captured[0])
-            gradients = gradient_fingerprint(captured[1], spec.seed)
+            if step == 0:
+                gradients = gradient_fingerprint(captured[1], spec.seed)
         scales.after_step(trainer, step)
     final = trainer.predict(x)
     finite = all(math.isfinite(v) for v in losses) and np.isfinite(final).all()

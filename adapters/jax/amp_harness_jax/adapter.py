@@ -164,7 +164,10 @@ class JaxTrainer(Trainer):
                 self.params = {n: round_nearest_with(OPS, p, rounding) for n, p in self.params.items()}
             optimizer = make_rounded_optimizer(spec.optimizer, self.params, rounding, self.rounding_seed)
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
-        self.opt_state = optimizer.state  # every slot, created now
+        # every slot, created now; on the device, as the step returns them: arrays left uncommitted to it would make
+        # the second step compile again (a different placement is a different executable)
+        self.opt_state = jax.device_put(optimizer.state, self.device)
+        self.statistics = jax.device_put(self.statistics, self.device)
 
         self.start_loss_scale(loss_scale)
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
