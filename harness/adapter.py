@@ -270,9 +270,9 @@ class Trainer(ABC):
     @abstractmethod
     def run_step(self, batch: Any, capture: dict[str, np.ndarray] | None) -> float:
         """The step train_step and captured_step share: one optimizer step, returning the loss once the device
-        has finished; with `capture` (diagnose mode), the weight gradients it applied are put into it (unscaled,
-        before the update, by canonical weight name in canonical layouts). A compiled step and its capturing twin
-        are both built once, in build; the step only picks one."""
+        has finished; with `capture` (diagnose and fingerprint runs), the weight gradients it applied are put into
+        it (unscaled, before the update, by canonical weight name in canonical layouts). A compiled step and its
+        capturing twin are both built once, in build; the step only picks one."""
 
     @abstractmethod
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -289,9 +289,10 @@ class Trainer(ABC):
         """Trainable parameters as the framework itself counts them (checked against the spec's count)."""
 
     def captured_step(self, batch: Any) -> tuple[float, dict[str, np.ndarray]] | None:
-        """Diagnose mode only: one train_step that also returns the weight gradients it applied, unscaled and
-        before the update, by canonical weight name in canonical layouts (trainable weights only). None: this
-        adapter cannot capture (the report then says "not available"; override to return None)."""
+        """Diagnose and fingerprint runs: one train_step that also returns the weight gradients it applied,
+        unscaled and before the update, by canonical weight name in canonical layouts (trainable weights only); it
+        must train as train_step does (the kit checks). None, taking no step: this adapter cannot capture (the
+        report then says "not available"; override to return None)."""
         gradients: dict[str, np.ndarray] = {}
         loss = self.run_step(batch, gradients)
         self.steps_taken += 1

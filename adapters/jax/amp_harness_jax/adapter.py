@@ -219,7 +219,7 @@ class JaxTrainer(Trainer):
 
         self._step_fn = step
         self._step = jax.jit(step, donate_argnums=(0, 1, 2))
-        # diagnose mode only (compiled on first use): the same step, also returning the gradients
+        # diagnose and fingerprint runs (compiled on first use): the same step, also returning the gradients
         self._captured = jax.jit(partial(step, capture=True), donate_argnums=(0, 1, 2))
         self._predict = jax.jit(lambda params, statistics, x: net.apply(params, statistics, x, None, False)[0])
 
@@ -268,7 +268,7 @@ class JaxTrainer(Trainer):
         if capture is None:
             self.params, self.opt_state, self.statistics, loss, finite = self._step(
                 self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
-        else:  # diagnose mode: the step's capturing twin
+        else:  # diagnose and fingerprint runs: the step's capturing twin
             self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
                 self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
             capture.update({name: self.output(g) for name, g in grads.items()})

@@ -194,7 +194,7 @@ class TensorFlowTrainer(Trainer):
             return (loss, applied, grads) if capture else (loss, applied)
 
         self._step = tf.function(step, jit_compile=self.xla)
-        # diagnose mode only (traced on first use): the same step, also returning the gradients
+        # diagnose and fingerprint runs (traced on first use): the same step, also returning the gradients
         self._captured = tf.function(lambda *batch: step(*batch, capture=True), jit_compile=self.xla)
         self._trainable_names = weight_names
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
@@ -222,7 +222,7 @@ class TensorFlowTrainer(Trainer):
             self.spec_optimizer.set_rate(self.learning_rate())
         if capture is None:
             loss, self._applied = self._step(*batch)
-        else:  # diagnose mode: the step's capturing twin
+        else:  # diagnose and fingerprint runs: the step's capturing twin
             loss, self._applied, grads = self._captured(*batch)
             capture.update({name: self.output(g) for name, g in zip(self._trainable_names, grads)})
         return float(loss.numpy())  # a blocking fetch: the step has finished on the device
