@@ -582,8 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=_repeats,
                      help=f"runs of each cell, each in a fresh process (default {MIN_REPEATS}: the fewest that "
                           "give a 95%% interval), or auto: each cell once, then more, fewest first, until each has "
-                          f"{MIN_REPEATS} and its speed-up against fp32 is decided (faster, slower, or the same "
-                          "within 5%%) or the budget is spent")
+                          f"{MIN_REPEATS} (never cut) and its speed-up against fp32 is decided (faster, slower, or the "
+                          "same within 5%%, by a sequential test whose 5%% error holds over all its looks) or the "
+                          "budget is spent")
     run.add_argument("--budget", type=_SECONDS, help="seconds for --repeats auto's repeats after each cell's first "
                      "run (default 600)")
     run.set_defaults(func=cmd_run, out="results")

@@ -10,6 +10,15 @@ one. Below MIN_REPEATS repeats in either cell, there is no honest interval: the 
 A comparison chosen as the best of k (the fastest of a cell's k precisions) is not one comparison but the maximum
 of k: its interval is computed at 1 - 0.05/k (Bonferroni), so that all k intervals hold together with 95%
 confidence and picking the best of them does not make it look surer than it is.
+
+A comparison that looks at its data more than once (`run --repeats auto` adds repeats until it decides) spends its
+5% over the looks: look k (k = 1 at three repeats, then one more per repeat added) may decide only at the level
+0.05 / (k (k + 1)), whose sum over every k is 0.05. However many looks the budget allows, the chance that any of
+them gives a false "faster", "slower" or "same" is then at most 5%: error spending (Lan and DeMets, "Discrete
+sequential boundaries for clinical trials", Biometrika 70, 1983) with a sequence fixed in advance and a union bound
+over the looks in place of their joint distribution, conservative, and valid whatever the number of looks. "Same"
+is an equivalence decision: the interval within +/-PRECISE is two one-sided tests at half the look's level. The
+interval printed is the one that decided, at its look's level.
 """
 from __future__ import annotations
 
@@ -21,6 +30,13 @@ import numpy as np
 MIN_REPEATS = 3
 PRECISE = 0.05  # an interval within +/-5% of 1 says "no clear difference" with enough precision to stop
 UNSTABLE_CV = 0.10  # pyperf's rule of thumb: a spread over 10% of the mean makes a benchmark unstable
+ALPHA = 0.05  # the error a comparison may make, over all its looks
+
+
+def look_confidence(look: int) -> float:
+    """The confidence of look `look` (1, 2, ...) of a sequential comparison: it spends ALPHA / (k (k + 1)) of the
+    error, and these sum to ALPHA over every look."""
+    return 1 - ALPHA / (look * (look + 1))
 
 
 @dataclass(frozen=True)
@@ -32,12 +48,14 @@ class Ratio:
     is_interval: bool  # True: a 95% t-interval; False: the range over all repeat pairs
     comparisons: int = 1  # the interval is one of this many, adjusted together (Bonferroni)
     confidence: float = 0.95  # of all `comparisons` intervals together
+    look: int | None = None  # a sequential comparison's look (look_confidence); None: a comparison looked at once
 
     @property
     def label(self) -> str:
         if self.is_interval:
             adjusted = f", adjusted for {self.comparisons} comparisons (Bonferroni)" if self.comparisons > 1 else ""
-            return f"{self.confidence:.0%} CI {self.low:.2f}-{self.high:.2f}{adjusted}"
+            looked = f", look {self.look} of a sequential test (5% over all its looks)" if self.look else ""
+            return f"{self.confidence * 100:.4g}% CI {self.low:.2f}-{self.high:.2f}{adjusted}{looked}"
         return f"range of {min(self.n)} repeat{'s' if min(self.n) != 1 else ''} {self.low:.2f}-{self.high:.2f}"
 
     @property
@@ -62,9 +80,13 @@ def geometric_mean(values) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons: int = 1) -> Ratio:
+def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons: int = 1,
+          look: int | None = None) -> Ratio:
     """a/b for two cells' per-repeat figures (e.g. fp32 and amp_bf16 median step times). `comparisons`: how many
-    comparisons this one is chosen from; its interval is then computed at 1 - (1 - confidence) / comparisons."""
+    comparisons this one is chosen from; its interval is then computed at 1 - (1 - confidence) / comparisons.
+    `look`: a sequential comparison's look, whose level (look_confidence) replaces `confidence`."""
+    if look is not None:
+        confidence = look_confidence(look)
     from scipy import stats
 
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))
@@ -72,14 +94,14 @@ def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons:
     n = (la.size, lb.size)
     if min(n) < MIN_REPEATS:
         ratios = np.exp(la[:, None] - lb[None, :])
-        return Ratio(estimate, float(ratios.min()), float(ratios.max()), n, False, comparisons, confidence)
+        return Ratio(estimate, float(ratios.min()), float(ratios.max()), n, False, comparisons, confidence, look)
     va, vb = la.var(ddof=1) / la.size, lb.var(ddof=1) / lb.size
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (la.size - 1) + vb**2 / (lb.size - 1)) if se > 0 else la.size + lb.size - 2
     each = 1 - (1 - confidence) / comparisons
     half = stats.t.ppf(0.5 + each / 2, df) * se
     return Ratio(estimate, math.exp(la.mean() - lb.mean() - half), math.exp(la.mean() - lb.mean() + half), n, True,
-                 comparisons, confidence)
+                 comparisons, confidence, look)
 
 
 def spread(values: list[float]) -> float | None:

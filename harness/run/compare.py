@@ -11,9 +11,9 @@ The environments, found as the Ray executor finds them: the tox env of each buil
 adapters installed in it, then `--python FRAMEWORK=PATH`, which replaces either.
 
 The budget is shared out as the runs go: each framework still to run gets an equal share of what is left; of
-that share, RUN_SHARE goes to `--repeats auto` (split over the precisions, as the seconds each cell may spend on
-repeats after its first MIN_REPEATS), and diagnose and profile run only while the share lasts. A cell's first
-repeats are never cut, so a slow model can overrun the budget: the closing line says by how much.
+that share, RUN_SHARE goes to `--repeats auto` (its --budget, which the run spreads over its cells), and diagnose
+and profile run only while the share lasts. A cell's first MIN_REPEATS repeats are never cut, so a slow model can
+overrun the budget: the closing line says by how much.
 """
 from __future__ import annotations
 
@@ -83,12 +83,12 @@ def compare(spec: str, out: Path, envs: dict[str, str], total_s: float, precisio
     for i, (framework, python) in enumerate(envs.items()):
         share = (total_s - (time.monotonic() - started)) / (len(envs) - i)
         deadline = time.monotonic() + share
-        cell_s = max(1.0, share * RUN_SHARE / len(precisions))
-        print(f"compare: {framework} ({python}): {share:.0f} s of the budget; --repeats auto with {cell_s:.0f} s "
-              f"per precision after its first repeats", flush=True)
+        run_s = max(1.0, share * RUN_SHARE)
+        print(f"compare: {framework} ({python}): {share:.0f} s of the budget; --repeats auto within {run_s:.0f} s "
+              f"after each precision's first run", flush=True)
         steps_arg = ["--steps", str(steps)] if steps else []
         plan = [("run", ["run", "--framework", framework, "--precision", ",".join(precisions), "--repeats", "auto",
-                         "--budget", f"{cell_s:.0f}", *steps_arg, *common]),
+                         "--budget", f"{run_s:.0f}", *steps_arg, *common]),
                 ("diagnose", ["diagnose", "--framework", framework, "--steps", str(steps or DIAGNOSE_STEPS),
                               "--every", str(DIAGNOSE_EVERY), *common]),
                 ("profile", ["profile", "--framework", framework,

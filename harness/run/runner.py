@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -69,10 +70,11 @@ class UntilDecided:
     variant), then the budget's clock starts (`start`): round after round, in the matrix's order
     (fp32, amp_bf16, amp_fp16, fp32, ...), one more repeat of every cell that has fewer than stats.MIN_REPEATS or
     whose speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians)
-    is not decided yet by stats.Ratio.decision, while the round's runs fit in what is left of the budget. A cell
-    whose run ended otherwise than ok (failed, unsupported, diverged) has nothing more to decide. `outcomes()`
-    says what stopped each cell, and which the budget cut below MIN_REPEATS (those have no verdict).
-    `recorded`: records an earlier invocation wrote (--resume)."""
+    is not decided yet, while the round's runs fit in what is left of the budget; a cell's first MIN_REPEATS are
+    never cut. The decision is sequential (stats: each look at its own level, 5% over all of them) and final: a
+    decided comparison is not looked at again when its fp32 cell gets repeats for another one. A cell whose run
+    ended otherwise than ok (failed, unsupported, diverged) has nothing more to decide. `outcomes()` says what
+    stopped each cell. `recorded`: records an earlier invocation wrote (--resume)."""
 
     def __init__(self, requests: list[RunRequest], budget_s: float, recorded: list[dict] = (),
                  clock=time.monotonic):
@@ -86,6 +88,12 @@ class UntilDecided:
         self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
         self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
         self.ran_out = False
+        # the sequential test of each pair: its last look, the ratio it gave, and the ratio that decided
+        self.looks: dict[tuple, int] = {}
+        self.latest: dict[tuple, stats.Ratio] = {}
+        self.decided: dict[tuple, stats.Ratio] = {}
+        # the precisions compared with one fp32 cell are adjusted together (Bonferroni), as the report's best-of-k
+        self.family = Counter(base for base, _ in self.pairs())
         self.add(recorded, earlier=True)
 
     def start(self) -> None:
@@ -110,9 +118,24 @@ class UntilDecided:
         return [r["step_time_ms"]["median"] for r in self.records[cell].values() if r["status"] == "ok"]
 
     def _ratio(self, pair: tuple[tuple, tuple]) -> stats.Ratio | None:
-        """The pair's speed-up (fp32's times over the other's); None before each cell has a repeat."""
+        """The pair's speed-up (fp32's times over the other's) as its sequential test last saw it, the interval
+        that decided once one has; None before each cell has a repeat. With stats.MIN_REPEATS in each cell, look k
+        comes when the larger cell has MIN_REPEATS + k - 1 repeats, each look at a level of its own (a repeat that
+        does not grow the larger cell waits for the next look)."""
+        if pair in self.decided:
+            return self.decided[pair]
         a, b = (self._medians(c) for c in pair)
-        return stats.ratio(a, b) if a and b else None
+        if not a or not b:
+            return None
+        if min(len(a), len(b)) < stats.MIN_REPEATS:
+            return stats.ratio(a, b)
+        look = max(len(a), len(b)) - stats.MIN_REPEATS + 1
+        if look > self.looks.get(pair, 0):
+            self.looks[pair] = look
+            self.latest[pair] = r = stats.ratio(a, b, comparisons=self.family[pair[0]], look=look)
+            if r.decision in DECIDED:
+                self.decided[pair] = r
+        return self.latest[pair]
 
     def _broken(self, cells) -> dict | None:
         """The first record of these cells whose run ended otherwise than ok: nothing more to decide."""
@@ -140,21 +163,22 @@ class UntilDecided:
 
     def next_round(self) -> list[RunRequest]:
         """The next repeat of every cell still wanted, as many as fit in the budget (none: the matrix is done), the
-        cells with fewest repeats first: no cell gets another while one with fewer does not fit."""
+        cells with fewest repeats first: no cell gets another while one with fewer does not fit. A cell's first
+        stats.MIN_REPEATS are never cut (without them there is no interval): they may overrun the budget."""
         cells = sorted((c for c in self.template if self._wanted(c)), key=lambda c: len(self.records[c]))
         elapsed = self.clock() - self.started
         overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
         left, batch = self.budget_s - elapsed, []
         for cell in cells:
             left -= overhead + min((_run_s(r) for r in self.records[cell].values()), default=0.0)
-            if left < 0:
+            if left < 0 and len(self.records[cell]) >= stats.MIN_REPEATS:
                 self.ran_out = True
                 break
             batch.append(self._request(cell))
         return batch
 
     def outcomes(self) -> list[str]:
-        """A line per cell: what stopped its repeats; then, if the budget cut any cell below MIN_REPEATS, which."""
+        """A line per compared cell: what stopped its repeats."""
         lines, compared = [], set()
         for base, cell in self.pairs():
             compared.add(cell)
@@ -170,12 +194,11 @@ class UntilDecided:
                 lines.append(f"{name}: interrupted before a repeat of each")
                 continue
             a, b = self._medians(base), self._medians(cell)
-            n = f"{len(b)} repeat{'s' * (len(b) != 1)}" + ("" if len(a) == len(b) else f" (fp32 {len(a)})")
-            interval = f"speed-up {r.estimate:.3g}x, 95% CI {r.low:.3g}-{r.high:.3g}" if r.is_interval else r.label
+            na, nb = r.n if r.decision in DECIDED else (len(a), len(b))  # a decision: the repeats it had
+            n = f"{nb} repeat{'s' * (nb != 1)}" + ("" if na == nb else f" (fp32 {na})")
+            interval = f"speed-up {r.estimate:.3g}x, {r.label}" if r.is_interval else r.label
             if r.decision in DECIDED:
                 lines.append(f"{name}: decided after {n}: {r.decision}, {interval}")
-            elif self.ran_out and not r.is_interval:
-                lines.append(f"{name}: budget ran out after {n}: not enough repeats for a verdict ({interval})")
             elif self.ran_out:
                 lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
                              f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
@@ -185,13 +208,6 @@ class UntilDecided:
             if q.precision != "fp32" and cell not in compared:
                 lines.append(f"{q.framework} {Path(q.model).stem} {q.precision}: no fp32 cell to compare with "
                              f"(variant {q.variant}); {len(self.records[cell])} repeats")
-        cut = [c for c in self.template if not self._broken([c]) and len(self.records[c]) < stats.MIN_REPEATS]
-        if self.ran_out and cut:
-            names = ", ".join(f"{Path(self.template[c].model).stem} {self.template[c].precision} "
-                              f"({len(self.records[c])})" for c in cut)
-            lines.append(f"the {self.budget_s:g} s budget cut {len(cut)} of {len(self.template)} cells below "
-                         f"{stats.MIN_REPEATS} repeats (no verdict for them): {names}; a larger --budget gives them "
-                         f"their repeats")
         return lines
 
 
@@ -216,8 +232,9 @@ def execute(plan: Plan, timeout_s: float, show_progress: bool) -> Outcome:
     if plan.budget_s is not None:
         earlier = results.read_records([out], filename) if plan.resume and (out / filename).exists() else []
         until = UntilDecided(requests, plan.budget_s, [r for r in earlier if r.get("status") not in results.NO_RESULT])
-        print(f"repeats auto: one of each cell, then more until each has {stats.MIN_REPEATS} and its speed-up against "
-              f"fp32 is decided, within {plan.budget_s:g} s after that first round", file=sys.stderr)
+        print(f"repeats auto: one of each cell, then more until each has {stats.MIN_REPEATS} (whatever the budget) "
+              f"and its speed-up against fp32 is decided by a sequential test, within {plan.budget_s:g} s after that "
+              f"first round", file=sys.stderr)
     if plan.resume:
         total, requests = len(requests), pending(requests, out, filename)
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "

@@ -28,7 +28,7 @@ def fake_env(tmp_path: Path) -> Path:
 def test_compare_runs_diagnoses_profiles_and_reports_in_each_environment(tmp_path):
     out = tmp_path / "answer"
     done = amp("compare", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--frameworks", "fake", "--python",
-               f"fake={fake_env(tmp_path)}", "--precision", "fp32,amp_bf16,tf32", "--steps", "4", "--budget", "60",
+               f"fake={fake_env(tmp_path)}", "--precision", "fp32,amp_bf16,tf32", "--steps", "4", "--budget", "30",
                "--out", str(out), timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     runs = results.read_records([out])
@@ -38,7 +38,7 @@ def test_compare_runs_diagnoses_profiles_and_reports_in_each_environment(tmp_pat
     assert results.read_records([out], results.DIAGNOSES_FILE), "diagnose did not run"
     assert results.read_records([out], results.PROFILES_FILE), "profile did not run"
     assert (out / "index.html").exists() and f"the answer: {out / 'index.html'}" in done.stdout
-    assert "compare: fake (" in done.stdout and "s of the budget; --repeats auto with" in done.stdout
+    assert "compare: fake (" in done.stdout and "s of the budget; --repeats auto within" in done.stdout
 
 
 def test_a_framework_without_an_environment_or_a_bad_budget_is_one_line(tmp_path):

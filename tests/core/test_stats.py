@@ -78,3 +78,13 @@ def test_an_adjusted_interval_says_so_and_is_wider():
     assert three.estimate == one.estimate and three.low < one.low and three.high > one.high
     assert three.label == f"95% CI {three.low:.2f}-{three.high:.2f}, adjusted for 3 comparisons (Bonferroni)"
     assert one.label == f"95% CI {one.low:.2f}-{one.high:.2f}"
+
+
+def test_the_looks_of_a_sequential_test_spend_5_percent_in_all_and_its_label_says_which_look():
+    spent = sum(1 - stats.look_confidence(k) for k in range(1, 100_000))
+    assert spent == pytest.approx(stats.ALPHA, rel=1e-4) and spent < stats.ALPHA
+    r = stats.ratio([10.0, 10.5, 9.8], [5.0, 5.1, 4.9], look=2)
+    assert r.confidence == pytest.approx(1 - 0.05 / 6) and r.look == 2
+    assert r.label.startswith("99.17% CI") and r.label.endswith("look 2 of a sequential test (5% over all its looks)")
+    once = stats.ratio([10.0, 10.5, 9.8], [5.0, 5.1, 4.9])
+    assert r.low < once.low and r.high > once.high and once.look is None  # wider than a comparison looked at once

@@ -5,7 +5,9 @@ rules; bug: the adapter's own Python fails (a TypeError) on every step; nokernel
 probe's step fails too, where hang and raise come from the second step on, past the probe's one step; noisy:
 from its second step on, each run's steps sleep NOISY_STEP_S[0] or [1], switching every two runs (a counter in the
 file $AMP_FAKE_NOISE_FILE), so two noisy precisions interleaved by the runner get the same times, a speed-up
-near 1 whose interval stays wide); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile;
+near 1 whose interval stays wide; jitter: from its second step on, each step sleeps JITTER_STEP_S times a factor
+drawn once per process (log-normal, JITTER_PROCESS) and one drawn per step (JITTER_STEP), the same in every
+precision: two jittery precisions differ in nothing but noise); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile;
 AMP_FAKE_VARIANTS=1 gives it two variants, "slowed" (first) sleeping VARIANT_STEP_S in every step, and "plain"."""
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from harness.precision import LossScaler
 
 SLOW_STEP_S, SLOW_INPUT_S, PROFILED_STEP_S, VARIANT_STEP_S = 0.3, 0.1, 0.02, 0.02
 NOISY_STEP_S = (0.002, 0.02)
+JITTER_STEP_S, JITTER_PROCESS, JITTER_STEP = 0.01, 0.08, 0.05  # as a shared 2-core machine spreads a CPU step
+_jitter = np.random.default_rng()  # seeded from the OS: every process draws its own
+_process_factor = float(np.exp(_jitter.normal(0, JITTER_PROCESS)))
 
 
 def _noise_ticket() -> int:
@@ -79,6 +84,8 @@ class FakeTrainer(Trainer):
             self.noisy_s = NOISY_STEP_S[_noise_ticket() // 2 % 2]
         if self.variant_s or self.noisy_s:
             time.sleep(self.variant_s + self.noisy_s)
+        if self.fault == "jitter" and self.steps >= 2:
+            time.sleep(JITTER_STEP_S * _process_factor * np.exp(_jitter.normal(0, JITTER_STEP)))
         if self.profiling:
             time.sleep(PROFILED_STEP_S)
         if self.fault == "hang" and self.steps >= 2:
