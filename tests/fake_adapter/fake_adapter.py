@@ -7,8 +7,8 @@ from its second step on, each run's steps sleep NOISY_STEP_S[0] or [1], switchin
 file $AMP_FAKE_NOISE_FILE), so two noisy precisions interleaved by the runner get the same times, a speed-up
 near 1 whose interval stays wide; jitter: from its second step on, each step sleeps JITTER_STEP_S times a factor
 drawn once per process (log-normal, JITTER_PROCESS) and one drawn per step (JITTER_STEP), the same in every
-precision: two jittery precisions differ in nothing but noise); AMP_FAKE_NO_PROFILE=1 makes it an adapter that cannot profile;
-AMP_FAKE_VARIANTS=1 gives it two variants, "slowed" (first) sleeping VARIANT_STEP_S in every step, and "plain"."""
+precision: two jittery precisions differ in nothing but noise); AMP_FAKE_NO_PROFILE=1 makes it an adapter that
+cannot profile; AMP_FAKE_VARIANTS=1 gives it two variants, "slowed" (first) sleeping VARIANT_STEP_S in every step, and "plain"."""
 from __future__ import annotations
 
 import fcntl
