@@ -88,8 +88,7 @@ class UntilDecided:
         self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
         self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
         self.ran_out = False
-        # the sequential test of each pair: its last look, the ratio it gave, and the ratio that decided
-        self.looks: dict[tuple, int] = {}
+        # the sequential test of each pair: the ratio its last look gave (with that look's number), the one that decided
         self.latest: dict[tuple, stats.Ratio] = {}
         self.decided: dict[tuple, stats.Ratio] = {}
         # the precisions compared with one fp32 cell are adjusted together (Bonferroni), as the report's best-of-k
@@ -130,8 +129,7 @@ class UntilDecided:
         if min(len(a), len(b)) < stats.MIN_REPEATS:
             return stats.ratio(a, b)
         look = max(len(a), len(b)) - stats.MIN_REPEATS + 1
-        if look > self.looks.get(pair, 0):
-            self.looks[pair] = look
+        if pair not in self.latest or look > self.latest[pair].look:
             self.latest[pair] = r = stats.ratio(a, b, comparisons=self.family[pair[0]], look=look)
             if r.decision in DECIDED:
                 self.decided[pair] = r
