@@ -5,9 +5,11 @@ true 1.25x speed-up, each rate with its 95% Clopper-Pearson interval.
     python benchmarks/repeats_auto_rates.py real [RUNS]        # default 40: whole `amp-harness run` commands
 
 `simulated` drives harness.run.runner.UntilDecided through tests/core/test_repeats_auto.py's simulated_verdict
-(8% per-process noise, 10 s per repeat, the default budget). `real` runs `run --framework fake --precision
-fp32,amp_bf16 --repeats auto --budget 30` with the test adapter's `jitter` fault on both precisions (each step sleeps
-10 ms times a per-process factor, 8%, and a per-step one, 5%: the precisions differ in nothing), 4 at a time.
+(8% per-process noise and 3% more per repeat, 6 s a process's start and 3 s a repeat in it, so that a process
+runs 2 repeats; the default budget). `real` runs `run --framework fake --precision fp32,amp_bf16 --repeats auto
+--budget 30` with the test adapter's `jitter` fault on both precisions (each step sleeps 10 ms times a per-process
+factor, 8%, and a per-step one, 5%: the precisions differ in nothing; a process runs 4 repeats, its steps taking far
+less than its start), 4 at a time.
 Run from the repository root in an env with the core (`tox -e core`: .tox/core/bin/python).
 """
 from __future__ import annotations
@@ -26,8 +28,8 @@ from scipy.stats import binomtest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-VERDICT = re.compile(r"amp_bf16 against fp32 \(variant default\): (?:decided after \d+ repeats(?: \(fp32 \d+\))?: "
-                     r"(faster|slower|same)|budget ran out)")
+VERDICT = re.compile(r"amp_bf16 against fp32 \(variant default\): (?:decided after \d+ repeats(?: in \d+ processes)?"
+                     r"(?: \(fp32 [^)]+\))?: (faster|slower|same)|budget ran out)")
 
 
 def rate(name: str, verdicts: Counter, wrong: tuple[str, ...], seconds: float) -> None:
@@ -38,12 +40,13 @@ def rate(name: str, verdicts: Counter, wrong: tuple[str, ...], seconds: float) -
 
 
 def simulated(runs: int) -> None:
-    from tests.core.test_repeats_auto import NOISE, RUN_S, simulated_verdict
+    from tests.core.test_repeats_auto import NOISE, RUN_S, START_S, WITHIN, simulated_verdict
 
     for speed_up, wrong in ((1.0, ("faster", "slower")), (1.25, ("slower", "same", "none"))):
         started = time.perf_counter()
         verdicts = Counter(simulated_verdict(speed_up, seed) for seed in range(runs))
-        rate(f"simulated, true speed-up {speed_up}x, {NOISE:.0%} noise, {RUN_S:g} s a repeat", verdicts, wrong,
+        rate(f"simulated, true speed-up {speed_up}x, {NOISE:.0%} noise per process and {WITHIN:.0%} per repeat, "
+             f"{START_S:g} s a process's start and {RUN_S:g} s a repeat", verdicts, wrong,
              time.perf_counter() - started)
 
 

@@ -12,8 +12,9 @@ Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, st
 "next_token" or "classification", and the T tokens each sample holds, for tokens/s); 6 nonfinite (where a
 diverged run's first inf or NaN came from); 7 width (a scaling study's width factor) and matmul_curve (its runs'
 device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale; 8 matmul_shapes (a
-scaling study's run: its step's own matmuls, each timed alone) and diagnosis.fp8 (FP8 cast statistics). Every
-field added
+scaling study's run: its step's own matmuls, each timed alone) and diagnosis.fp8 (FP8 cast statistics); 9 process
+(the worker process a run ran in: repeats that shared one are one unit of a timing interval) and auto_round (the
+round of `--repeats auto` it ran in, from which the report replays the sequential test). Every field added
 since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
 (harness.results.read_records).
 """
@@ -26,7 +27,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -257,6 +258,8 @@ class Record(_Strict):
     env: Env | None = None
     started_at: str | None = None
     wall_s: Number | None = None
+    process: str | None = None  # schema 9: the worker process it ran in; a timing interval's unit (harness.stats)
+    auto_round: Count | None = None  # schema 9: --repeats auto's round it ran in (harness.stats.sequential replays)
     study: str | None = None
     fingerprint: Fingerprint | None = None
     diagnosis: Diagnosis | None = None

@@ -2,10 +2,14 @@
 
 Each run (repeat) of a cell gives one figure, the median of its timed steps: steps within one process are
 autocorrelated (caches, clocks, the other tenant of the machine), so they are not independent samples; repeats
-in fresh processes are. A speed-up is the ratio of the geometric means of two cells' repeat medians, and its
-interval is Welch's t-interval on the log repeat medians, exponentiated: with interleaved repeats (the runner
-runs fp32, amp_bf16, amp_fp16, fp32, ...) machine drift is spread over every cell instead of confounded with
-one. Below MIN_REPEATS repeats in either cell, there is no honest interval: the report shows the range.
+in fresh processes are. Repeats that ran one after another in one process (`--repeats auto` runs several in one, so
+that the framework's import is paid once) share what that process's start gave them (its memory layout, thread
+placement, the machine's state then): they are pooled into one figure first (per_process), and the process is the
+unit the interval counts, a two-stage estimate like pyperf's values per process. A speed-up is the ratio of the
+geometric means of two cells' per-process figures, and its interval is Welch's t-interval on their logs,
+exponentiated: with interleaved processes (the runner runs fp32, amp_bf16, amp_fp16, fp32, ...) machine drift is
+spread over every cell instead of confounded with one. Below MIN_REPEATS processes in either cell, there is no honest
+interval: the report shows the range.
 
 A comparison chosen as the best of k (the fastest of a cell's k precisions) is not one comparison but the maximum
 of k: its interval is computed at 1 - 0.05/k (Bonferroni), so that all k intervals hold together with 95%
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_REPEATS = 3
+DECIDED = ("faster", "slower", "same")  # the decisions (Ratio.decision) that end a sequential comparison
 PRECISE = 0.05  # an interval within +/-5% of 1 says "no clear difference" with enough precision to stop
 UNSTABLE_CV = 0.10  # pyperf's rule of thumb: a spread over 10% of the mean makes a benchmark unstable
 ALPHA = 0.05  # the error a comparison may make, over all its looks
@@ -77,7 +82,36 @@ class Ratio:
 
 
 def geometric_mean(values) -> float:
-    return float(np.exp(np.mean(np.log(values))))
+    values = list(values)
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+def per_process(figures: list[float], processes: list[str | None]) -> list[float]:
+    """A cell's repeat figures with those that shared a worker process pooled into their geometric mean, one figure
+    per process in the order the processes came (a process of None: a repeat alone in its own)."""
+    pooled: dict[object, list[float]] = {}
+    for i, (figure, process) in enumerate(zip(figures, processes)):
+        pooled.setdefault(("alone", i) if process is None else process, []).append(figure)
+    return [geometric_mean(values) for values in pooled.values()]
+
+
+def sequential(a: list[tuple[float, str | None, int]], b: list[tuple[float, str | None, int]],
+               comparisons: int = 1) -> Ratio | None:
+    """`--repeats auto`'s sequential test of a/b replayed from two cells' repeats, each (figure, process, round it
+    ran in): harness.run.runner.UntilDecided looks at every round's end, once per growth of the larger cell's
+    processes, and its first decision is final. The ratio of the look that decided, else of the last look; None
+    before both cells have MIN_REPEATS processes."""
+    last = None
+    for end in sorted({r for *_, r in [*a, *b]}):
+        xa, xb = (per_process([x for x, _, r in c if r <= end], [p for _, p, r in c if r <= end]) for c in (a, b))
+        if min(len(xa), len(xb)) < MIN_REPEATS:
+            continue
+        look = max(len(xa), len(xb)) - MIN_REPEATS + 1
+        if last is None or look > last.look:
+            last = ratio(xa, xb, comparisons=comparisons, look=look)
+            if last.decision in DECIDED:
+                return last
+    return last
 
 
 def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons: int = 1,

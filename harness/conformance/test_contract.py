@@ -246,7 +246,7 @@ def test_run_writes_complete_records_for_each_precision(tmp_path, framework, ada
             continue
         assert r["status"] == "ok", (precision, r["reason"])
         optional = ("reason", "study", "fingerprint", "diagnosis", "variant_choice", "tokens_per_sample",
-                    "nonfinite", "width", "matmul_curve", "matmul_shapes") + (
+                    "nonfinite", "width", "matmul_curve", "matmul_shapes", "auto_round") + (
             ("efficiency",) if adapter.matmul((2, 2, 2), "float32", adapter.device("cpu")) is None
             else ())  # no peak known
         missing = [k for k in Record.fields() if r[k] is None and k not in optional]

@@ -11,12 +11,21 @@ What a run is judged by depends on its task (the record's `task`, schema 5; olde
   accuracy are: it scales with the vocabulary as chance level does.
 
 A run too short to learn anything scores at chance level, and a change against such a baseline is noise, not a
-precision effect ("too short to judge"). Otherwise a precision's figure is judged against fp32's own
-seed-to-seed spread: repeat r of every precision trains from the spec's seed + r (weights, data order,
-dropout), so repeat r of amp_bf16 and repeat r of fp32 are a pair. The paired differences give a mean and a
-95% t-interval; the fp32 repeats' range over seeds is the noise that interval is held against, the same way
-for accuracy and for loss. Records without a `seed` field come from runs that reused the spec's seed in every
-repeat: their repeats are copies, one seed, no spread.
+precision effect ("too short to judge"). Otherwise a precision's figure is paired with fp32's by seed: repeat r of
+every precision trains from the spec's seed + r (weights, data order, dropout), so repeat r of amp_bf16 and repeat
+r of fp32 are a pair. The paired differences give a mean and a 95% t-interval, read two ways (`compare`):
+- against 0: an interval that excludes 0 is a shift the seeds agree on, lower or higher, and is never called
+  unchanged, however small;
+- against a margin, +/- the larger of fp32's seed-to-seed standard deviation (what choosing another seed alone
+  moves the figure by) and a floor per metric (Metric.floor): an interval within the margin is an equivalence
+  decision, two one-sided tests each at 2.5% (stricter than the usual 5% each: the one interval the report
+  prints, the 95% one, decides both ways). The standard deviation, not fp32's range: the range widens as seeds are added (about 1.7
+  standard deviations over 3 seeds, 3.1 over 10), and more seeds must make a verdict sharper, not more lenient.
+So: within the margin and including 0, "unchanged"; within it but excluding 0, "slightly lower" (or higher), a
+real shift smaller than the margin, which rules nothing out; excluding 0 and reaching past the margin, "lower" (or
+higher), which rules the precision out where it is the worse direction; including 0 and reaching past the margin,
+"undecided": more seeds needed. Records without a `seed` field come from runs that reused the spec's seed in every
+repeat: their repeats are copies, one seed, no spread, no verdict.
 """
 from __future__ import annotations
 
@@ -29,14 +38,24 @@ from harness.report import format as f
 
 CHANCE_MARGIN = 0.05  # eval accuracy within 5 points of chance: the run learned nothing (too short, or stalled)
 LOSS_MARGIN = 0.05  # eval loss not below ln(vocabulary) by 5% of it: the run learned nothing
+# The equivalence margin's floors: without one, an fp32 whose seeds happen to agree (a deterministic model, a small
+# eval set) would give a margin of 0, and "unchanged" could never be found. Half a point of accuracy: an accuracy
+# near 90% measured on 3,600 held-out samples has a binomial standard error of 0.5 pt, so a finer margin would
+# judge which samples the eval set holds, not the precision. 0.01 nats of eval loss: perplexity exp(loss) 1% apart.
+ACCURACY_FLOOR = 0.005
+LOSS_FLOOR = 0.01
 TOO_SHORT = "too short to judge"
 ONE_SEED = "one seed: no spread to judge against"
 CONFIDENCE = 0.95
 NEXT_TOKEN = "next_token"
-RULE = ("against fp32 with the same seeds: the mean paired difference and its 95% t-interval over seeds; "
-        "unchanged when the interval lies within fp32's seed-to-seed spread (its range over seeds), or includes 0 "
-        "and is no wider than that spread either side; lower (or higher) when it lies beyond the spread; stalls at "
-        "chance level where fp32 does not")
+RULE = ("paired by seed against fp32 (repeat r of every precision trains from the spec's seed + r): the mean "
+        "difference and its 95% t-interval over seeds, held against a margin of ± the larger of fp32's seed-to-seed "
+        f"standard deviation and a floor ({f.plain(100 * ACCURACY_FLOOR)} pt of accuracy, {f.plain(LOSS_FLOOR)} "
+        "nats of eval loss); unchanged when the interval lies within the margin and includes 0; slightly lower (or "
+        "higher) when it lies within the margin but excludes 0, a real shift smaller than the margin; lower (or "
+        "higher) when it excludes 0 and reaches past the margin; not clearly unchanged (undecided: more seeds "
+        "needed) when it includes 0 and reaches past the margin; stalls at chance level where fp32 does not; one "
+        "seed, or a run too short to learn, gets no verdict")
 
 
 def perplexity(loss: float | None) -> float | None:
@@ -53,6 +72,7 @@ class Metric:
     prefix: str  # what a "change vs fp32" cell says before its verdict
     worse: str  # the verdict ("lower" or "higher") that rules a precision out
     worse_words: str  # a precision so ruled out, in words
+    floor: float  # the smallest margin an equivalence is judged against (ACCURACY_FLOOR, LOSS_FLOOR)
 
     def chance(self, classes: int | None) -> float | None:
         """The figure of a run that learned nothing: guessing among `classes`."""
@@ -80,6 +100,10 @@ class Metric:
         """A bound of the difference's interval."""
         raise NotImplementedError
 
+    def margin(self, value: float) -> str:
+        """An equivalence margin, +/- `value`."""
+        raise NotImplementedError
+
 
 class Accuracy(Metric):
     """A classifier's eval accuracy: higher is better, changes in percentage points."""
@@ -88,6 +112,7 @@ class Accuracy(Metric):
     prefix = ""
     worse = "lower"
     worse_words = "less accurate"
+    floor = ACCURACY_FLOOR
 
     @staticmethod
     def chance(classes: int | None) -> float | None:
@@ -118,6 +143,10 @@ class Accuracy(Metric):
     def bound(value: float) -> str:
         return f.percent_number(value, signed=True)
 
+    @staticmethod
+    def margin(value: float) -> str:
+        return f"±{f.percent_number(value)} pt"
+
 
 class TokenLoss(Metric):
     """A next-token model's eval loss (mean cross-entropy per token, nats): lower is better, perplexity beside
@@ -127,6 +156,7 @@ class TokenLoss(Metric):
     prefix = "loss "
     worse = "higher"
     worse_words = "worse in eval loss"
+    floor = LOSS_FLOOR
 
     @staticmethod
     def chance(classes: int | None) -> float | None:
@@ -158,6 +188,10 @@ class TokenLoss(Metric):
     def bound(value: float) -> str:
         return f.signed(value, 4)
 
+    @staticmethod
+    def margin(value: float) -> str:
+        return f"±{f.number(value, 4)} nats"
+
 
 ACCURACY, TOKEN_LOSS = Accuracy(), TokenLoss()
 
@@ -185,17 +219,29 @@ def by_seed(records: list[dict], metric_: Metric) -> dict:
     return {seed: float(np.mean(values)) for seed, values in found.items()}
 
 
+def over_seeds(records: list[dict], metric_: Metric) -> tuple[float | None, tuple[float, float] | None]:
+    """An arm's judged figure as the sections show it: its mean over seeds (by_seed), and its range over them
+    where there are two seeds or more."""
+    values = list(by_seed(records, metric_).values())
+    if not values:
+        return None, None
+    return float(np.mean(values)), (min(values), max(values)) if len(values) > 1 else None
+
+
 @dataclass(frozen=True)
 class Spread:
-    """fp32's judged figure over its seeds: the noise a precision's change is held against."""
+    """fp32's judged figure over its seeds: its range, and its standard deviation, the noise a precision's change
+    is held against."""
     seeds: int
     low: float
     high: float
     metric: Metric = ACCURACY
+    sd: float = 0.0  # over seeds (0 with one seed)
 
     @property
-    def width(self) -> float:
-        return self.high - self.low
+    def margin(self) -> float:
+        """The equivalence margin: +/- the larger of the standard deviation and the metric's floor."""
+        return max(self.sd, self.metric.floor)
 
     @property
     def label(self) -> str:
@@ -207,15 +253,24 @@ class Spread:
 def spread(fp32_records: list[dict]) -> Spread | None:
     metric_ = metric(fp32_records)
     values = list(by_seed(fp32_records, metric_).values())
-    return Spread(len(values), min(values), max(values), metric_) if values else None
+    if not values:
+        return None
+    return Spread(len(values), min(values), max(values), metric_, float(np.std(values, ddof=1)) if len(values) > 1
+                  else 0.0)
+
+
+#: verdicts that say nothing yet: no spread or pair to judge by, fp32 at chance level, an interval too wide, nothing
+NO_VERDICT = ("undecided", "one seed", "too short", "none")
 
 
 @dataclass(frozen=True)
 class Check:
     """One precision's judged figure (accuracy, or a next-token model's eval loss) against fp32. verdict: the
-    figure "unchanged", "lower", "higher", "undecided" (the interval reaches past fp32's spread: more seeds
-    needed), "stalls" (at chance level where fp32 is not), "one seed" (no spread, no verdict), "too short" (fp32
-    at chance level) or "none" (nothing to compare). `outcome` says which of lower and higher is worse."""
+    figure "unchanged", "slightly lower" or "slightly higher" (within the margin, 0 excluded), "lower" or "higher"
+    (0 excluded, past the margin), "undecided" (0 included, past the margin: more seeds needed), "stalls" (at
+    chance level where fp32 is not), "one seed" (no spread, no verdict), "too short" (fp32 at chance level) or
+    "none" (nothing to compare): the module's docstring says why. `outcome` says which of lower and higher is
+    worse."""
     verdict: str
     delta: float | None = None  # mean paired difference, this precision minus fp32
     low: float | None = None  # its 95% t-interval
@@ -227,20 +282,28 @@ class Check:
 
     @property
     def outcome(self) -> str:
-        """The verdict as a quality: "worse" or "better" for lower or higher, by the metric's direction."""
-        if self.verdict in ("lower", "higher"):
-            return "worse" if self.verdict == self.metric.worse else "better"
+        """The verdict as a quality: "worse" or "better" for lower or higher by the metric's direction, "slightly
+        worse" or "slightly better" within the margin."""
+        slightly, _, direction = self.verdict.rpartition(" ")
+        if direction in ("lower", "higher"):
+            quality = "worse" if direction == self.metric.worse else "better"
+            return f"{slightly} {quality}".lstrip()
         return self.verdict
 
     @property
     def acceptable(self) -> bool:
-        """The figure does not rule this precision out: only a measured loss of quality (worse, or stalled)
-        does."""
+        """The figure does not rule this precision out: only a measured loss of quality past the margin (worse,
+        or stalled) does."""
         return self.outcome not in ("worse", "stalls")
 
     @property
+    def decided(self) -> bool:
+        """A verdict was drawn: not undecided, one seed, too short or nothing to compare (NO_VERDICT)."""
+        return self.verdict not in NO_VERDICT
+
+    @property
     def phrase(self) -> str:
-        """The change in words a reader cannot misread, citing the interval and fp32's spread."""
+        """The change in words a reader cannot misread, citing the interval, the margin and fp32's spread."""
         tail = " (fp32 at chance level)" if self.verdict == "too short" else ""
         return f"{self.metric.subject} {self._words}{tail}"
 
@@ -250,6 +313,14 @@ class Check:
         if self.verdict in ("too short", "none"):
             return self._words
         return self.metric.prefix + self._words
+
+    @property
+    def figures(self) -> str:
+        """The paired difference, its interval and the margin, as every section cites them: "+0.0107 nats, 95% CI
+        +0.0069 to +0.0145 over 3 seeds; margin ±0.0100 nats" (only where there is an interval)."""
+        m = self.metric
+        return (f"{m.delta(self.delta)}, {f.percent(CONFIDENCE, 0)} CI {m.bound(self.low)} to {m.bound(self.high)} "
+                f"over {self.pairs} seeds; margin {m.margin(self.fp32.margin)}")
 
     @property
     def _words(self) -> str:
@@ -262,11 +333,8 @@ class Check:
             return f"stalls at chance level ({m.show(self.value)}; {self.fp32.label})"
         if self.verdict == "one seed":
             return f"{m.delta(self.delta)} vs fp32 ({ONE_SEED})"
-        words = {"unchanged": "unchanged", "lower": "lower", "higher": "higher",
-                 "undecided": "not clearly unchanged"}[self.verdict]
-        low, high = (m.bound(bound) for bound in (self.low, self.high))
-        return (f"{words} ({m.delta(self.delta)}, {f.percent(CONFIDENCE, 0)} CI {low} to {high} over {self.pairs} "
-                f"seeds; {self.fp32.label})")
+        words = "not clearly unchanged" if self.verdict == "undecided" else self.verdict
+        return f"{words} ({self.figures}; {self.fp32.label})"
 
 
 def compare(records: list[dict], fp32_records: list[dict], classes: int | None) -> Check:
@@ -290,13 +358,10 @@ def compare(records: list[dict], fp32_records: list[dict], classes: int | None) 
     from scipy import stats
 
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(paired) - 1) * diffs.std(ddof=1) / math.sqrt(len(paired)))
-    low, high, noise = delta - half, delta + half, base.width
-    if (-noise <= low and high <= noise) or (low <= 0 <= high and half <= noise):
-        verdict = "unchanged"
-    elif high < -noise:
-        verdict = "lower"
-    elif low > noise:
-        verdict = "higher"
+    low, high = delta - half, delta + half
+    within = -base.margin <= low and high <= base.margin  # equivalent: two one-sided tests, each at 2.5%
+    if low > 0 or high < 0:  # a shift the seeds agree on is never "unchanged", however small
+        verdict = ("slightly " if within else "") + ("higher" if low > 0 else "lower")
     else:
-        verdict = "undecided"
+        verdict = "unchanged" if within else "undecided"
     return Check(verdict, delta, low, high, len(paired), base, value, metric_)

@@ -7,8 +7,10 @@ GPU's speed-up says nothing about a CPU's.
 
 What a cell may say is its comparison's `stats.Ratio.decision`, and nothing else: a precision is named the best
 (bold, coloured) only where it is decided faster, with its interval adjusted for the k precisions it was chosen
-from (Bonferroni); where none is, the cell says "keep fp32" and gives the closest one as detail; fewer than
-MIN_REPEATS repeats give no verdict, and an interval too wide to decide says so and what to do about it.
+from (Bonferroni), and its accuracy is decided and does not rule it out (accuracy.Check); a faster precision whose
+accuracy is not decided is shown unbolded with what to run; where none is faster, the cell says "keep fp32" and
+gives the closest one as detail; fewer than MIN_REPEATS repeats give no verdict, and an interval too wide to decide
+says so and what to do about it. "Fastest overall" ranks only cells whose speed is decided (`ranked`).
 """
 from __future__ import annotations
 
@@ -16,16 +18,19 @@ from dataclasses import dataclass
 
 from harness import stats
 from harness.report import format as f
-from harness.report.data import VERDICTS, Cell, Comparison
+from harness.report.accuracy import Check
+from harness.report.data import DECIDED, VERDICTS, Cell, Comparison
 
 RERUN_FEW = f"rerun with --repeats {stats.MIN_REPEATS} or more, or --repeats auto"
 RERUN_NOISY = "rerun with more repeats (--repeats auto with a larger --budget) or on a quieter machine"
+OPEN = "faster, accuracy not yet decided"
 
 
 @dataclass
 class Entry:
-    """One matrix cell as the first screen words it: `verdict` is what the cell says ("faster", "keep", "too few",
-    "undecided", or "none" without a comparison), `decision` its comparison's own."""
+    """One matrix cell as the first screen words it: `verdict` is what the cell says ("faster", "open": faster but
+    its accuracy not yet decided, "keep", "too few", "undecided", or "none" without a comparison), `decision` its
+    comparison's own."""
     precision: str
     setting: str
     verdict: str
@@ -63,8 +68,36 @@ def verdict(s: Comparison) -> str:
 
 def acceptable(s: Comparison) -> bool:
     """Accuracy (a next-token model's eval loss) does not rule this precision out: only a measured loss of
-    quality against fp32's seed-to-seed spread (worse, or stalled at chance level) does (accuracy.Check)."""
+    quality past the margin (worse, or stalled at chance level) does (accuracy.Check)."""
     return s.accuracy_check.acceptable
+
+
+def recommendable(s: Comparison) -> bool:
+    """Decided faster, and its accuracy decided and not ruling it out: what may be bolded and recommended."""
+    return verdict(s) == "faster" and acceptable(s) and s.accuracy_check.decided
+
+
+def pending_accuracy(s: Comparison) -> bool:
+    """Decided faster, nothing against its accuracy, but no accuracy verdict yet: neither bolded nor recommended."""
+    return verdict(s) == "faster" and acceptable(s) and not s.accuracy_check.decided
+
+
+def accuracy_advice(check: Check) -> str:
+    """What to run so that a precision's accuracy gets a verdict (accuracy.NO_VERDICT: why it has none)."""
+    subject = check.metric.subject
+    return {"one seed": f"rerun with --repeats {stats.MIN_REPEATS} or more (each repeat trains from a seed of its "
+                        f"own) to judge {subject}",
+            "undecided": f"rerun with more repeats (each one more seed) to decide {subject}",
+            "too short": f"train for more steps (--steps): fp32 learned nothing to judge {subject} by",
+            "none": f"no {subject} recorded to judge"}[check.verdict]
+
+
+def ranked(cells: list[Cell], summary: list[Comparison]) -> list[Cell]:
+    """The cells a "fastest" may be named from: at least MIN_REPEATS repeats and, but for fp32's own, a speed
+    comparison against fp32 that decided (faster, slower or the same; `summary`: every cell's, unadjusted): a median
+    with too few repeats, or too noisy to tell from fp32's, ranks nothing."""
+    decided = {s.key for s in summary if s.decision in DECIDED}
+    return [c for c in cells if len(c.process_ms) >= stats.MIN_REPEATS and (c.precision == "fp32" or c.key in decided)]
 
 
 def chosen_among(candidates: list[Comparison]) -> list[Comparison]:
@@ -76,11 +109,13 @@ def chosen_among(candidates: list[Comparison]) -> list[Comparison]:
 
 
 def choose(candidates: list[Comparison]) -> tuple[str, Comparison]:
-    """(what the cell says, the comparison it shows): "faster" (the fastest precision decided faster and not
-    ruled out by accuracy), "too few" or "undecided" (no verdict yet), else "keep" (fp32, with the closest)."""
-    faster = [s for s in candidates if verdict(s) == "faster" and acceptable(s)]
-    if faster:
-        return "faster", max(faster, key=lambda s: s.ratio)
+    """(what the cell says, the comparison it shows): "faster" (the fastest precision decided faster whose accuracy
+    is decided and does not rule it out), "open" (decided faster, accuracy not yet decided), "too few" or
+    "undecided" (no speed verdict yet), else "keep" (fp32, with the closest)."""
+    for kind, test in (("faster", recommendable), ("open", pending_accuracy)):
+        found = [s for s in candidates if test(s)]
+        if found:
+            return kind, max(found, key=lambda s: s.ratio)
     for pending in ("too few", "undecided"):
         open_ = [s for s in candidates if verdict(s) == pending]
         if open_:
@@ -105,15 +140,24 @@ def _entry(kind: str, s: Comparison) -> Entry:
     if kind == "keep":
         text = f"{VERDICTS[v]} but {s.accuracy_check.metric.worse_words}" if v == "faster" else VERDICTS[v]
     else:
-        text = VERDICTS[kind]
+        text = OPEN if kind == "open" else VERDICTS[kind]
+    advice = f"{spread(s)}: {RERUN_NOISY}" if kind == "undecided" else \
+        accuracy_advice(s.accuracy_check) if kind == "open" else None
     cell = s.cell
     return Entry(s.precision + cell.scale_note, cell.setting_note.strip(" []"), kind, v, text, _speed(s), s.ci,
-                 f"{spread(s)}: {RERUN_NOISY}" if kind == "undecided" else None, s.accuracy_check.phrase,
-                 not acceptable(s), cell.step, s.unstable)
+                 advice, s.accuracy_check.phrase, not acceptable(s), cell.step, s.unstable)
 
 
 def _plain_entry(cells: list[Cell], why: str) -> Entry:
-    fastest = min(cells, key=lambda c: c.median_ms)
+    """A cell of the matrix without a comparison (fp32 only, or no fp32): the one cell there, or the fastest of
+    several where one may be ranked (only fp32 cells may: the others have no speed decided against fp32)."""
+    shown = cells if len(cells) == 1 else ranked(cells, [])
+    if not shown:
+        names = ", ".join(sorted(c.precision + c.scale_note for c in cells))
+        return Entry(names, "", "none", None, f"{why}; none may be named the fastest (fewer than "
+                     f"{stats.MIN_REPEATS} repeats, or no speed decided against fp32)", None, None, None, None,
+                     False, "", False)
+    fastest = min(shown, key=lambda c: c.median_ms)
     return Entry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
                  None, None, None, None, False, fastest.step, False)
 
@@ -155,27 +199,45 @@ def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dic
                 if row[-1] is not None and failed:
                     row[-1].not_run = ", ".join(failed)
             rows.append(Row(model, row))
-            recommendations.append(recommend(model, chosen, by_model[(device, model)]))
+            recommendations.append(recommend(model, chosen, by_model[(device, model)], summary))
         blocks.append(Block(device, columns, rows, recommendations))
     return blocks
 
 
-def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell]) -> str:
+def fastest_overall(mcells: list[Cell], summary: list[Comparison]) -> str:
+    """"fastest overall" among the model's cells that may be ranked (`ranked`), of how many; or that none may."""
+    found = ranked(mcells, summary)
+    if not found:
+        return (f"no fastest overall: none of its {len(mcells)} cells has {stats.MIN_REPEATS} repeats and a speed "
+                f"decided against fp32")
+    best = min(found, key=lambda c: c.median_ms)
+    left = len(mcells) - len(found)
+    of = f", best of {len(found)} cells" if len(found) > 1 else ""
+    if left:
+        of += (f"{' with a decided speed' if len(found) > 1 else ', the one cell with a decided speed'} ({left} "
+               f"more with fewer than {stats.MIN_REPEATS} repeats or no speed decided)")
+    return f"fastest overall{of}: {best.name} {best.precision}{best.scale_note} {best.step}"
+
+
+def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell], summary: list[Comparison]) -> str:
     """One line: the precision and framework to use for this model on this device, and the fastest cell; or why
-    there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons."""
-    fastest = min(mcells, key=lambda c: c.median_ms)
-    of = f", best of {len(mcells)} cells" if len(mcells) > 1 else ""
-    tail = f"fastest overall{of}: {fastest.name} {fastest.precision}{fastest.scale_note} {fastest.step}"
+    there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons; `summary`:
+    every cell's own (unadjusted), which says which cells "fastest overall" may name."""
+    tail = fastest_overall(mcells, summary)
     if not comparisons:
         return f"{model}: no framework ran both fp32 and another precision, so no speed-up to compare; {tail}."
 
     def name(s: Comparison) -> str:
         return f"{s.cell.name} {s.precision}{s.cell.scale_note}"
 
-    good = [s for s in comparisons if verdict(s) == "faster" and acceptable(s)]
+    good = [s for s in comparisons if recommendable(s)]
+    pending = [s for s in comparisons if pending_accuracy(s)]
     ruled_out = [s for s in comparisons if verdict(s) == "faster" and not acceptable(s)]
-    caveat = "".join(f" ({name(s)} was {f.faster(s.ratio)} but {s.accuracy_check.phrase})"
-                     for s in ruled_out[:2])
+    best = max(s.ratio for s in good) if good else 0.0
+    caveat = "".join(f" ({name(s)} was {f.faster(s.ratio)} but {s.accuracy_check.phrase})" for s in ruled_out[:2])
+    # faster than the one recommended, but not judged: said, with why not
+    caveat += "".join(f" ({name(s)} was {f.faster(s.ratio)}, {s.accuracy_check.metric.subject} not yet decided: "
+                      f"{accuracy_advice(s.accuracy_check)})" for s in [s for s in pending if s.ratio > best][:2])
     if good:
         s = max(good, key=lambda s: s.ratio)
         c = s.cell
@@ -183,6 +245,11 @@ def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell]) -> 
         among = f", the largest of {len(good)} decided speed-ups" if len(good) > 1 else ""
         return (f"{model}: {name(s)}, {f.faster(s.ratio)} than {c.name} fp32 ({s.ci}){unstable}{among}, "
                 f"{s.accuracy_check.phrase}{caveat}; {tail}.")
+    if pending:
+        s = max(pending, key=lambda s: s.ratio)
+        return (f"{model}: nothing to recommend yet: {name(s)} is {f.faster(s.ratio)} than {s.cell.name} fp32 "
+                f"({s.ci}), but {s.accuracy_check.phrase}; {accuracy_advice(s.accuracy_check)}; keep fp32 until "
+                f"then{caveat}; {tail}.")
     few = [s for s in comparisons if verdict(s) == "too few"]
     if few:
         cases = ", ".join(f"{name(s)} {f.ratio(s.ratio)} ({s.ci})" for s in few[:3])

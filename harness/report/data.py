@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # they build on the objects here
 VERDICTS = {"faster": "faster", "same": "no clear difference", "slower": "slower",
             "undecided": "too noisy here to decide", "too few": "not enough repeats for a verdict",
             "none": "no comparison"}
+DECIDED = ("faster", "slower", "same")  # the decisions that say something of speed ("too few", "undecided" do not)
+
+
+def speed_words(r: stats.Ratio) -> str:
+    """A speed comparison in words, by its decision: a direction only where one was decided."""
+    return f.faster(r.estimate) if r.decision in ("faster", "slower") else VERDICTS[r.decision]
 
 
 class Cell:
@@ -48,13 +54,19 @@ class Cell:
         self.device = self.setting.device or "-"
         self.fp32: Cell | None = None  # the fp32 cell of the same setting (itself for an fp32 cell), set by view
         self.judged = True  # False: fp32 scored at chance level, its judged figures mean nothing (see accuracy.py)
-        self.repeats = [r["step_times_ms"] for r in records if r.get("step_times_ms")]
-        # one figure per repeat (fresh processes are independent; steps of one process are not)
-        self.repeat_ms = [float(np.median(t)) for t in self.repeats]
-        self.median_ms = stats.geometric_mean(self.repeat_ms)
+        timed = [r for r in records if r.get("step_times_ms")]
+        self.repeats = [r["step_times_ms"] for r in timed]
+        # one figure per process, its repeats' median steps pooled (processes are independent; the steps and the
+        # repeats of one process are not: stats.per_process)
+        self.process_ms = stats.per_process([float(np.median(t)) for t in self.repeats],
+                                            [r.get("process") for r in timed])
+        self.median_ms = stats.geometric_mean(self.process_ms)
+        # --repeats auto's runs (each with its round): what its sequential test saw, for speed_up to replay
+        self.auto_repeats = [(float(np.median(r["step_times_ms"])), r.get("process"), r["auto_round"]) for r in timed] \
+            if all(r.get("auto_round") is not None for r in timed) else None
         pooled = np.concatenate(self.repeats)
         self.p10_ms, self.p90_ms = (float(np.percentile(pooled, q)) for q in (10, 90))
-        self.cv = stats.spread(self.repeat_ms)
+        self.cv = stats.spread(self.process_ms)
         self.unstable = self.cv is not None and self.cv > stats.UNSTABLE_CV
         self.first_step_ms = median(r.get("first_step_ms") for r in records)
         self.samples_per_s = r0["batch_size"] / (self.median_ms / 1e3)
@@ -168,12 +180,27 @@ class Comparison:
     @property
     def text(self) -> str:
         """The comparison in words, by its decision: a direction only where one was decided."""
-        return f.faster(self.ratio) if self.decision in ("faster", "slower") else VERDICTS[self.decision]
+        return speed_words(self.speed)
 
     def among(self, k: int) -> Comparison:
         """This comparison with its interval computed for being chosen among k (Bonferroni, stats.ratio's
-        `comparisons`): the best of k must not look surer than one comparison would."""
-        return replace(self, speed=stats.ratio(self.fp32.repeat_ms, self.cell.repeat_ms, comparisons=k))
+        `comparisons`): the best of k must not look surer than one comparison would. A sequential decision
+        (speed_up) stays as its run made it: it was adjusted for the precisions compared with its fp32 cell then."""
+        if self.speed.look is not None:
+            return self
+        return replace(self, speed=stats.ratio(self.fp32.process_ms, self.cell.process_ms, comparisons=k))
+
+
+def speed_up(base: Cell, cell: Cell, comparisons: int = 1) -> stats.Ratio:
+    """fp32's figures over the cell's. Where both cells' runs came from `--repeats auto` (each record names its round),
+    the sequential test it ran, replayed (stats.sequential): the interval that decided, at its look's level, as the
+    run printed it, or its last look; `comparisons`: the precisions compared with the same fp32 cell, as the run
+    adjusted for them. Otherwise the 95% interval over every process."""
+    if base.auto_repeats and cell.auto_repeats:
+        found = stats.sequential(base.auto_repeats, cell.auto_repeats, comparisons=comparisons)
+        if found is not None:
+            return found
+    return stats.ratio(base.process_ms, cell.process_ms)
 
 
 @dataclass
@@ -250,14 +277,17 @@ class ScalingRow:
 
 @dataclass(frozen=True)
 class Fastest:
-    """Per model, precision and device, the framework with the lowest median step time."""
+    """Per model, precision and device, the framework with the lowest median step time among those whose cell may
+    be ranked (answer.ranked: MIN_REPEATS repeats, and a decided speed against fp32); `framework` says so where
+    none may."""
     model: str
     precision: str
     device: str
     framework: str
     median: str
     tokens: str  # tokens/s, for a sequence model ("-" otherwise)
-    of: int
+    of: int  # frameworks that ran it
+    ranked: int  # of them, those it is the best of
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The report's FP8 section: per model, framework and setting (harness.identity) with an FP8 run, fp32, amp_bf16
 and each FP8 precision (fp8_e4m3, fp8_hybrid, with a recipe suffix where they had one: fp8_hybrid:delayed:16)
-side by side: eval loss and its range over seeds, its change against fp32 paired by seed with its 95% interval
-and verdict (harness.report.accuracy.compare: held against fp32's seed-to-seed spread), eval accuracy and its
-range (a next-token model's perplexity instead: its token accuracy means little) with a classifier's accuracy
-verdict, the one the Accuracy section gives; how each FP8 precision's matmuls ran, as its records say
+side by side: eval loss and its range over seeds, its change against fp32 paired by seed with its 95% interval,
+margin and verdict (harness.report.accuracy.compare, the report's one accuracy rule), eval accuracy and its range
+(a next-token model's perplexity instead: its token accuracy means little) with a classifier's accuracy verdict,
+the one the Accuracy section gives; how each FP8 precision's matmuls ran, as its records say
 (options["fp8"]["matmuls"]; a record without it is older than the option: emulated); and what diagnose says of
 each FP8 recipe (harness.fp8.verdicts), which the Numerics section then leaves to this one.
 
@@ -25,8 +25,8 @@ from harness.identity import arms_by_setting, describe, varying
 from harness.precision import PRECISIONS
 from harness.report import accuracy
 from harness.report import format as f
-from harness.report.accuracy import Check, Metric
-from harness.report.data import VERDICTS
+from harness.report.accuracy import Check
+from harness.report.data import speed_words
 
 BESIDE = ("fp32", "amp_bf16")  # what FP8 stands beside: the reference, and mixed bf16 (float32 master weights)
 UNRECORDED = "emulated (not recorded: a run from before options[\"fp8\"])"
@@ -55,23 +55,17 @@ def emulated(records: list[dict]) -> bool:
         not all(matmuls(r).startswith(NATIVE) for r in records)
 
 
-def _seeds(records: list[dict], metric_: Metric) -> tuple[float | None, tuple[float, float] | None]:
-    """The mean over seeds of a figure (accuracy.by_seed), and its range where there are two seeds or more."""
-    values = list(accuracy.by_seed(records, metric_).values())
-    if not values:
-        return None, None
-    return float(np.mean(values)), (min(values), max(values)) if len(values) > 1 else None
-
-
 def _as_loss(records: list[dict]) -> list[dict]:
     """A classifier's eval loss is a cross-entropy in nats too, its chance level ln(classes): judged as
     accuracy.TokenLoss judges a next-token model's."""
     return [{**r, "task": accuracy.NEXT_TOKEN} for r in records]
 
 
-def _repeat_ms(records: list[dict]) -> list[float]:
-    """One step time per repeat, its median step (as data.Cell's: fresh processes are the independent samples)."""
-    return [float(np.median(r["step_times_ms"])) for r in records if r.get("step_times_ms")]
+def _process_ms(records: list[dict]) -> list[float]:
+    """One step time per process, its repeats' median steps pooled (as data.Cell's: processes are the independent
+    samples, stats.per_process)."""
+    timed = [r for r in records if r.get("step_times_ms")]
+    return stats.per_process([float(np.median(r["step_times_ms"])) for r in timed], [r.get("process") for r in timed])
 
 
 @dataclass(frozen=True)
@@ -102,37 +96,35 @@ class Arm:
 
 def _arm(name: str, records: list[dict], fp32: list[dict], classes: int | None, next_token: bool) -> Arm:
     ok = [r for r in records if r.get("status") == "ok"]
-    loss, loss_seeds = _seeds(ok, accuracy.TOKEN_LOSS)
-    figure, figure_seeds = _seeds(ok, accuracy.ACCURACY)
+    loss, loss_seeds = accuracy.over_seeds(ok, accuracy.TOKEN_LOSS)
+    figure, figure_seeds = accuracy.over_seeds(ok, accuracy.ACCURACY)
     compared = name != "fp32" and bool(fp32)
     arm = Arm(name, len(records), len(ok), loss, loss_seeds,
               accuracy.compare(_as_loss(ok), _as_loss(fp32), classes) if compared else None,
               figure, figure_seeds, accuracy.compare(ok, fp32, classes) if compared and not next_token else None,
               tuple(sorted({matmuls(r) for r in ok or records})) if is_fp8(name) else (),
               failed=tuple(f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"))
-    if arm.native and _repeat_ms(ok) and _repeat_ms(fp32):
-        arm = replace(arm, speed=stats.ratio(_repeat_ms(fp32), _repeat_ms(ok)))
+    if arm.native and _process_ms(ok) and _process_ms(fp32):
+        arm = replace(arm, speed=stats.ratio(_process_ms(fp32), _process_ms(ok)))
     return arm
 
 
 def _change(check: Check | None) -> str:
-    """A change against fp32 as a column shows it: "+0.0123 nats, 95% CI -0.0010 to +0.0250 (unchanged)"; without
-    an interval (too short, stalls, one seed, nothing to compare) the report's own words for it."""
+    """A change against fp32 as a column shows it: "+0.0123 nats, 95% CI -0.0010 to +0.0250 over 3 seeds; margin
+    ±0.0100 nats (undecided)"; without an interval (too short, stalls, one seed, nothing to compare) the report's
+    own words for it."""
     if check is None:
         return "-"
     if check.low is None:
         return check.change
-    m = check.metric
-    return (f"{m.delta(check.delta)}, {f.percent(accuracy.CONFIDENCE, 0)} CI {m.bound(check.low)} to "
-            f"{m.bound(check.high)} ({check.verdict})")
+    return f"{check.figures} ({check.verdict})"
 
 
 def _speed(arm: Arm) -> str:
     r = arm.speed
     if r is None:
         return "emulated: not a speed" if arm.fp8 and not arm.native else "-"
-    words = f.faster(r.estimate) if r.decision in ("faster", "slower") else VERDICTS[r.decision]
-    return f"{f.ratio(r.estimate)} ({r.label}): {words}"
+    return f"{f.ratio(r.estimate)} ({r.label}): {speed_words(r)}"
 
 
 def _span(seeds: tuple[float, float] | None, show) -> str:

@@ -1,12 +1,12 @@
 """The report's pure-16-bit section: the arms that keep no float32 master weights (bf16 and fp16 with nearest
 rounding, stochastic rounding, Kahan-compensated updates, the 16-bit fixed-point grid) side by side with fp32 and
-the mixed arms (float32 master weights: what the pure arms give up), per model, framework and setting (harness.identity: device, node, threads, variant, version, batch; and
-each arm's loss-scale setting): eval accuracy (a next-token model's eval loss, with its perplexity) judged against
-fp32's seed-to-seed spread (harness.report.accuracy),
-each arm's range over seeds, a dynamic scaler's final scales and skipped steps, where a diverged run's first
-non-finite value came from (harness.run.nonfinite), the loss curves, the share of updates swamped by rounding (from
-`amp-harness diagnose`, per model: the numerics of fp32 training), weight memory, and one computed sentence per
-entry.
+the mixed arms (float32 master weights: what the pure arms give up), per model, framework and setting
+(harness.identity: device, node, threads, variant, version, batch; and each arm's loss-scale setting): eval
+accuracy (a next-token model's eval loss, with its perplexity) judged by the report's one accuracy rule
+(harness.report.accuracy.compare: paired by seed, against a stated margin), each arm's range over seeds, a dynamic
+scaler's final scales and skipped steps, where a diverged run's first non-finite value came from
+(harness.run.nonfinite), the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`,
+per model: the numerics of fp32 training), weight memory, and one computed sentence per entry.
 
     section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
     section.entries, section.sentences, section.shown (templates/_pure16.html.j2, _pure16.md.j2)
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from harness.report import format as f
-from harness.report.accuracy import Check, Metric, compare, metric, num_classes
+from harness.report.accuracy import Check, Metric, compare, metric, num_classes, over_seeds, spread
 from harness.identity import arms_by_setting, describe, varying
 from harness.run import nonfinite
 
@@ -63,12 +63,10 @@ def _arm(records: list[dict], name: str, metric_: Metric) -> dict:
     length = min((len(c) for c in curves), default=0)
     curve = [_mean([c[i] for c in curves]) for i in range(length)]
     state = (ok or records)[0].get("state_memory_mb") or {}
-    figures = [r[metric_.field] for r in ok if r.get(metric_.field) is not None and math.isfinite(r[metric_.field])]
+    figure, seeds = over_seeds(ok, metric_)  # what it is judged by (accuracy, or eval loss), as fp8's arms show it
     return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
             "failed": [_failure(r) for r in records if r.get("status") != "ok"],
-            "spread": (min(figures), max(figures)) if len(figures) > 1 else None,  # over seeds
-            "scaling": _scaling(records),
-            "figure": _mean([r.get(metric_.field) for r in ok]),  # what it is judged by: accuracy, or eval loss
+            "spread": seeds, "scaling": _scaling(records), "figure": figure,
             "final_loss": _mean([r.get("final_train_loss") for r in ok]),
             # what keeps the weights: Kahan's compensation buffer counts with them
             "weights_mb": None if state.get("weights") is None else state["weights"] + state.get("compensation", 0.0),
@@ -115,10 +113,13 @@ def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> lis
     return out
 
 
-#: by the accuracy Check's outcome (its verdict as a quality: worse or better)
-NEAREST_VERBS = {"stalls": "stalls", "worse": "falls behind", "unchanged": "keeps up", "better": "does better",
+#: by the accuracy Check's outcome (its verdict as a quality: worse or better, slightly within the margin): "keeps
+#: up" and "recovers" say what "unchanged" says, and only where it does; a shift within the margin is said as one
+NEAREST_VERBS = {"stalls": "stalls", "worse": "falls behind", "slightly worse": "falls slightly behind",
+                 "unchanged": "keeps up", "slightly better": "does slightly better", "better": "does better",
                  "undecided": "is not clearly level", "one seed": "reaches"}
-REMEDY_VERBS = {"unchanged": "recovers", "better": "recovers", "worse": "reaches only", "stalls": "reaches only",
+REMEDY_VERBS = {"unchanged": "recovers", "slightly better": "recovers", "better": "recovers",
+                "slightly worse": "nearly recovers", "worse": "reaches only", "stalls": "reaches only",
                 "undecided": "reaches", "one seed": "reaches"}
 CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no spread to judge against"}
 
@@ -175,7 +176,12 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
             caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
             clauses.append(f"{remedy} ({p}) {verb} {metric_.show(a['figure'])}{memory}{caveat}")
         parts.append("; ".join(clauses))
-    return head + ". ".join(parts) if parts else head + "no pure 16-bit arm"
+    if not parts:
+        return head + "no pure 16-bit arm"
+    base = spread(fp32["records"])
+    margin = f'. "Keeps up" and "recovers": within {metric_.margin(base.margin)} of fp32, paired by seed' \
+        if base is not None and base.seeds > 1 else ""
+    return head + ". ".join(parts) + margin
 
 
 def _mixed_clause(precision: str, arm: dict, metric_: Metric) -> str:
@@ -190,7 +196,8 @@ def _mixed_clause(precision: str, arm: dict, metric_: Metric) -> str:
         f"; its scaler skipped {'/'.join(map(str, scaling['skipped']))} steps, ending at "
         f"{' or '.join(f.scale(v) for v in scaling['final'])}")
     caveat = f"; {CAVEATS[check.verdict]}" if check.verdict == "one seed" else ""  # the verb says "undecided"
-    return f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(arm['figure'])} vs {check.fp32.label}{scaler}{caveat})"
+    return (f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(arm['figure'])} vs {check.fp32.label}{scaler}"
+            f"{caveat})")
 
 
 def _curves_svg(entry: dict) -> str:

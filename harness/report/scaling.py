@@ -256,7 +256,7 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
         for setting_ in sorted(set(fp32) | set(mine), key=lambda s: tuple(str(getattr(s, k)) for k in SIZES)):
             cell, base = mine.get(setting_), fp32.get(setting_)
             flops = (cell or base).flops_per_step
-            ratio = stats.ratio(base.repeat_ms, cell.repeat_ms) if cell and base else None
+            ratio = stats.ratio(base.process_ms, cell.process_ms) if cell and base else None
             note = "" if ratio else _why_none(precision, setting_, failed, cell, base)
             points.append(Point(sizes_of[setting_], flops, cell, base, ratio, note))
         points.sort(key=Point.order)

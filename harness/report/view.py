@@ -20,7 +20,7 @@ from markupsafe import Markup
 from harness.report import accuracy, answer, charts
 from harness.report import format as f
 from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Environment, Fastest, MemoryRow, NotRun,
-                                 ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean)
+                                 ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean, speed_up)
 from harness.report.explain import explain, in_short
 from harness.report.fp8 import emulated as fp8_emulated, fp8_section
 from harness.report.profile import profile_section
@@ -149,7 +149,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                 delta=check.change if check else (spread.label if spread else "-"),
                 flag=bool(check) and not check.acceptable, check=check))
             if base:
-                summary.append(Comparison(c, base, stats.ratio(base.repeat_ms, c.repeat_ms), check,
+                family = sum(x.baseline is base for x in cells.values())  # as --repeats auto adjusted for them
+                summary.append(Comparison(c, base, speed_up(base, c, family), check,
                                           accuracy_rows[-1].delta, memory[-1].saved))
         differing = {label: cs for label, cs in curves.items() if _curves_differ(cs)}
         if differing:
@@ -189,10 +190,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     contenders: dict[tuple, list[Cell]] = {}  # per device: a GPU and a CPU are never ranked together
     for c in cells.values():
         contenders.setdefault((c.model, c.precision, c.device), []).append(c)
-    fastest = [Fastest(model, precision, device, best.label, f.ms(best.median_ms), f.number(best.tokens_per_s, 0),
-                       len(cs))
-               for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])
-               for best in [min(cs, key=lambda c: c.median_ms)]]
+    fastest = [_fastest(model, precision, device, cs, answer.ranked(cs, summary))
+               for (model, precision, device), cs in sorted(contenders.items(), key=lambda item: item[0])]
 
     # the first screen weighs speed: emulated FP8's step times measure the emulation (its own section says so)
     timed = [s for s in summary if not fp8_emulated(s.cell.records)]
@@ -219,6 +218,16 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         numerics=numerics, studies=studies_shown, sixteen_bit_safe=safe,
         pure16=pure16_section(records, diagnoses or []), profile=profiled,
         crossover=scaling_section(sized, cast_shares), fp8=fp8)
+
+
+def _fastest(model: str, precision: str, device: str, cells: list[Cell], ranked: list[Cell]) -> Fastest:
+    """The framework with the lowest median among the cells that may be ranked (answer.ranked), or that none may."""
+    if not ranked:
+        return Fastest(model, precision, device, f"none ranked (fewer than {stats.MIN_REPEATS} repeats, or no speed "
+                       "decided against fp32)", "-", "-", len(cells), 0)
+    best = min(ranked, key=lambda c: c.median_ms)
+    return Fastest(model, precision, device, best.label, f.ms(best.median_ms), f.number(best.tokens_per_s, 0),
+                   len(cells), len(ranked))
 
 
 def judged_figure(figure: str, c: Cell) -> str:

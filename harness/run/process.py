@@ -120,7 +120,7 @@ def failure_record(req: RunRequest, status: str, reason: str, started: float) ->
                                   batch_size=spec.batch_size, width=spec.width, steps=spec.steps,
                                   variant=req.variant,
                                   wall_s=round(time.time() - started, 3), status=status, reason=reason,
-                                  study=req.study)
+                                  study=req.study, auto_round=req.auto_round)
     # the settings harness.identity.run_key reads: what ties this run to its rerun by --resume
     settings = parse_loss_scale(req.loss_scale, parse_precision(req.precision), req.growth_interval).to_dict()
     record["loss_scale"] = {"settings": settings}

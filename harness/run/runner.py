@@ -21,7 +21,7 @@ from harness.run.plan import Plan, run_id, stamp_now
 from harness.run.worker import RunRequest
 
 AUTO = "auto"  # the variant `--variant auto` asks for (harness.run.variants.AUTO)
-DECIDED = ("faster", "slower", "same")  # the decisions (stats.Ratio.decision) that stop --repeats auto
+DECIDED = stats.DECIDED  # the decisions that stop --repeats auto
 
 
 
@@ -68,13 +68,15 @@ class UntilDecided:
     """`--repeats auto`: one budget (`budget_s`) spread over the matrix's cells. Every cell runs once first, outside
     the budget (each gets a figure, and these runs also measure once-per-machine facts: peaks, the fastest
     variant), then the budget's clock starts (`start`): round after round, in the matrix's order
-    (fp32, amp_bf16, amp_fp16, fp32, ...), one more repeat of every cell that has fewer than stats.MIN_REPEATS or
-    whose speed-up against its fp32 cell (same framework, model and variant: the ratio of their repeat medians)
-    is not decided yet, while the round's runs fit in what is left of the budget; a cell's first MIN_REPEATS are
-    never cut. The decision is sequential (stats: each look at its own level, 5% over all of them) and final: a
-    decided comparison is not looked at again when its fp32 cell gets repeats for another one. A cell whose run
-    ended otherwise than ok (failed, unsupported, diverged) has nothing more to decide. `outcomes()` says what
-    stopped each cell. `recorded`: records an earlier invocation wrote (--resume)."""
+    (fp32, amp_bf16, amp_fp16, fp32, ...), one more process of every cell that has fewer than stats.MIN_REPEATS
+    processes or whose speed-up against its fp32 cell (same framework, model and variant: the ratio of their
+    per-process figures, stats.per_process) is not decided yet, while the round's processes fit in what is left of
+    the budget; a cell's first MIN_REPEATS processes are never cut. A process runs several repeats of its cell one
+    after another where its start (the framework's import) costs more than a repeat (`per_process`): the evidence a
+    second of budget buys. The decision is sequential (stats: each look at its own level, 5% over all of them) and
+    final: a decided comparison is not looked at again when its fp32 cell gets processes for another one. A cell
+    whose run ended otherwise than ok (failed, unsupported, diverged) has nothing more to decide. `outcomes()` says
+    what stopped each cell. `recorded`: records an earlier invocation wrote (--resume)."""
 
     def __init__(self, requests: list[RunRequest], budget_s: float, recorded: list[dict] = (),
                  clock=time.monotonic):
@@ -86,7 +88,12 @@ class UntilDecided:
             self.template.setdefault(cell, q)
             self.next_repeat[cell] = min(self.next_repeat.get(cell, q.repeat), q.repeat)
         self.records: dict[tuple, dict[int, dict]] = {cell: {} for cell in self.template}  # the latest per repeat
-        self.run_s, self.runs = 0.0, 0  # worker time (wall_s) of this invocation's runs, and their number
+        self.figures: dict[tuple, list[float]] = {}  # _figures' answers until the next records come
+        # worker time (wall_s) of this invocation's runs, and the processes they ran in, since `started`
+        self.run_s, self.processes = 0.0, set()
+        self.first_overhead = 0.0  # a process's cost besides its runs in the first round (start measures it)
+        self.next_process = 0
+        self.round = 0  # the round the next requests belong to (their records' auto_round)
         self.ran_out = False
         # the sequential test of each pair: the ratio its last look gave (with that look's number), the one that decided
         self.latest: dict[tuple, stats.Ratio] = {}
@@ -94,36 +101,78 @@ class UntilDecided:
         # the precisions compared with one fp32 cell are adjusted together (Bonferroni), as the report's best-of-k
         self.family = Counter(base for base, _ in self.pairs())
         self.add(recorded, earlier=True)
+        # --resume: each pair where its test stood, replayed round by round (a decision made then stays made)
+        rounds = [r["auto_round"] for cell in self.records.values() for r in cell.values() if r.get("auto_round")
+                  is not None]
+        self.round = max(rounds, default=-1) + 1
+        for pair in self.pairs():
+            found = stats.sequential(*(self._repeats(c) for c in pair), comparisons=self.family[pair[0]])
+            if found is not None:
+                self.latest[pair] = found
+                if found.decision in DECIDED:
+                    self.decided[pair] = found
 
     def start(self) -> None:
         """The budget's clock starts now, after the first round."""
-        self.started, self.run_s, self.runs = self.clock(), 0.0, 0
+        self.first_overhead = self._overhead()
+        self.started, self.run_s, self.processes = self.clock(), 0.0, set()
 
     def add(self, records: list[dict], earlier: bool = False) -> None:
+        self.figures.clear()
         for r in records:
             key = run_key(r)
             if key[:-1] in self.records:
                 self.records[key[:-1]][key[-1]] = r
                 self.next_repeat[key[:-1]] = max(self.next_repeat[key[:-1]], key[-1] + 1)
             if not earlier:
-                self.run_s, self.runs = self.run_s + (r.get("wall_s") or 0.0), self.runs + 1
+                self.run_s += r.get("wall_s") or 0.0
+                self.processes.add(r.get("process") or r["run_id"])
+
+    def _overhead(self) -> float:
+        """What a worker process costs besides its runs (its start, the framework's import), as measured since
+        `started`: over the budget's rounds once one ran, else the first round's."""
+        if not self.processes:
+            return self.first_overhead
+        return max(0.0, self.clock() - self.started - self.run_s) / len(self.processes)
 
     def pairs(self) -> list[tuple[tuple, tuple]]:
         """(fp32 cell, other cell) for every cell that has an fp32 cell to compare with."""
         fp32 = {(c[0], c[1], c[3]): c for c in self.template if c[2] == "fp32"}
         return [(fp32[(c[0], c[1], c[3])], c) for c in self.template if c[2] != "fp32" and (c[0], c[1], c[3]) in fp32]
 
-    def _medians(self, cell: tuple) -> list[float]:
-        return [r["step_time_ms"]["median"] for r in self.records[cell].values() if r["status"] == "ok"]
+    def _figures(self, cell: tuple) -> list[float]:
+        """The cell's timing figures: its ok repeats' medians, pooled per process (stats.per_process)."""
+        if cell not in self.figures:
+            ok = [self.records[cell][r] for r in sorted(self.records[cell]) if self.records[cell][r]["status"] == "ok"]
+            self.figures[cell] = stats.per_process([r["step_time_ms"]["median"] for r in ok],
+                                                   [r.get("process") for r in ok])
+        return self.figures[cell]
+
+    def _repeats(self, cell: tuple) -> list[tuple[float, str | None, int]]:
+        """The cell's ok repeats as stats.sequential replays them: (median, process, round)."""
+        return [(r["step_time_ms"]["median"], r.get("process"), r.get("auto_round") or 0)
+                for r in (self.records[cell][i] for i in sorted(self.records[cell])) if r["status"] == "ok"]
+
+    def _count(self, cell: tuple, processes: int | None = None) -> str:
+        """"N repeats", or "N repeats in P processes" where some shared one: the cell's, or those of its first
+        `processes` processes."""
+        seen: dict[object, int] = {}
+        for r in sorted(self.records[cell]):
+            process = self.records[cell][r].get("process") or ("alone", r)
+            if process in seen or processes is None or len(seen) < processes:
+                seen[process] = seen.get(process, 0) + 1
+        repeats = sum(seen.values())
+        return f"{repeats} repeat{'s' * (repeats != 1)}" + (f" in {len(seen)} processes" if len(seen) != repeats
+                                                            else "")
 
     def _ratio(self, pair: tuple[tuple, tuple]) -> stats.Ratio | None:
-        """The pair's speed-up (fp32's times over the other's) as its sequential test last saw it, the interval
-        that decided once one has; None before each cell has a repeat. With stats.MIN_REPEATS in each cell, look k
-        comes when the larger cell has MIN_REPEATS + k - 1 repeats, each look at a level of its own (a repeat that
-        does not grow the larger cell waits for the next look)."""
+        """The pair's speed-up (fp32's figures over the other's) as its sequential test last saw it, the interval
+        that decided once one has; None before each cell has a repeat. With stats.MIN_REPEATS processes in each
+        cell, look k comes when the larger cell has MIN_REPEATS + k - 1 processes, each look at a level of its own (a
+        process that does not grow the larger cell waits for the next look)."""
         if pair in self.decided:
             return self.decided[pair]
-        a, b = (self._medians(c) for c in pair)
+        a, b = (self._figures(c) for c in pair)
         if not a or not b:
             return None
         if min(len(a), len(b)) < stats.MIN_REPEATS:
@@ -144,35 +193,47 @@ class UntilDecided:
         return not self._broken(pair) and (r is None or r.decision not in DECIDED)
 
     def _wanted(self, cell: tuple) -> bool:
-        """Another repeat of this cell would be used: it has too few, or one of its comparisons is open."""
+        """Another process of this cell would be used: it has too few, or one of its comparisons is open."""
         if self._broken([cell]):
             return False
-        return len(self.records[cell]) < stats.MIN_REPEATS or any(self._open(p) and cell in p for p in self.pairs())
+        return len(self._figures(cell)) < stats.MIN_REPEATS or any(self._open(p) and cell in p for p in self.pairs())
 
-    def _request(self, cell: tuple) -> RunRequest:
+    def per_process(self, cell: tuple, overhead: float) -> int:
+        """How many repeats of the cell one process runs: about as many as its start costs in repeats, so that a
+        repeat costs at most twice its own time, and at most MAX_PER_PROCESS (past that, a process's figure gains
+        little where its start decides part of the spread, which no repeat inside it reduces)."""
+        run = min((_run_s(r) for r in self.records[cell].values()), default=0.0)
+        return max(1, min(MAX_PER_PROCESS, round(overhead / run))) if run > 0 else 1
+
+    def _request(self, cell: tuple, process: int | None = None) -> RunRequest:
         t, r = self.template[cell], self.next_repeat[cell]
         self.next_repeat[cell] = r + 1
         return replace(t, repeat=r, run_id=run_id(t.framework, t.model, t.precision, t.variant, t.loss_scale, r,
-                                                  stamp_now()))
+                                                  stamp_now()), shares_process=process, auto_round=self.round)
 
     def first_round(self) -> list[RunRequest]:
         """A repeat of every cell that has none yet: each cell gets a figure whatever the budget."""
-        return [self._request(c) for c in self.template if not self.records[c]]
+        batch = [self._request(c) for c in self.template if not self.records[c]]
+        self.round += 1
+        return batch
 
     def next_round(self) -> list[RunRequest]:
-        """The next repeat of every cell still wanted, as many as fit in the budget (none: the matrix is done), the
-        cells with fewest repeats first: no cell gets another while one with fewer does not fit. A cell's first
-        stats.MIN_REPEATS are never cut (without them there is no interval): they may overrun the budget."""
-        cells = sorted((c for c in self.template if self._wanted(c)), key=lambda c: len(self.records[c]))
-        elapsed = self.clock() - self.started
-        overhead = max(0.0, elapsed - self.run_s) / self.runs if self.runs else 0.0  # process start, imports
-        left, batch = self.budget_s - elapsed, []
+        """The next process of every cell still wanted (per_process repeats in it), as many as fit in the budget
+        (none: the matrix is done), the cells with fewest processes first: no cell gets another while one with
+        fewer does not fit. A cell's first stats.MIN_REPEATS processes are never cut (without them there is no
+        interval): they may overrun the budget."""
+        cells = sorted((c for c in self.template if self._wanted(c)), key=lambda c: len(self._figures(c)))
+        overhead = self._overhead()
+        left, batch = self.budget_s - (self.clock() - self.started), []
         for cell in cells:
-            left -= overhead + min((_run_s(r) for r in self.records[cell].values()), default=0.0)
-            if left < 0 and len(self.records[cell]) >= stats.MIN_REPEATS:
+            repeats = self.per_process(cell, overhead)
+            left -= overhead + repeats * min((_run_s(r) for r in self.records[cell].values()), default=0.0)
+            if left < 0 and len(self._figures(cell)) >= stats.MIN_REPEATS:
                 self.ran_out = True
                 break
-            batch.append(self._request(cell))
+            process, self.next_process = self.next_process, self.next_process + 1
+            batch += [self._request(cell, process) for _ in range(repeats)]
+        self.round += 1
         return batch
 
     def outcomes(self) -> list[str]:
@@ -191,13 +252,15 @@ class UntilDecided:
             if r is None:
                 lines.append(f"{name}: interrupted before a repeat of each")
                 continue
-            a, b = self._medians(base), self._medians(cell)
-            na, nb = r.n if r.decision in DECIDED else (len(a), len(b))  # a decision: the repeats it had
-            n = f"{nb} repeat{'s' * (nb != 1)}" + ("" if na == nb else f" (fp32 {na})")
+            na, nb = r.n if r.decision in DECIDED else (None, None)  # a decision: the processes it had
+            n = self._count(cell, nb)
+            fp32 = self._count(base, na)
+            n += "" if fp32 == n else f" (fp32 {fp32})"
             interval = f"speed-up {r.estimate:.3g}x, {r.label}" if r.is_interval else r.label
             if r.decision in DECIDED:
                 lines.append(f"{name}: decided after {n}: {r.decision}, {interval}")
             elif self.ran_out:
+                a, b = self._figures(base), self._figures(cell)
                 lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
                              f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
             else:
@@ -207,6 +270,9 @@ class UntilDecided:
                 lines.append(f"{q.framework} {Path(q.model).stem} {q.precision}: no fp32 cell to compare with "
                              f"(variant {q.variant}); {len(self.records[cell])} repeats")
         return lines
+
+
+MAX_PER_PROCESS = 4  # repeats one --repeats auto process may run (UntilDecided.per_process)
 
 
 def _run_s(record: dict) -> float:
@@ -265,11 +331,15 @@ UNTIMED = ("fingerprint", "diagnose")  # modes whose runs of one precision may s
 
 
 def _batches(requests: list[RunRequest]) -> list[list[RunRequest]]:
-    """Timed runs alone, in the matrix's interleaved order; untimed runs grouped by everything that is set
-    process-wide (framework, precision, device, threads, variant), so each group shares one process."""
+    """Timed runs alone, in the matrix's interleaved order, but for the repeats of a cell that share a process
+    (RunRequest.shares_process); untimed runs grouped by everything that is set process-wide (framework, precision,
+    device, threads, variant), so each group shares one process."""
     batches: dict[tuple, list[RunRequest]] = {}
     for i, q in enumerate(requests):
-        key = (q.mode, q.framework, q.precision, q.device, q.threads, q.variant) if q.mode in UNTIMED else (i,)
+        if q.mode in UNTIMED:
+            key = (q.mode, q.framework, q.precision, q.device, q.threads, q.variant)
+        else:
+            key = (i,) if q.shares_process is None else (request_key(q)[:-1], q.shares_process)
         batches.setdefault(key, []).append(q)
     return list(batches.values())
 

@@ -1,8 +1,9 @@
 """Runs in their own process: ``python -m harness.run.worker REQUESTS.json RECORD.json``.
 
 The runner starts this module once per timed run (framework, model, precision, repeat) so that process-wide
-framework state (mixed-precision policies, MXNet's AMP patching, allocator peaks) never leaks between runs;
-untimed runs (fingerprints, diagnoses) of one framework and precision share a process. REQUESTS.json is a list;
+framework state (mixed-precision policies, MXNet's AMP patching, allocator peaks) never leaks between precisions;
+untimed runs (fingerprints, diagnoses) of one framework and precision share a process, and so may the repeats of
+one timed cell (`--repeats auto`: each builds its own trainer from its own seed; every record names its process). REQUESTS.json is a list;
 the record of request i is written as JSON to RECORD.json.i, then ``record i`` goes to stdout; progress goes
 there as ``progress STEP TOTAL`` lines.
 """
@@ -13,6 +14,7 @@ import math
 import sys
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,6 +64,9 @@ class RunRequest:
     study: str | None = None  # the id tying the runs of one study together
     nonfinite: bool = False  # diagnose --nonfinite: also locate the first step the loss scaler skipped
     force: bool = False  # run --force: past the memory guard, the worker's too
+    shares_process: int | None = None  # timed runs of one cell with the same number run one after another in one
+    # process (--repeats auto: harness.run.runner.UntilDecided); None: a timed run has a process of its own
+    auto_round: int | None = None  # --repeats auto: the round of UntilDecided it belongs to (0: the first)
 
     def resolved_spec(self) -> ModelSpec:
         return validate(self.spec, self.model)
@@ -82,7 +87,7 @@ def run(req: RunRequest, progress=None) -> dict:
     started = time.time()
     record = empty_record(run_id=req.run_id, framework=req.framework, precision=req.precision, repeat=req.repeat,
                           started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          warmup_steps=req.warmup, env=measure.environment(req.threads))
+                          warmup_steps=req.warmup, env=measure.environment(req.threads), auto_round=req.auto_round)
     try:
         spec = req.resolved_spec()
         graph = infer(spec)
@@ -350,8 +355,14 @@ def main(argv: list[str]) -> int:
             last[0] = now
             print(f"progress {step} {total}", flush=True)
 
+    process = uuid.uuid4().hex[:16]  # what the runs of this process share (harness.stats.per_process)
+    try:  # the framework's import, once, before any run's clock: a record's wall_s is the run's own time
+        load_adapter(requests[0]["framework"])
+    except HarnessError:
+        pass  # the first run says why, in its record
     for i, request in enumerate(requests):
         record = run(RunRequest(**request), progress)
+        record["process"] = process
         tmp = Path(f"{record_path}.{i}.tmp")
         tmp.write_text(json.dumps(record, default=str))
         tmp.replace(f"{record_path}.{i}")

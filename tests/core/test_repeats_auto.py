@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from harness import results
+from harness import results, stats
 from harness.run.process import failure_record
 from harness.run.plan import DEFAULT_BUDGET_S, cells, matrix
 from harness.run.runner import UntilDecided
@@ -34,15 +34,24 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     args = ["run", "--framework", "fake", "--matrix", str(plan), "--no-progress", "--out", str(tmp_path / "out")]
     out = amp(*args, faults="amp_bf16=slow")
     assert out.returncode == 0, out.stderr
+    # fp32's steps take milliseconds, far less than its process's start: its later processes run 4 repeats each
     assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 3 "
-                     r"repeats: slower, speed-up \S+x, 97.5% CI \S+, look 1 of a sequential test", out.stdout), out.stdout
-    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "amp_bf16": [0, 1, 2]}
+                     r"repeats \(fp32 9 repeats in 3 processes\): slower, speed-up \S+x, 97.5% CI \S+, look 1 of a "
+                     r"sequential test", out.stdout), out.stdout
+    assert _repeats(tmp_path / "out") == {"fp32": list(range(9)), "amp_bf16": [0, 1, 2]}
+    processes = [r["process"] for r in results.read_records([tmp_path / "out"]) if r["precision"] == "fp32"]
+    assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 4, 4]
+    # the report shows the interval that decided, replayed from the records' rounds and processes
+    decided = re.search(r"decided after [^:]+: slower, speed-up \S+x, (97.5% CI \S+), look 1", out.stdout)[1]
+    page = amp("report", str(tmp_path / "out"), "-o", str(tmp_path / "index.html"))
+    assert page.returncode == 0, page.stderr
+    assert re.search(re.escape(decided) + r", look 1 of a sequential test", (tmp_path / "index.html").read_text())
 
     again = amp(*args, "--resume", faults="amp_bf16=slow")  # the recorded repeats count: nothing more to run
     assert again.returncode == 0, again.stderr
     assert "resume: 6 of 6 runs already recorded" in again.stderr
-    assert "decided after 3 repeats: slower" in again.stdout
-    assert len(results.read_records([tmp_path / "out"])) == 6
+    assert "decided after 3 repeats (fp32 9 repeats in 3 processes): slower" in again.stdout
+    assert len(results.read_records([tmp_path / "out"])) == 12
 
 
 def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_path, monkeypatch):
@@ -50,8 +59,8 @@ def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_p
     out = amp("run", *SHORT, "--model", SPEC, "--precision", "fp32,amp_bf16", "--repeats", "auto", "--budget", "20",
               "--out", str(tmp_path / "out"), faults="fp32=noisy,amp_bf16=noisy")
     assert out.returncode == 0, out.stderr
-    line = re.search(r"amp_bf16 against fp32 \(variant default\): budget ran out after (\d+) repeats(?: \(fp32 "
-                     r"(\d+)\))?: too noisy here to decide \(speed-up [\d.]+x, [\d.]+% CI [\d.]+-[\d.]+, look \d+ of a "
+    line = re.search(r"amp_bf16 against fp32 \(variant default\): budget ran out after (\d+) repeats(?: in \d+ "
+                     r"processes)?(?: \(fp32 (\d+) repeats(?: in \d+ processes)?\))?: too noisy here to decide \(speed-up [\d.]+x, [\d.]+% CI [\d.]+-[\d.]+, look \d+ of a "
                      r"sequential test \(5% over all its looks\); spread \d+% "
                      r"fp32, \d+% amp_bf16\)", out.stdout)
     assert line, out.stdout
@@ -158,7 +167,9 @@ def test_repeats_auto_beside_a_matrix_file_without_repeats_is_taken(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "tf32 against fp32 (variant default): stopped: its tf32 run r0 ended unsupported (fake cannot do " \
            "TF32)" in out.stdout
-    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2], "tf32": [0]}  # unsupported: once is enough
+    found = _repeats(tmp_path / "out")  # tf32 unsupported: once is enough; fp32 has its three processes
+    assert found["tf32"] == [0] and found["fp32"] == list(range(len(found["fp32"])))
+    assert len({r["process"] for r in results.read_records([tmp_path / "out"]) if r["precision"] == "fp32"}) == 3
 
 
 def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_counted_again():
@@ -173,7 +184,7 @@ def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_
     assert len(second) == 4  # all fit in the budget, resnet8 amp_bf16 too
     plan.add([_ran(q, 10.0) for q in second])
     mnist_fp32 = next(iter(plan.template))
-    plan.records[mnist_fp32][2] = _ran(replace(second[0], repeat=2), 10.0)  # it has three repeats now
+    plan.add([_ran(replace(second[0], repeat=2), 10.0)], earlier=True)  # it has three repeats now
     now[0] = 4.0  # 2.5 s left: the cells that have two repeats, in the matrix's order, get their third whatever
     # the budget (a cell's first three are never cut); mnist_mlp fp32's fourth no longer fits
     assert [(Path(q.model).stem, q.precision) for q in plan.next_round()] == [("mnist_mlp", "amp_bf16"),
@@ -181,32 +192,46 @@ def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_
     assert plan.ran_out
 
 
-RUN_S = 10.0  # a repeat's process on the budget's clock: a framework's import, build and warm-up (3-10 s here)
+START_S, RUN_S = 6.0, 3.0  # a process's start (a framework's import) and a repeat in it, on the budget's clock
 NOISE = 0.08  # per-process spread of a repeat's median step time (log-normal), as on a shared 2-core machine
+WITHIN = 0.03  # and of each repeat in a process
 
 
-def simulated_verdict(speed_up: float, seed: int, budget_s: float = DEFAULT_BUDGET_S) -> str:
-    """One `--repeats auto` run of fp32 and amp_bf16 through the runner's own UntilDecided and its outcome line,
-    each repeat's median drawn with NOISE, amp_bf16 `speed_up` times faster, every run RUN_S on a simulated clock:
-    the verdict its line gives ("faster", "slower", "same"), or "none"."""
+def simulated_run(speed_up: float, seed: int, budget_s: float = DEFAULT_BUDGET_S) -> UntilDecided:
+    """One `--repeats auto` run of fp32 and amp_bf16 through the runner's own UntilDecided, to its end: every
+    process starts in START_S and draws its own NOISE, each repeat in it takes RUN_S and draws WITHIN more (so
+    UntilDecided runs 2 repeats in a process after the first round), amp_bf16 `speed_up` times faster, on a simulated
+    clock."""
     rng, now = np.random.default_rng(seed), [0.0]
     requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 3, ["default"])
     plan = UntilDecided(requests, budget_s, clock=lambda: now[0])
-
     records = {q.precision: _ran(q, 0.0, wall_s=RUN_S) for q in requests}  # built once: a record is slow to build
 
-    def ran(q):
-        true_ms = 10.0 if q.precision == "fp32" else 10.0 / speed_up
-        return {**records[q.precision], "repeat": q.repeat, "run_id": q.run_id,
-                "step_time_ms": {"median": true_ms * math.exp(rng.normal(0, NOISE))}}
+    def ran(batch):
+        found, process = [], {}
+        for q in batch:
+            key = (q.precision, q.repeat) if q.shares_process is None else q.shares_process
+            if key not in process:
+                process[key] = rng.normal(0, NOISE)
+                now[0] += START_S
+            now[0] += RUN_S
+            true_ms = 10.0 if q.precision == "fp32" else 10.0 / speed_up
+            found.append({**records[q.precision], "repeat": q.repeat, "run_id": q.run_id, "process": str(key),
+                          "auto_round": q.auto_round, "step_time_ms": {"median": true_ms * math.exp(process[key] + rng.normal(0, WITHIN))}})
+        return found
 
-    plan.add([ran(q) for q in plan.first_round()])
+    plan.add(ran(plan.first_round()))
     plan.start()
     while batch := plan.next_round():
-        now[0] += RUN_S * len(batch)
-        plan.add([ran(q) for q in batch])
-    (line,) = plan.outcomes()
-    found = re.search(r": decided after \d+ repeats(?: \(fp32 \d+\))?: (faster|slower|same), ", line)
+        plan.add(ran(batch))
+    return plan
+
+
+def simulated_verdict(speed_up: float, seed: int, budget_s: float = DEFAULT_BUDGET_S) -> str:
+    """simulated_run's verdict as its outcome line gives it ("faster", "slower", "same"), or "none"."""
+    (line,) = simulated_run(speed_up, seed, budget_s).outcomes()
+    found = re.search(r": decided after \d+ repeats(?: in \d+ processes)?(?: \(fp32 [^)]+\))?: (faster|slower|same), ",
+                      line)
     return found[1] if found else "none"
 
 
@@ -224,3 +249,33 @@ def test_a_true_speed_up_of_1_25x_is_called_faster_within_the_default_budget():
     verdicts = [simulated_verdict(1.25, seed) for seed in range(500)]
     assert verdicts.count("faster") >= 0.8 * len(verdicts), {v: verdicts.count(v) for v in set(verdicts)}
     assert "slower" not in verdicts and "same" not in verdicts
+
+
+def test_the_sequential_test_replayed_from_the_records_is_the_one_the_runner_decided_with():
+    """What the report shows (stats.sequential over the records' rounds and processes) is the interval that decided,
+    or the last look, in runs that decide early, late and never."""
+    kinds = set()
+    for seed in range(60):
+        plan = simulated_run(1.0 + 0.02 * (seed % 6), seed)
+        (pair,) = plan.pairs()
+        ran, replayed = plan._ratio(pair), stats.sequential(*(plan._repeats(c) for c in pair), comparisons=1)
+        assert (replayed.estimate, replayed.low, replayed.high, replayed.look) == \
+            (ran.estimate, ran.low, ran.high, ran.look)
+        kinds.add((ran.decision, ran.look > 1))
+    assert {("faster", True), ("none", True)} <= {(d if d in stats.DECIDED else "none", late) for d, late in kinds}
+
+
+def test_a_resumed_run_keeps_the_decision_an_earlier_look_made():
+    plan = simulated_run(1.1, 3)
+    (pair,) = plan.pairs()
+    decided = plan._ratio(pair)
+    assert decided.decision == "faster" and decided.look > 1
+    records = [r for cell in plan.records.values() for r in cell.values()]
+    last = max(r["auto_round"] for r in records)
+    # a later round (as for another precision compared with the same fp32) where amp_bf16 ran slower
+    later = [{**plan.records[cell][0], "repeat": 100 + i, "auto_round": last + 1, "process": f"later {cell[2]} {i}",
+              "step_time_ms": {"median": 10.0 if cell[2] == "fp32" else 14.0}} for cell in pair for i in range(2)]
+    resumed = UntilDecided(list(plan.template.values()), DEFAULT_BUDGET_S, records + later)
+    assert resumed._ratio(pair) == decided  # not the look all the records would give at once:
+    assert stats.ratio(*(resumed._figures(c) for c in pair), look=decided.look + 1).decision != "faster"
+    assert resumed.round == last + 2

@@ -91,9 +91,9 @@ def test_recommendation_is_computed_from_the_records():
                   for k in {(r["framework"], r["precision"]) for r in records})
     assert fastest[1] == ("mxnet", "fp32") and fastest[0] == mxnet_fp32
     assert line == (f"m: torch amp_bf16, {torch.ratio:.2f}x faster than torch fp32 (95% CI {torch.lo:.2f}-"
-                    f"{torch.hi:.2f}), accuracy unchanged (+0.0 pt, 95% CI +0.0 to +0.0 over 3 seeds; fp32 over 3 seeds: "
-                    f"90.0-90.0%); fastest overall, best of 6 "
-                    f"cells: mxnet fp32 {mxnet_fp32:.3g} ms/step.")
+                    f"{torch.hi:.2f}), accuracy unchanged (+0.0 pt, 95% CI +0.0 to +0.0 over 3 seeds; margin ±0.5 pt; "
+                    f"fp32 over 3 seeds: 90.0-90.0%); fastest overall, best of 6 cells: mxnet fp32 {mxnet_fp32:.3g} "
+                    f"ms/step.")
 
 
 def test_nothing_clearly_faster_is_said_so():
@@ -108,7 +108,7 @@ def test_a_faster_precision_that_loses_accuracy_is_not_recommended():
         + cell("torch", "amp_bf16", 10.0)
     (line,) = build_view(records).answer[0].recommendations
     assert line.startswith("m: torch amp_bf16, 1.20x faster") and "(torch amp_fp16 was 1.50x faster but accuracy " \
-        "lower (-10.0 pt, 95% CI -10.0 to -10.0 over 3 seeds; fp32 over 3 seeds: 90.0-90.0%))" in line
+        "lower (-10.0 pt, 95% CI -10.0 to -10.0 over 3 seeds; margin ±0.5 pt; fp32 over 3 seeds: 90.0-90.0%))" in line
 
 
 def test_explanations_speak_only_of_the_cells_they_cite():
@@ -142,10 +142,14 @@ def test_runs_too_short_show_no_accuracy_figure():
     rows = {(r.model, r.precision): r for r in view.accuracy}
     assert rows[("short", "fp32")].accuracy == rows[("short", "amp_bf16")].delta == "too short to judge"
     assert rows[("long", "fp32")].accuracy == "17.0 %"
-    assert rows[("long", "amp_bf16")].delta == ("higher (+3.0 pt, 95% CI +3.0 to +3.0 over 3 seeds; fp32 over 3 "
-                                                   "seeds: 17.0-17.0%)")
+    assert rows[("long", "amp_bf16")].delta == ("higher (+3.0 pt, 95% CI +3.0 to +3.0 over 3 seeds; margin ±0.5 pt; "
+                                                   "fp32 over 3 seeds: 17.0-17.0%)")
     lines = dict(zip(["long", "short"], view.answer[0].recommendations))
-    assert "accuracy too short to judge" in lines["short"] and "accuracy higher (+3.0 pt" in lines["long"]
+    assert "accuracy higher (+3.0 pt" in lines["long"]
+    # faster, but accuracy too short to judge: not recommended, and what to run instead
+    assert lines["short"].startswith("short: nothing to recommend yet: torch amp_bf16 is 1.20x faster than torch fp32")
+    assert "but accuracy too short to judge (fp32 at chance level); train for more steps (--steps): fp32 learned " \
+        "nothing to judge accuracy by; keep fp32 until then" in lines["short"]
     page = render(view)
     assert "too short to judge" in page and "11.0 %" not in page and "13.0 %" not in page
     # two classes: 0.52 is chance level too

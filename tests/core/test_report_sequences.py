@@ -136,13 +136,14 @@ def test_a_next_token_model_is_judged_by_its_eval_loss_not_its_token_accuracy():
     lines = dict(zip(["tiny_gpt", "vit"], view.answer[0].recommendations))
     assert "keep fp32" in lines["tiny_gpt"] and "but eval loss higher (+0.3000 nats" in lines["tiny_gpt"]
     assert lines["vit"].startswith("vit: torch amp_bf16, 2.00x faster") and "accuracy unchanged" in lines["vit"]
-    # token accuracy down 10 points, loss within fp32's spread: judged by the loss, unchanged
+    # token accuracy down 10 points, loss +0.001 nats at every seed (well within the margin): judged by the loss,
+    # slightly higher and still acceptable
     held = cell("tiny_gpt", "fp32", 20.0, FP32_LOSS, (0.40,) * 3) \
         + cell("tiny_gpt", "amp_bf16", 10.0, [x + 0.001 for x in FP32_LOSS], (0.30,) * 3)
     (s,) = build_view(held).summary
-    assert s.accuracy_check.verdict == "unchanged" and s.accuracy_check.acceptable
+    assert s.accuracy_check.verdict == "slightly higher" and s.accuracy_check.acceptable
     (e,) = build_view(held).answer[0].rows[0].cells
-    assert e.verdict == "faster" and e.accuracy.startswith("eval loss unchanged (+0.0010 nats")
+    assert e.verdict == "faster" and e.accuracy.startswith("eval loss slightly higher (+0.0010 nats")
 
 
 def test_too_short_for_a_next_token_model_is_a_loss_not_clearly_below_ln_vocabulary():
@@ -176,7 +177,7 @@ def test_pure16_judges_a_next_token_model_by_its_loss_and_shows_perplexity():
     sentence = entry["sentence"]
     assert ("bf16 with nearest rounding falls behind (loss 3.0100, perplexity 20.29 vs fp32 over 3 seeds: loss "
             "2.1000-2.1200, perplexity 8.17-8.33)") in sentence
-    assert "stochastic rounding (bf16_sr) recovers loss 2.1110, perplexity 8.26" in sentence
+    assert "stochastic rounding (bf16_sr) nearly recovers loss 2.1110, perplexity 8.26" in sentence
     view = build_view(records)
     (shown,) = view.pure16.shown
     assert shown["header"][2:6] == ("eval loss (mean)", "perplexity", "over seeds", "vs fp32 (paired by seed)")

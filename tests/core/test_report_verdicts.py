@@ -170,3 +170,87 @@ def test_in_short_names_the_profiles_cast_share():
     view = build_view(records, profiles=profiles)
     assert view.why_short == ["Profiles of the slower 16-bit cells on cpu (test cpu) name the layers that lost the "
                                  "time and put 5% of the 16-bit step in casts (fake)."]
+
+
+def _seeded(framework, precision, ms, accuracies, **kw):
+    """A cell of 3 repeats (2% apart in step time), one seed each, with these accuracies by seed."""
+    return [{**r, "eval_accuracy": a} for r, a in zip(cell(framework, precision, ms, **kw), accuracies)]
+
+
+FP32_ACC = (0.900, 0.910, 0.920)  # standard deviation 1.0 pt: the margin
+NOISY_ACC = (0.880, 0.925, 0.905)  # -2.0, +1.5, -1.5 pt: 0 inside, the interval far past the margin: undecided
+
+
+def test_a_faster_precision_whose_accuracy_is_not_decided_is_neither_bolded_nor_recommended():
+    records = _seeded("torch", "fp32", 12.0, FP32_ACC) + _seeded("torch", "amp_bf16", 10.0, NOISY_ACC)
+    view = build_view(records)
+    (s,) = view.summary
+    assert (s.decision, s.accuracy_check.verdict) == ("faster", "undecided")
+    (e,) = view.answer[0].rows[0].cells
+    assert (e.verdict, e.verdict_text) == ("open", "faster, accuracy not yet decided")
+    assert e.advice == "rerun with more repeats (each one more seed) to decide accuracy"
+    body = _matrix_body(render(view))
+    assert "v-faster" not in body and "<strong>" not in body and 'class="verdict"' not in body
+    assert "faster, accuracy not yet decided" in body and e.advice in body
+    md_row = render_markdown(view).split("| m |")[1].split("\n")[0]
+    assert "**" not in md_row and "faster, accuracy not yet decided" in md_row
+    (line,) = view.answer[0].recommendations
+    assert line.startswith("m: nothing to recommend yet: torch amp_bf16 is 1.20x faster than torch fp32 (95% CI")
+    assert "but accuracy not clearly unchanged (" in line and "keep fp32 until then" in line
+
+
+def test_one_seed_is_not_decided_either_and_says_to_run_more_repeats():
+    records = [{k: v for k, v in r.items() if k != "seed"}  # older records: every repeat from the spec's seed
+               for r in cell("torch", "fp32", 12.0) + cell("torch", "amp_bf16", 10.0)]
+    view = build_view(records)
+    (e,) = view.answer[0].rows[0].cells
+    assert e.verdict == "open"
+    assert e.advice == "rerun with --repeats 3 or more (each repeat trains from a seed of its own) to judge accuracy"
+    (line,) = view.answer[0].recommendations
+    assert line.startswith("m: nothing to recommend yet") and "<strong>" not in _matrix_body(render(view))
+
+
+def test_a_decided_precision_is_recommended_over_a_faster_one_whose_accuracy_is_open():
+    records = (_seeded("torch", "fp32", 15.0, FP32_ACC) + _seeded("torch", "amp_fp16", 11.0, FP32_ACC)
+               + _seeded("torch", "amp_bf16", 10.0, NOISY_ACC))
+    view = build_view(records)
+    (e,) = view.answer[0].rows[0].cells
+    assert (e.verdict, e.precision) == ("faster", "amp_fp16")
+    (line,) = view.answer[0].recommendations
+    assert line.startswith("m: torch amp_fp16, 1.37x faster") and "accuracy unchanged" in line
+    assert "(torch amp_bf16 was 1.50x faster, accuracy not yet decided: rerun with more repeats" in line
+
+
+def test_fastest_overall_never_names_a_cell_with_too_few_repeats_or_an_undecided_speed():
+    """jax amp_bf16 (2 repeats) and mxnet amp_bf16 (too noisy to tell from fp32) have the lowest medians: neither is
+    named, in the recommendation or in the fastest-framework table."""
+    records = (cell("torch", "fp32", 12.0) + cell("torch", "amp_bf16", 10.0)
+               + cell("jax", "fp32", 12.0) + cell("jax", "amp_bf16", 1.0, repeats=2)
+               + cell("mxnet", "fp32", 11.0, spread=0.15) + cell("mxnet", "amp_bf16", 9.5, spread=0.15))
+    view = build_view(records)
+    decisions = {s.framework: s.decision for s in view.summary}
+    assert decisions == {"jax": "too few", "mxnet": "undecided", "torch": "faster"}
+    (line,) = view.answer[0].recommendations
+    assert line.startswith("m: torch amp_bf16, 1.20x faster")
+    assert line.endswith("; fastest overall, best of 4 cells with a decided speed (2 more with fewer than 3 repeats "
+                         "or no speed decided): torch amp_bf16 10 ms/step.")
+    fastest = {f.precision: f for f in view.fastest}
+    assert (fastest["amp_bf16"].framework, fastest["amp_bf16"].ranked, fastest["amp_bf16"].of) == ("torch", 1, 3)
+    assert (fastest["fp32"].framework, fastest["fp32"].ranked) == ("mxnet", 3)
+    assert "<td>1 of 3</td>" in render(view).replace(' class="num"', "")
+
+
+def test_where_no_cell_may_be_ranked_no_fastest_is_named():
+    records = cell("torch", "fp32", 12.0, repeats=2) + cell("jax", "fp32", 10.0, repeats=2) \
+        + cell("mxnet", "amp_bf16", 5.0) + cell("mxnet", "amp_fp16", 4.0)
+    view = build_view(records)
+    (line,) = view.answer[0].recommendations
+    assert line == ("m: no framework ran both fp32 and another precision, so no speed-up to compare; no fastest "
+                    "overall: none of its 4 cells has 3 repeats and a speed decided against fp32.")
+    cells = dict(zip(view.answer[0].columns, view.answer[0].rows[0].cells))
+    assert cells["jax"].precision == "fp32" and cells["jax"].verdict_text == "fp32 only"  # one cell: no ranking
+    assert (cells["mxnet"].precision, cells["mxnet"].ms) == ("amp_bf16, amp_fp16", "")
+    assert cells["mxnet"].verdict_text == ("no fp32 run to compare; none may be named the fastest (fewer than 3 "
+                                           "repeats, or no speed decided against fp32)")
+    assert "| amp_bf16, amp_fp16; no fp32 run to compare; none may be named" in render_markdown(view)
+    assert all(f.framework.startswith("none ranked") and f.ranked == 0 for f in view.fastest)
