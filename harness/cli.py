@@ -345,7 +345,7 @@ def cmd_diagnose(args) -> int:
         print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
               f"from {steps[0]}, and the last, {steps[-1]}):")
         for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values(),
-                     *fp8_verdicts(diagnosis.get("fp8") or {}).values()]:
+                     *fp8_verdicts(diagnosis.get("fp8") or {}, diagnosis["every"]).values()]:
             print(f"  {line}")
     return _exit_code(records)
 

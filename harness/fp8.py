@@ -220,24 +220,33 @@ def problems(counts: dict) -> list[tuple[str, str, str, float]]:
     return sorted(found, key=lambda p: -p[3])
 
 
-def verdicts(fp8: dict) -> dict[str, str]:
-    """One sentence per FP8 precision and scaling recipe of a diagnosis's cast statistics (CastStatistics)."""
+def verdicts(fp8: dict, every: int = 1) -> dict[str, str]:
+    """One sentence per FP8 precision and scaling recipe of a diagnosis's cast statistics (CastStatistics), whose
+    tensors were captured every `every` steps: a delayed recipe's history then held the captured steps only, which
+    its sentence says (a window of N captured steps spans N x every training steps)."""
     out = {}
     for key, counts in fp8.items():
-        found = problems(counts)
-        if not found:
-            worst = max((c["underflow"] / c["values"] for roles in counts.values() for c in roles.values()
-                         if c["values"]), default=0.0)
-            out[key] = (f"{key}: safe: at the recipe's scales no matmul input casts more than "
-                        f"{MAX_UNDERFLOW:.0%} of its values to 0 (at most {worst:.2%}) or clips more than "
-                        f"{MAX_SATURATE:.1%}")
-            continue
-        listed = "; ".join(f"layer {layer}'s {role.replace('_', ' ')} ({counts[layer][role]['format']}) "
-                           f"{'underflows' if kind == 'underflow' else 'saturates'} in {share:.1%}"
-                           for layer, role, kind, share in found[:4])
-        more = f" (and {len(found) - 4} more)" if len(found) > 4 else ""
-        out[key] = f"{key}: not safe: {listed}{more}"
+        out[key] = _verdict(key, counts)
+        history = Recipe.parse(key.split(":", 1)[1]).history if ":" in key else 0
+        if history and every > 1:
+            out[key] += (f" (judged with an amax history of the captured steps only, every {every}th: its "
+                         f"{history} entries span {history * every} training steps, not the {history} the recipe "
+                         f"names; `diagnose --every 1` judges the recipe as named)")
     return out
+
+
+def _verdict(key: str, counts: dict) -> str:
+    found = problems(counts)
+    if not found:
+        worst = max((c["underflow"] / c["values"] for roles in counts.values() for c in roles.values()
+                     if c["values"]), default=0.0)
+        return (f"{key}: safe: at the recipe's scales no matmul input casts more than {MAX_UNDERFLOW:.0%} of its "
+                f"values to 0 (at most {worst:.2%}) or clips more than {MAX_SATURATE:.1%}")
+    listed = "; ".join(f"layer {layer}'s {role.replace('_', ' ')} ({counts[layer][role]['format']}) "
+                       f"{'underflows' if kind == 'underflow' else 'saturates'} in {share:.1%}"
+                       for layer, role, kind, share in found[:4])
+    more = f" (and {len(found) - 4} more)" if len(found) > 4 else ""
+    return f"{key}: not safe: {listed}{more}"
 
 
 # ---- written once against an adapter's primitives (harness.rounding.RoundingOps) ---------------------------

@@ -236,6 +236,7 @@ def fp8_section(records: list[dict], diagnoses: list[dict] | None = None) -> Fp8
     from harness.fp8 import verdicts
 
     entries = fp8_entries(records)
-    diagnosed = [Diagnosed(d.get("model"), d.get("framework"), list(verdicts(d["diagnosis"]["fp8"]).values()))
+    diagnosed = [Diagnosed(d.get("model"), d.get("framework"),
+                           list(verdicts(d["diagnosis"]["fp8"], d["diagnosis"].get("every") or 1).values()))
                  for d in diagnoses or [] if d.get("status") == "ok" and (d.get("diagnosis") or {}).get("fp8")]
     return Fp8Section(entries, diagnosed if entries else [])

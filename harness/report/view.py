@@ -299,7 +299,7 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
         title = (f"{d['model']} ({d['framework']}): gradients in fp32, {len(diagnosis['captured_steps'])} captured "
                  f"steps (0 to {diagnosis['captured_steps'][-1]})")
         verdicts = judge(diagnosis)
-        fp8_lines = list(fp8_verdicts(diagnosis.get("fp8") or {}).values())
+        fp8_lines = list(fp8_verdicts(diagnosis.get("fp8") or {}, diagnosis.get("every") or 1).values())
         safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
         numerics.append(Diagnosis(d.get("model"), d.get("framework"),

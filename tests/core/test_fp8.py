@@ -153,6 +153,12 @@ def test_the_diagnosis_names_a_gradient_the_delayed_recipe_underflows_and_says_s
     # or below 2^-17, half e5m2's smallest subnormal, round to 0
     assert (counts["underflow"], counts["subnormal"], counts["values"]) == (4000, 0, 12000), counts
     assert counts["format"] == "e5m2"
+    # captured every 10th step, the history spans 160 training steps: the sentence says so, and only the delayed one
+    sparse = fp8.verdicts(stats.result(), every=10)
+    assert sparse["fp8_hybrid:delayed:16"].endswith("(judged with an amax history of the captured steps only, every "
+                                                    "10th: its 16 entries span 160 training steps, not the 16 the "
+                                                    "recipe names; `diagnose --every 1` judges the recipe as named)")
+    assert sparse["fp8_hybrid:current"] == said["fp8_hybrid:current"]
 
 
 def test_the_scale_written_once_is_the_reference_s_for_every_amax():
