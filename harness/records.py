@@ -14,7 +14,8 @@ diverged run's first inf or NaN came from); 7 width (a scaling study's width fac
 device matmul curve per dtype), and nonfinite names an update too, and a skipped step's scale; 8 matmul_shapes (a
 scaling study's run: its step's own matmuls, each timed alone) and diagnosis.fp8 (FP8 cast statistics); 9 process
 (the worker process a run ran in: repeats that shared one are one unit of a timing interval) and auto_round (the
-round of `--repeats auto` it ran in, from which the report replays the sequential test). Every field added
+round of `--repeats auto` it ran in, from which the report replays the sequential test), and diagnosis.matmul_error
+and diagnosis.layer_types (each matmul's error with its inputs in 16 bits; the layers' types, to name them). Every field added
 since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
 (harness.results.read_records).
 """
@@ -98,6 +99,10 @@ class Diagnosis(_Strict):
     loss_scale_window: Annotated[list[Number | None], Field(min_length=2, max_length=2)] | None = None
     #: per FP8 precision and scaling recipe, layer and matmul input: its cast counts (harness.fp8.CastStatistics)
     fp8: dict[str, dict[str, dict[str, dict[str, str | Count]]]] | None = None
+    #: schema 9: per matmul layer and 16-bit format, the largest relative error of its product with its captured
+    #: inputs rounded to the format (harness.numerics.matmul_error), and each layer's type, to name it
+    matmul_error: dict[str, dict[str, Number]] | None = None
+    layer_types: dict[str, str] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -137,6 +137,35 @@ def _attention_parts(layer, path, w, x, mask=None) -> dict[str, np.ndarray]:
     return {"q": q, "k": k, "v": v, "scores": scores, "probs": probs, "out": project("output", heads_out)}
 
 
+def matmuls(layer, path, w, x) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A dense, conv2d, patches or attention layer's forward matmuls as {name: (lhs [M, K], rhs [K, N])}, from its
+    input `x` and the weights, as the spec defines them (bias and activation left out): a conv2d's is its input's
+    windows (im2col, in the kernel's (i, j, c) order) times its kernel; an attention's are its four projections,
+    the output projection's input (the heads' outputs) computed in float64 from `x`."""
+    t = layer.type
+    if t == "dense":
+        return {"kernel": (x.reshape(-1, x.shape[-1]), w[f"{path}.kernel"])}
+    if t == "conv2d":
+        k, s = layer.kernel_size, layer.strides
+        win = _windows(_pad(x, k, s, layer.padding), k, s).transpose(0, 1, 2, 4, 5, 3)  # [N, Ho, Wo, k, k, C]
+        kernel = w[f"{path}.kernel"]
+        return {"kernel": (win.reshape(-1, k * k * x.shape[-1]), kernel.reshape(-1, kernel.shape[-1]))}
+    if t == "patches":
+        n, h, width, c = x.shape
+        p = layer.size
+        flat = x.reshape(n, h // p, p, width // p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(-1, p * p * c)
+        return {"kernel": (flat, w[f"{path}.kernel"].reshape(p * p * c, -1))}
+    if t == "attention":
+        x64 = np.asarray(x, np.float64)
+        w64 = {name: np.asarray(value, np.float64) for name, value in w.items() if name.startswith(f"{path}.")}
+        parts = _attention_parts(layer, path, w64, x64)
+        heads = (parts["probs"] @ parts["v"]).transpose(0, 2, 1, 3).reshape(-1, x.shape[-1])
+        flat = x.reshape(-1, x.shape[-1])
+        return {**{name: (flat, w[f"{path}.{name}_kernel"]) for name in ("query", "key", "value")},
+                "output": (heads, w[f"{path}.output_kernel"])}
+    raise AssertionError(f"{t!r} has no matmul")
+
+
 def causal_mask(length: int) -> np.ndarray:
     """[T, T], True where a causal attention masks the score (j > i)."""
     return np.triu(np.ones((length, length), bool), 1)

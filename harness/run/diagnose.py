@@ -28,6 +28,7 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
     counts: dict[str, dict] = {}
     captured, losses, available = [], [], True
     casts = fp8.CastStatistics()
+    matmul_error: dict[str, dict[str, float]] = {}  # per layer and format, the largest over the captured steps
 
     def add(kind: str, layer: str, values: np.ndarray) -> None:
         groups[kind].setdefault(layer, []).append(numerics.histogram(values))
@@ -60,6 +61,10 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
                 add("activations", layer, output)
                 add("activation_gradients", layer, output_grad)
             _matmul_inputs(graph, after, outputs, x_fixed, casts)
+            for layer, errors in _matmul_errors(graph, after, outputs, x_fixed).items():
+                worst = matmul_error.setdefault(layer, {})
+                for name, error in errors.items():
+                    worst[name] = max(worst.get(name, 0.0), error)
             for layer, values in _attention_numerics(graph, after, outputs).items():
                 for kind, value in values.items():
                     add(f"attention_{kind}", layer, value)
@@ -69,7 +74,8 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
             progress(step + 1, spec.steps)
     merged = {kind: {layer: numerics.merge(hs) for layer, hs in layers.items()} for kind, layers in groups.items()}
     diagnosis = {"captured_steps": captured, "every": every, "available": available and bool(captured),
-                 "groups": merged, "updates": counts, "optimizer": spec.optimizer.type}
+                 "groups": merged, "updates": counts, "optimizer": spec.optimizer.type, "matmul_error": matmul_error,
+                 "layer_types": {info.path: info.type for info in graph.layers}}
     if diagnosis["available"]:
         declared = getattr(trainer, "attention_masks", None)  # what each causal attention's mask leaves in 16 bits
         if declared:  # (as the adapter declares it: Trainer.declare_attention_masks)
@@ -95,13 +101,47 @@ def _matmul_inputs(graph, weights: dict, outputs: dict, x, casts: fp8.CastStatis
     for info in graph.layers:
         if info.type not in MATMUL_LAYERS or info.path not in outputs:
             continue
-        source = graph.input_of(info.path)
-        inputs = x if source is None else outputs[source][0] if source in outputs else None
-        if inputs is not None and np.issubdtype(np.asarray(inputs).dtype, np.floating):  # (token ids are not)
+        inputs = _captured_input(graph, info, outputs, x)
+        if inputs is not None:
             casts.add(info.path, "input", inputs)
         casts.add(info.path, "weight", np.concatenate([np.ravel(weights[f"{info.path}.{name}"])
                                                        for name in info.params if name.endswith("kernel")]))
         casts.add(info.path, "output_gradient", outputs[info.path][1])
+
+
+def _captured_input(graph, info, outputs: dict, x) -> np.ndarray | None:
+    """A layer's input as captured: the previous layer's output, or the network's input; None where it was not
+    captured or is not floating point (token ids)."""
+    source = graph.input_of(info.path)
+    inputs = x if source is None else outputs[source][0] if source in outputs else None
+    return inputs if inputs is not None and np.issubdtype(np.asarray(inputs).dtype, np.floating) else None
+
+
+MATMUL_ROWS = 4096  # at most about this many output rows per matmul: its error is a mean over rows, and convs' are many
+
+
+def _matmul_errors(graph, weights: dict, outputs: dict, x) -> dict[str, dict[str, float]]:
+    """Per matmul layer whose input was captured, per 16-bit format, the largest relative error of its forward
+    matmuls with their inputs rounded to the format (harness.numerics.matmul_error; the matmuls as
+    harness.model.reference.matmuls states them), on the first samples of the fixed batch that give about
+    MATMUL_ROWS output rows, and at most that many."""
+    found = {}
+    for info in graph.layers:
+        inputs = _captured_input(graph, info, outputs, x) if info.type in MATMUL_LAYERS else None
+        if inputs is None or info.path not in outputs:
+            continue
+        rows = math.prod(np.shape(outputs[info.path][0])[1:-1])  # output rows per sample: positions, tokens
+        inputs = np.asarray(inputs, np.float32)[:max(1, MATMUL_ROWS // max(rows, 1))]
+        # (a large image's positions alone are many rows: every k-th of them, k the fewest that leave MATMUL_ROWS)
+        products = [(lhs[::-(-len(lhs) // MATMUL_ROWS)], rhs)
+                    for lhs, rhs in reference.matmuls(info.spec, info.path, weights, inputs).values()]
+        errors = {}
+        for name, fmt in numerics.FORMATS.items():
+            measured = [e for e in (numerics.matmul_error(lhs, rhs, fmt) for lhs, rhs in products) if e is not None]
+            if measured:
+                errors[name] = max(measured)
+        found[info.path] = errors
+    return found
 
 
 def _attention_numerics(graph, weights: dict, outputs: dict) -> dict[str, dict[str, np.ndarray]]:

@@ -213,8 +213,9 @@ def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
     view = build_view(study, None, [diagnosed, unavailable])
     assert view.sixteen_bit_safe == [
         "m (fake diagnosis): amp_fp16 safe with a loss scale in 2^3..2^16 (layer outputs not checked); fp16 the "
-        "optimizer's second moment underflows; bf16 stalls: updates lost to rounding; amp_bf16 safe (layer outputs "
-        "not checked)"]
+        "optimizer's second moment underflows; fp16_sr the optimizer's second moment underflows; bf16 stalls: 100.0% "
+        "of layer 0's updates vanish in bfloat16 (fix: bf16_sr or bf16_kahan); bf16_sr safe; bf16_kahan safe; "
+        "amp_bf16 safe (layer outputs not checked)"]
     assert [n.note for n in view.numerics] == [None, "not available: this adapter cannot capture tensors"]
     (s,) = view.studies
     assert [(p["label"], p["skipped"]) for p in s.rows] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
