@@ -6,7 +6,7 @@ true 1.25x speed-up, each rate with its 95% Clopper-Pearson interval.
 
 `simulated` drives harness.run.runner.UntilDecided through tests/core/test_repeats_auto.py's simulated_verdict
 (8% per-process noise and 3% more per repeat, 6 s a process's start and 3 s a repeat in it, so that a process
-runs 2 repeats; the default budget). `real` runs `run --framework fake --precision fp32,amp_bf16 --repeats auto
+runs 3 repeats after the first round; the default budget). `real` runs `run --framework fake --precision fp32,amp_bf16 --repeats auto
 --budget 30` with the test adapter's `jitter` fault on both precisions (each step sleeps 10 ms times a per-process
 factor, 8%, and a per-step one, 5%: the precisions differ in nothing; a process runs 4 repeats, its steps taking far
 less than its start), 4 at a time.

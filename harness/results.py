@@ -41,6 +41,16 @@ KINDS: dict[str, type[Record]] = {RESULTS_FILE: RunRecord, FINGERPRINTS_FILE: Fi
                                   DIAGNOSES_FILE: DiagnosisRecord, PROFILES_FILE: ProfileRecord}
 
 
+def auto_timing(records: list[dict]) -> list[tuple[float, str | None, int]]:
+    """A `--repeats auto` cell's timed repeats, each (median step ms, process, round), as its sequential test
+    weighs them (harness.run.runner.UntilDecided, and the report replaying it): its ok runs, but for one whose own
+    process measured the variants before its timed steps (`--variant auto` on a machine new to it: compiling and
+    timing other ways to run the step leaves that process busier than a repeat's; tiny_gpt's fp32 step timed 38%
+    slower there in torch), whose record keeps its figures."""
+    return [(r["step_time_ms"]["median"], r.get("process"), r.get("auto_round") or 0) for r in records
+            if r["status"] == "ok" and (r.get("variant_choice") or {}).get("cached", True)]
+
+
 def sequence_fields(spec) -> dict:
     """What a record says of a spec's task and tokens (schema 5)."""
     return {"task": spec.task, "tokens_per_sample": spec.input.shape[0] if spec.tokens else None}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness import stats
+from harness import results, stats
 from harness.report import format as f
 from harness.report.accuracy import Check, metric, perplexity
 from harness.identity import setting
@@ -62,8 +62,8 @@ class Cell:
                                             [r.get("process") for r in timed])
         self.median_ms = stats.geometric_mean(self.process_ms)
         # --repeats auto's runs (each with its round): what its sequential test saw, for speed_up to replay
-        self.auto_repeats = [(float(np.median(r["step_times_ms"])), r.get("process"), r["auto_round"]) for r in timed] \
-            if all(r.get("auto_round") is not None for r in timed) else None
+        self.auto_repeats = results.auto_timing(timed) if all(r.get("auto_round") is not None for r in timed) \
+            else None
         pooled = np.concatenate(self.repeats)
         self.p10_ms, self.p90_ms = (float(np.percentile(pooled, q)) for q in (10, 90))
         self.cv = stats.spread(self.process_ms)

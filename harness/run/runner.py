@@ -7,6 +7,7 @@ matrix grows a round of repeats at a time until every comparison with fp32 is de
 """
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import time
@@ -92,6 +93,11 @@ class UntilDecided:
         # worker time (wall_s) of this invocation's runs, and the processes they ran in, since `started`
         self.run_s, self.processes = 0.0, set()
         self.first_overhead = 0.0  # a process's cost besides its runs in the first round (start measures it)
+        # per cell, the least a repeat took first in its process (paying the framework's lazy set-up) and after
+        # another in the same process: what per_process weighs
+        self.first_s: dict[tuple, float] = {}
+        self.later_s: dict[tuple, float] = {}
+        self.seen: set = set()  # the processes whose first record came
         self.next_process = 0
         self.round = 0  # the round the next requests belong to (their records' auto_round)
         self.ran_out = False
@@ -120,13 +126,18 @@ class UntilDecided:
     def add(self, records: list[dict], earlier: bool = False) -> None:
         self.figures.clear()
         for r in records:
-            key = run_key(r)
-            if key[:-1] in self.records:
-                self.records[key[:-1]][key[-1]] = r
-                self.next_repeat[key[:-1]] = max(self.next_repeat[key[:-1]], key[-1] + 1)
+            key, process = run_key(r), r.get("process") or r["run_id"]
+            cell, later = key[:-1], process in self.seen
+            self.seen.add(process)
+            if cell in self.records:
+                self.records[cell][key[-1]] = r
+                self.next_repeat[cell] = max(self.next_repeat[cell], key[-1] + 1)
+                if r["status"] == "ok":
+                    costs = self.later_s if later else self.first_s
+                    costs[cell] = min(costs.get(cell, math.inf), _run_s(r))
             if not earlier:
                 self.run_s += r.get("wall_s") or 0.0
-                self.processes.add(r.get("process") or r["run_id"])
+                self.processes.add(process)
 
     def _overhead(self) -> float:
         """What a worker process costs besides its runs (its start, the framework's import), as measured since
@@ -143,22 +154,20 @@ class UntilDecided:
     def _figures(self, cell: tuple) -> list[float]:
         """The cell's timing figures: its ok repeats' medians, pooled per process (stats.per_process)."""
         if cell not in self.figures:
-            ok = [self.records[cell][r] for r in sorted(self.records[cell]) if self.records[cell][r]["status"] == "ok"]
-            self.figures[cell] = stats.per_process([r["step_time_ms"]["median"] for r in ok],
-                                                   [r.get("process") for r in ok])
+            timed = self._repeats(cell)
+            self.figures[cell] = stats.per_process([x for x, _, _ in timed], [p for _, p, _ in timed])
         return self.figures[cell]
 
     def _repeats(self, cell: tuple) -> list[tuple[float, str | None, int]]:
-        """The cell's ok repeats as stats.sequential replays them: (median, process, round)."""
-        return [(r["step_time_ms"]["median"], r.get("process"), r.get("auto_round") or 0)
-                for r in (self.records[cell][i] for i in sorted(self.records[cell])) if r["status"] == "ok"]
+        """The cell's timed repeats as stats.sequential replays them: (median, process, round)."""
+        return results.auto_timing([self.records[cell][i] for i in sorted(self.records[cell])])
 
     def _count(self, cell: tuple, processes: int | None = None) -> str:
-        """"N repeats", or "N repeats in P processes" where some shared one: the cell's, or those of its first
-        `processes` processes."""
+        """"N repeats", or "N repeats in P processes" where some shared one: the cell's timed repeats, or those of
+        its first `processes` processes."""
         seen: dict[object, int] = {}
-        for r in sorted(self.records[cell]):
-            process = self.records[cell][r].get("process") or ("alone", r)
+        for i, (_, process, _) in enumerate(self._repeats(cell)):
+            process = process or ("alone", i)
             if process in seen or processes is None or len(seen) < processes:
                 seen[process] = seen.get(process, 0) + 1
         repeats = sum(seen.values())
@@ -199,11 +208,20 @@ class UntilDecided:
         return len(self._figures(cell)) < stats.MIN_REPEATS or any(self._open(p) and cell in p for p in self.pairs())
 
     def per_process(self, cell: tuple, overhead: float) -> int:
-        """How many repeats of the cell one process runs: about as many as its start costs in repeats, so that a
-        repeat costs at most twice its own time, and at most MAX_PER_PROCESS (past that, a process's figure gains
-        little where its start decides part of the spread, which no repeat inside it reduces)."""
-        run = min((_run_s(r) for r in self.records[cell].values()), default=0.0)
-        return max(1, min(MAX_PER_PROCESS, round(overhead / run))) if run > 0 else 1
+        """How many repeats of the cell one process runs: about as many as its start costs in later repeats (the
+        start: `overhead` outside the worker's runs, and its first repeat, which pays the framework's lazy set-up),
+        so that the repeats together cost at most twice their own time; at most MAX_PER_PROCESS (past that, a
+        process's figure gains little where its start decides part of the spread, which no repeat inside it
+        reduces). 2 until a later repeat of the cell has been timed: what it costs is then measured."""
+        if cell not in self.later_s:
+            return 2
+        first, later = self.first_s.get(cell, 0.0), self.later_s[cell]
+        return max(1, min(MAX_PER_PROCESS, round((overhead + first) / later))) if later > 0 else MAX_PER_PROCESS
+
+    def _process_s(self, cell: tuple, overhead: float, repeats: int) -> float:
+        """What a process of the cell running `repeats` is expected to cost on the budget's clock."""
+        first = self.first_s.get(cell, 0.0)
+        return overhead + first + (repeats - 1) * self.later_s.get(cell, first)
 
     def _request(self, cell: tuple, process: int | None = None) -> RunRequest:
         t, r = self.template[cell], self.next_repeat[cell]
@@ -224,10 +242,16 @@ class UntilDecided:
         interval): they may overrun the budget."""
         cells = sorted((c for c in self.template if self._wanted(c)), key=lambda c: len(self._figures(c)))
         overhead = self._overhead()
+        # the cells compared with one fp32 cell run alike (the fewest any of them would): a process's first repeat
+        # is timed colder than its later ones, so both sides of a ratio must hold the same mix
+        alike: dict[tuple, int] = {}
+        for cell in cells:
+            group = (cell[0], cell[1], cell[3])
+            alike[group] = min(alike.get(group, MAX_PER_PROCESS), self.per_process(cell, overhead))
         left, batch = self.budget_s - (self.clock() - self.started), []
         for cell in cells:
-            repeats = self.per_process(cell, overhead)
-            left -= overhead + repeats * min((_run_s(r) for r in self.records[cell].values()), default=0.0)
+            repeats = alike[(cell[0], cell[1], cell[3])]
+            left -= self._process_s(cell, overhead, repeats)
             if left < 0 and len(self._figures(cell)) >= stats.MIN_REPEATS:
                 self.ran_out = True
                 break
@@ -296,9 +320,10 @@ def execute(plan: Plan, timeout_s: float, show_progress: bool) -> Outcome:
     if plan.budget_s is not None:
         earlier = results.read_records([out], filename) if plan.resume and (out / filename).exists() else []
         until = UntilDecided(requests, plan.budget_s, [r for r in earlier if r.get("status") not in results.NO_RESULT])
-        print(f"repeats auto: one of each cell, then more until each has {stats.MIN_REPEATS} (whatever the budget) "
-              f"and its speed-up against fp32 is decided by a sequential test, within {plan.budget_s:g} s after that "
-              f"first round", file=sys.stderr)
+        print(f"repeats auto: one of each cell, then more processes until each has {stats.MIN_REPEATS} (whatever "
+              f"the budget) and its speed-up against fp32 is decided by a sequential test, within {plan.budget_s:g} s "
+              f"after that first round; a process runs up to {MAX_PER_PROCESS} repeats where its start costs more than "
+              f"they do", file=sys.stderr)
     if plan.resume:
         total, requests = len(requests), pending(requests, out, filename)
         print(f"resume: {total - len(requests)} of {total} runs already recorded in {out / filename}; "

@@ -34,13 +34,14 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     args = ["run", "--framework", "fake", "--matrix", str(plan), "--no-progress", "--out", str(tmp_path / "out")]
     out = amp(*args, faults="amp_bf16=slow")
     assert out.returncode == 0, out.stderr
-    # fp32's steps take milliseconds, far less than its process's start: its later processes run 4 repeats each
-    assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 3 "
-                     r"repeats \(fp32 9 repeats in 3 processes\): slower, speed-up \S+x, 97.5% CI \S+, look 1 of a "
-                     r"sequential test", out.stdout), out.stdout
-    assert _repeats(tmp_path / "out") == {"fp32": list(range(9)), "amp_bf16": [0, 1, 2]}
+    # the first round, then 2 repeats a process (what a later one costs is not known yet), then 1: amp_bf16's steps
+    # take as long as its process's start, and the cells compared run alike
+    assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 4 "
+                     r"repeats in 3 processes: slower, speed-up \S+x, 97.5% CI \S+, look 1 of a sequential test",
+                     out.stdout), out.stdout
+    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2, 3], "amp_bf16": [0, 1, 2, 3]}
     processes = [r["process"] for r in results.read_records([tmp_path / "out"]) if r["precision"] == "fp32"]
-    assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 4, 4]
+    assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 2, 1]
     # the report shows the interval that decided, replayed from the records' rounds and processes
     decided = re.search(r"decided after [^:]+: slower, speed-up \S+x, (97.5% CI \S+), look 1", out.stdout)[1]
     page = amp("report", str(tmp_path / "out"), "-o", str(tmp_path / "index.html"))
@@ -50,8 +51,8 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     again = amp(*args, "--resume", faults="amp_bf16=slow")  # the recorded repeats count: nothing more to run
     assert again.returncode == 0, again.stderr
     assert "resume: 6 of 6 runs already recorded" in again.stderr
-    assert "decided after 3 repeats (fp32 9 repeats in 3 processes): slower" in again.stdout
-    assert len(results.read_records([tmp_path / "out"])) == 12
+    assert "decided after 4 repeats in 3 processes: slower" in again.stdout
+    assert len(results.read_records([tmp_path / "out"])) == 8
 
 
 def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_path, monkeypatch):
@@ -76,7 +77,8 @@ def _plan(budget_s: float, clock) -> tuple[UntilDecided, list]:
 
 def _ran(q, median_ms: float, status: str = "ok", wall_s: float = 1.0) -> dict:
     record = failure_record(q, status, None, 0.0)
-    record.update(step_time_ms={"median": median_ms}, wall_s=wall_s)
+    record.update(step_time_ms={"median": median_ms}, wall_s=wall_s,
+                  process=None if q.shares_process is None else f"process {q.shares_process}")
     return record
 
 
@@ -96,32 +98,38 @@ def _rounds(plan, times, status=lambda q: "ok", now=None) -> list:
 
 
 def test_the_budget_covers_the_matrix_and_only_undecided_cells_run_past_three_repeats():
+    """Every run 1 s, nothing outside them: the first round, then 2 repeats a process (what a later repeat costs is
+    not known yet), then 1 (it costs what a first one does), until the budget has no room for a round."""
     now = [0.0]
-    plan, _ = _plan(8.5, lambda: now[0])
+    plan, _ = _plan(11.5, lambda: now[0])
     times = {"fp32": [10.0, 10.1, 9.9, 10.0], "amp_bf16": [20.0, 20.2, 19.8], "amp_fp16": [5.0, 15.0, 9.0, 10.0]}
     asked = _rounds(plan, times, now=now)
-    assert [(q.precision, q.repeat) for q in asked[:3]] == [("fp32", 0), ("amp_bf16", 0), ("amp_fp16", 0)]
-    assert [(q.precision, q.repeat) for q in asked[9:]] == [("fp32", 3), ("amp_fp16", 3)]  # amp_bf16 is decided
-    assert len({q.run_id for q in asked}) == len(asked) == 11  # then half a second left: no run fits
+    assert [(q.precision, q.repeat, q.shares_process) for q in asked] == [
+        ("fp32", 0, None), ("amp_bf16", 0, None), ("amp_fp16", 0, None),  # the first round
+        ("fp32", 1, 0), ("fp32", 2, 0), ("amp_bf16", 1, 1), ("amp_bf16", 2, 1), ("amp_fp16", 1, 2), ("amp_fp16", 2, 2),
+        ("fp32", 3, 3), ("amp_bf16", 3, 4), ("amp_fp16", 3, 5),  # three processes each, past the budget (9 of 11.5 s)
+        ("fp32", 4, 6), ("amp_fp16", 4, 7)]  # amp_bf16 is decided; then half a second is left: no process fits
     lines = plan.outcomes()
-    assert lines[0] == ("fake mnist_mlp amp_bf16 against fp32 (variant default): decided after 3 repeats: slower, "
-                        "speed-up 0.5x, 97.5% CI 0.48-0.52, adjusted for 2 comparisons (Bonferroni), look 1 of a "
-                        "sequential test (5% over all its looks)")  # final: fp32's 4th repeat (for amp_fp16) no look
-    assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): budget ran out after 4 "
-                               "repeats: too noisy here to decide (speed-up ")
-    assert len(lines) == 2  # no cell was cut below three repeats
+    assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): decided after 4 repeats in 3 "
+                               "processes: slower, speed-up 0.5x, 97.5% CI 0.50-0.50, adjusted for 2 comparisons "
+                               "(Bonferroni), look 1 of a sequential test")  # final: fp32's 5th process is no look
+    assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): budget ran out after 5 "
+                               "repeats in 4 processes: too noisy here to decide (speed-up ")
+    assert len(lines) == 2  # no cell was cut below three processes
 
 
 def test_a_budget_too_small_for_three_repeats_still_gives_every_cell_three_and_no_more():
     now = [0.0]
     plan, _ = _plan(4.5, lambda: now[0])
-    times = {"fp32": [10.0, 10.2, 9.8, 10.0], "amp_bf16": [10.0, 10.3, 9.9], "amp_fp16": [5.0, 5.1, 4.9]}
+    times = {"fp32": [10.0, 10.2, 9.8, 10.0], "amp_bf16": [10.0, 13.0, 13.0, 7.0], "amp_fp16": [5.0, 5.1, 4.9]}
     asked = _rounds(plan, times, now=now)
-    assert sorted((q.precision, q.repeat) for q in asked) == sorted((p, r) for p in times for r in range(3))
+    # three processes each: alone, 2 repeats, 1
+    assert sorted((q.precision, q.repeat) for q in asked) == sorted((p, r) for p in times for r in range(4))
     lines = plan.outcomes()
-    assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): budget ran out after 3 "
-                               "repeats: too noisy here to decide (speed-up ")
-    assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): decided after 3 repeats: "
+    assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): budget ran out after 4 "
+                               "repeats in 3 processes: too noisy here to decide (speed-up ")
+    assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): decided after 4 repeats in 3 "
+                               "processes: "
                                "faster, speed-up 2x")
 
 
@@ -181,15 +189,49 @@ def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_
     plan.add(first)  # resnet8 amp_bf16's first run measured the variants for 60 s: its repeats take 1 s
     plan.start()
     second = plan.next_round()
-    assert len(second) == 4  # all fit in the budget, resnet8 amp_bf16 too
+    # a process of 2 repeats each, resnet8 amp_bf16 first: its first run measured the variants, so it is not timed
+    # (a repeat there takes 1 s)
+    assert [(Path(q.model).stem, q.precision) for q in second[::2]] == [
+        ("resnet8", "amp_bf16"), ("mnist_mlp", "fp32"), ("mnist_mlp", "amp_bf16"), ("resnet8", "fp32")]
     plan.add([_ran(q, 10.0) for q in second])
-    mnist_fp32 = next(iter(plan.template))
-    plan.add([_ran(replace(second[0], repeat=2), 10.0)], earlier=True)  # it has three repeats now
-    now[0] = 4.0  # 2.5 s left: the cells that have two repeats, in the matrix's order, get their third whatever
-    # the budget (a cell's first three are never cut); mnist_mlp fp32's fourth no longer fits
-    assert [(Path(q.model).stem, q.precision) for q in plan.next_round()] == [("mnist_mlp", "amp_bf16"),
-                                                                          ("resnet8", "fp32"), ("resnet8", "amp_bf16")]
+    plan.add([_ran(replace(second[2], repeat=3, shares_process=99), 10.0)], earlier=True)  # mnist fp32: 3 processes
+    now[0] = 4.0  # 2.5 s left, a repeat 1 s, a process 1 repeat now: the cells with fewest processes go first, and
+    # get their third whatever the budget (a cell's first three are never cut); mnist_mlp fp32's fourth no longer
+    # fits. resnet8 amp_bf16 has one timed process
+    assert [(Path(q.model).stem, q.precision) for q in plan.next_round()] == [("resnet8", "amp_bf16"),
+                                                                          ("mnist_mlp", "amp_bf16"), ("resnet8", "fp32")]
     assert plan.ran_out
+
+
+def test_a_process_runs_as_many_repeats_as_its_start_costs_in_later_ones():
+    """Each process start costs 2 s outside the runs, a cell's first repeat in a process 1 s; later repeats cost
+    0.25 s (fp32), 1 s (amp_bf16) or 3 s (amp_fp16): 4 (the most), 3 and 1 repeats a process, and the cells compared
+    with one fp32 cell run the fewest of them (a first repeat is timed colder: both sides of a ratio hold one mix)."""
+    now = [0.0]
+    plan, _ = _plan(1000, lambda: now[0])
+    later = {"fp32": 0.25, "amp_bf16": 1.0, "amp_fp16": 3.0}
+    noisy = [10.0, 14.0, 7.0, 12.0]  # nothing decides
+
+    def ran(batch):
+        found, seen = [], set()
+        for q in batch:
+            key = (q.precision, q.repeat) if q.shares_process is None else q.shares_process
+            wall = later[q.precision] if key in seen else 1.0
+            now[0] += wall + (2.0 if key not in seen else 0.0)
+            seen.add(key)
+            found.append({**_ran(q, noisy[q.repeat % 4], wall_s=wall), "process": str(key)})
+        return found
+
+    plan.add(ran(plan.first_round()))
+    plan.start()
+    counts = []
+    for _ in range(2):
+        batch = plan.next_round()
+        counts.append({p: [q.precision for q in batch].count(p) for p in later})
+        plan.add(ran(batch))
+    assert counts == [{p: 2 for p in later}, {p: 1 for p in later}]  # 2 until a later repeat was timed
+    assert {c[2]: plan.per_process(c, plan._overhead()) for c in plan.template} == \
+        {"fp32": 4, "amp_bf16": 3, "amp_fp16": 1}
 
 
 START_S, RUN_S = 6.0, 3.0  # a process's start (a framework's import) and a repeat in it, on the budget's clock
@@ -200,7 +242,7 @@ WITHIN = 0.03  # and of each repeat in a process
 def simulated_run(speed_up: float, seed: int, budget_s: float = DEFAULT_BUDGET_S) -> UntilDecided:
     """One `--repeats auto` run of fp32 and amp_bf16 through the runner's own UntilDecided, to its end: every
     process starts in START_S and draws its own NOISE, each repeat in it takes RUN_S and draws WITHIN more (so
-    UntilDecided runs 2 repeats in a process after the first round), amp_bf16 `speed_up` times faster, on a simulated
+    UntilDecided runs 3 repeats in a process after the first round), amp_bf16 `speed_up` times faster, on a simulated
     clock."""
     rng, now = np.random.default_rng(seed), [0.0]
     requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 3, ["default"])
@@ -266,7 +308,7 @@ def test_the_sequential_test_replayed_from_the_records_is_the_one_the_runner_dec
 
 
 def test_a_resumed_run_keeps_the_decision_an_earlier_look_made():
-    plan = simulated_run(1.1, 3)
+    plan = simulated_run(1.1, 2)
     (pair,) = plan.pairs()
     decided = plan._ratio(pair)
     assert decided.decision == "faster" and decided.look > 1
