@@ -15,17 +15,21 @@ A comparison chosen as the best of k (the fastest of a cell's k precisions) is n
 of k: its interval is computed at 1 - 0.05/k (Bonferroni), so that all k intervals hold together with 95%
 confidence and picking the best of them does not make it look surer than it is.
 
-A comparison that looks at its data more than once (`run --repeats auto` adds repeats until it decides) spends its
-5% over the looks: look k (k = 1 at three repeats, then one more per repeat added) may decide only at the level
-0.05 / (k (k + 1)), whose sum over every k is 0.05. However many looks the budget allows, the chance that any of
-them gives a false "faster", "slower" or "same" is then at most 5%: error spending (Lan and DeMets, "Discrete
-sequential boundaries for clinical trials", Biometrika 70, 1983) with a sequence fixed in advance and a union bound
-over the looks in place of their joint distribution, conservative, and valid whatever the number of looks. "Same"
-is an equivalence decision: the interval within +/-PRECISE is two one-sided tests at half the look's level. The
-interval printed is the one that decided, at its look's level.
+A comparison that looks at its data more than once (`run --repeats auto` adds processes until it decides) spends its
+5% over the looks with Pocock's group-sequential design (S. J. Pocock, "Group sequential methods in the design and
+analysis of clinical trials", Biometrika 64, 1977): look k comes at k + 2 processes in the larger cell, at most
+MAX_LOOKS of them, and every look decides at one nominal level (look_level), chosen so that the chance that any of
+the MAX_LOOKS looks gives a false "faster" or "slower" is SEQUENTIAL_ALPHA. Pocock's constants assume a known
+variance; here each look is Welch's test on a handful of processes, so the level is found by simulating that test
+at these looks on normal data (its p-values do not depend on the noise's size), with a fixed seed. Looks share most
+of their data, so the level is far less strict than a union bound over the looks would be (0.05 / 20 each): it
+decides more with the same processes. Where the looks end before MAX_LOOKS (a decision, the budget) the error is
+lower still. "Same" is an equivalence decision: the interval within +/-PRECISE is two one-sided tests at half the
+look's level. The interval printed is the one that decided, at the look's level.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,12 +40,29 @@ DECIDED = ("faster", "slower", "same")  # the decisions (Ratio.decision) that en
 PRECISE = 0.05  # an interval within +/-5% of 1 says "no clear difference" with enough precision to stop
 UNSTABLE_CV = 0.10  # pyperf's rule of thumb: a spread over 10% of the mean makes a benchmark unstable
 ALPHA = 0.05  # the error a comparison may make, over all its looks
+# what the sequential design spends: a point below ALPHA for what its normal model of the log figures misses (the heavy
+# tails of timings), so that the measured rate, with its own interval, stays within ALPHA
+SEQUENTIAL_ALPHA = 0.04
+MAX_LOOKS = 20  # looks of one sequential comparison: at 3 to 22 processes (600 s of 15-s processes, the default budget)
 
 
-def look_confidence(look: int) -> float:
-    """The confidence of look `look` (1, 2, ...) of a sequential comparison: it spends ALPHA / (k (k + 1)) of the
-    error, and these sum to ALPHA over every look."""
-    return 1 - ALPHA / (look * (look + 1))
+@functools.lru_cache
+def look_level(comparisons: int = 1, paths: int = 50_000) -> float:
+    """The nominal level every look of a sequential comparison decides at (Pocock): the SEQUENTIAL_ALPHA /
+    `comparisons` quantile of the smallest of MAX_LOOKS Welch p-values, simulated on pairs of normal samples that
+    grow from MIN_REPEATS values by one at a time."""
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    n = MIN_REPEATS + MAX_LOOKS - 1
+    a, b = rng.standard_normal((2, paths, n))
+    smallest = np.ones(paths)
+    for m in range(MIN_REPEATS, n + 1):
+        va, vb = a[:, :m].var(1, ddof=1) / m, b[:, :m].var(1, ddof=1) / m
+        t = (a[:, :m].mean(1) - b[:, :m].mean(1)) / np.sqrt(va + vb)
+        df = (va + vb) ** 2 / ((va**2 + vb**2) / (m - 1))
+        smallest = np.minimum(smallest, 2 * stats.t.sf(np.abs(t), df))
+    return float(np.quantile(smallest, SEQUENTIAL_ALPHA / comparisons))
 
 
 @dataclass(frozen=True)
@@ -53,13 +74,13 @@ class Ratio:
     is_interval: bool  # True: a 95% t-interval; False: the range over all repeat pairs
     comparisons: int = 1  # the interval is one of this many, adjusted together (Bonferroni)
     confidence: float = 0.95  # of all `comparisons` intervals together
-    look: int | None = None  # a sequential comparison's look (look_confidence); None: a comparison looked at once
+    look: int | None = None  # a sequential comparison's look (look_level); None: a comparison looked at once
 
     @property
     def label(self) -> str:
         if self.is_interval:
             adjusted = f", adjusted for {self.comparisons} comparisons (Bonferroni)" if self.comparisons > 1 else ""
-            looked = f", look {self.look} of a sequential test (5% over all its looks)" if self.look else ""
+            looked = f", look {self.look} of a sequential test ({SEQUENTIAL_ALPHA:.0%} over its {MAX_LOOKS} looks)" if self.look else ""
             return f"{self.confidence * 100:.4g}% CI {self.low:.2f}-{self.high:.2f}{adjusted}{looked}"
         return f"range of {min(self.n)} repeat{'s' if min(self.n) != 1 else ''} {self.low:.2f}-{self.high:.2f}"
 
@@ -107,6 +128,8 @@ def sequential(a: list[tuple[float, str | None, int]], b: list[tuple[float, str 
         if min(len(xa), len(xb)) < MIN_REPEATS:
             continue
         look = max(len(xa), len(xb)) - MIN_REPEATS + 1
+        if look > MAX_LOOKS:
+            break
         if last is None or look > last.look:
             last = ratio(xa, xb, comparisons=comparisons, look=look)
             if last.decision in DECIDED:
@@ -118,9 +141,11 @@ def ratio(a: list[float], b: list[float], confidence: float = 0.95, comparisons:
           look: int | None = None) -> Ratio:
     """a/b for two cells' per-repeat figures (e.g. fp32 and amp_bf16 median step times). `comparisons`: how many
     comparisons this one is chosen from; its interval is then computed at 1 - (1 - confidence) / comparisons.
-    `look`: a sequential comparison's look, whose level (look_confidence) replaces `confidence`."""
+    `look`: a sequential comparison's look (1 to MAX_LOOKS), whose level (look_level) replaces `confidence`."""
     if look is not None:
-        confidence = look_confidence(look)
+        if not 1 <= look <= MAX_LOOKS:
+            raise ValueError(f"a sequential comparison looks {MAX_LOOKS} times at most, not at look {look}")
+        confidence = 1 - look_level(comparisons) * comparisons
     from scipy import stats
 
     la, lb = np.log(np.asarray(a, float)), np.log(np.asarray(b, float))

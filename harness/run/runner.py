@@ -187,6 +187,8 @@ class UntilDecided:
         if min(len(a), len(b)) < stats.MIN_REPEATS:
             return stats.ratio(a, b)
         look = max(len(a), len(b)) - stats.MIN_REPEATS + 1
+        if look > stats.MAX_LOOKS:
+            return self.latest[pair]
         if pair not in self.latest or look > self.latest[pair].look:
             self.latest[pair] = r = stats.ratio(a, b, comparisons=self.family[pair[0]], look=look)
             if r.decision in DECIDED:
@@ -199,7 +201,12 @@ class UntilDecided:
 
     def _open(self, pair: tuple[tuple, tuple]) -> bool:
         r = self._ratio(pair)
-        return not self._broken(pair) and (r is None or r.decision not in DECIDED)
+        return not self._broken(pair) and (r is None or r.decision not in DECIDED and not self._spent(r))
+
+    @staticmethod
+    def _spent(r: stats.Ratio) -> bool:
+        """The sequential test has made its last look (stats.MAX_LOOKS) without deciding."""
+        return r.look == stats.MAX_LOOKS and r.decision not in DECIDED
 
     def _wanted(self, cell: tuple) -> bool:
         """Another process of this cell would be used: it has too few, or one of its comparisons is open."""
@@ -281,11 +288,13 @@ class UntilDecided:
             fp32 = self._count(base, na)
             n += "" if fp32 == n else f" (fp32 {fp32})"
             interval = f"speed-up {r.estimate:.3g}x, {r.label}" if r.is_interval else r.label
+            stopped = ((f"the sequential test's {stats.MAX_LOOKS} looks spent" if self._spent(r) else None)
+                       or ("budget ran out" if self.ran_out else None))
             if r.decision in DECIDED:
                 lines.append(f"{name}: decided after {n}: {r.decision}, {interval}")
-            elif self.ran_out:
+            elif stopped:
                 a, b = self._figures(base), self._figures(cell)
-                lines.append(f"{name}: budget ran out after {n}: too noisy here to decide ({interval}; spread "
+                lines.append(f"{name}: {stopped} after {n}: too noisy here to decide ({interval}; spread "
                              f"{stats.spread(a):.0%} fp32, {stats.spread(b):.0%} {q.precision})")
             else:
                 lines.append(f"{name}: interrupted after {n}: {r.decision} ({r.label})")

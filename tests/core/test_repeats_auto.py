@@ -37,13 +37,13 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     # the first round, then 2 repeats a process (what a later one costs is not known yet), then 1: amp_bf16's steps
     # take as long as its process's start, and the cells compared run alike
     assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 4 "
-                     r"repeats in 3 processes: slower, speed-up \S+x, 97.5% CI \S+, look 1 of a sequential test",
+                     r"repeats in 3 processes: slower, speed-up \S+x, [\d.]+% CI \S+, look 1 of a sequential test",
                      out.stdout), out.stdout
     assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2, 3], "amp_bf16": [0, 1, 2, 3]}
     processes = [r["process"] for r in results.read_records([tmp_path / "out"]) if r["precision"] == "fp32"]
     assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 2, 1]
     # the report shows the interval that decided, replayed from the records' rounds and processes
-    decided = re.search(r"decided after [^:]+: slower, speed-up \S+x, (97.5% CI \S+), look 1", out.stdout)[1]
+    decided = re.search(r"decided after [^:]+: slower, speed-up \S+x, ([\d.]+% CI \S+), look 1", out.stdout)[1]
     page = amp("report", str(tmp_path / "out"), "-o", str(tmp_path / "index.html"))
     assert page.returncode == 0, page.stderr
     assert re.search(re.escape(decided) + r", look 1 of a sequential test", (tmp_path / "index.html").read_text())
@@ -62,7 +62,7 @@ def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_p
     assert out.returncode == 0, out.stderr
     line = re.search(r"amp_bf16 against fp32 \(variant default\): budget ran out after (\d+) repeats(?: in \d+ "
                      r"processes)?(?: \(fp32 (\d+) repeats(?: in \d+ processes)?\))?: too noisy here to decide \(speed-up [\d.]+x, [\d.]+% CI [\d.]+-[\d.]+, look \d+ of a "
-                     r"sequential test \(5% over all its looks\); spread \d+% "
+                     r"sequential test \(4% over its 20 looks\); spread \d+% "
                      r"fp32, \d+% amp_bf16\)", out.stdout)
     assert line, out.stdout
     n = int(line[1])
@@ -111,8 +111,8 @@ def test_the_budget_covers_the_matrix_and_only_undecided_cells_run_past_three_re
         ("fp32", 4, 6), ("amp_fp16", 4, 7)]  # amp_bf16 is decided; then half a second is left: no process fits
     lines = plan.outcomes()
     assert lines[0].startswith("fake mnist_mlp amp_bf16 against fp32 (variant default): decided after 4 repeats in 3 "
-                               "processes: slower, speed-up 0.5x, 97.5% CI 0.50-0.50, adjusted for 2 comparisons "
-                               "(Bonferroni), look 1 of a sequential test")  # final: fp32's 5th process is no look
+                               f"processes: slower, speed-up 0.5x, {(1 - 2 * stats.look_level(2)) * 100:.4g}% CI 0.50-0.50, adjusted "
+                               f"for 2 comparisons (Bonferroni), look 1 of a sequential test")  # final: fp32's 5th process is no look
     assert lines[1].startswith("fake mnist_mlp amp_fp16 against fp32 (variant default): budget ran out after 5 "
                                "repeats in 4 processes: too noisy here to decide (speed-up ")
     assert len(lines) == 2  # no cell was cut below three processes

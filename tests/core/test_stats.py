@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from harness import stats
 
@@ -80,11 +81,24 @@ def test_an_adjusted_interval_says_so_and_is_wider():
     assert one.label == f"95% CI {one.low:.2f}-{one.high:.2f}"
 
 
-def test_the_looks_of_a_sequential_test_spend_5_percent_in_all_and_its_label_says_which_look():
-    spent = sum(1 - stats.look_confidence(k) for k in range(1, 100_000))
-    assert spent == pytest.approx(stats.ALPHA, rel=1e-4) and spent < stats.ALPHA
+def test_the_looks_of_a_sequential_test_spend_its_alpha_in_all_and_its_label_says_which_look():
+    """Pocock's level, checked against scipy's own Welch test on fresh normal samples: over MAX_LOOKS looks the chance
+    of a false decision is SEQUENTIAL_ALPHA, where the union bound's level (alpha / looks) would leave most unspent."""
+    level = stats.look_level()
+    assert stats.SEQUENTIAL_ALPHA / stats.MAX_LOOKS < level < stats.SEQUENTIAL_ALPHA
+    assert stats.look_level(2) < level / 2  # two comparisons at alpha / 2 each: the looks' minimum is not linear
+    rng = np.random.default_rng(12345)
+    n = stats.MIN_REPEATS + stats.MAX_LOOKS - 1
+    a, b = rng.standard_normal((2, 4000, n))
+    p = np.min([scipy_stats.ttest_ind(a[:, :m], b[:, :m], axis=1, equal_var=False).pvalue
+                for m in range(stats.MIN_REPEATS, n + 1)], axis=0)
+    ci = scipy_stats.binomtest(int((p < level).sum()), p.size).proportion_ci(0.99)
+    assert ci.low <= stats.SEQUENTIAL_ALPHA <= ci.high
     r = stats.ratio([10.0, 10.5, 9.8], [5.0, 5.1, 4.9], look=2)
-    assert r.confidence == pytest.approx(1 - 0.05 / 6) and r.look == 2
-    assert r.label.startswith("99.17% CI") and r.label.endswith("look 2 of a sequential test (5% over all its looks)")
+    assert r.confidence == pytest.approx(1 - level) and r.look == 2
+    assert r.label.startswith(f"{(1 - level) * 100:.4g}% CI")
+    assert r.label.endswith(f"look 2 of a sequential test (4% over its {stats.MAX_LOOKS} looks)")
+    with pytest.raises(ValueError):
+        stats.ratio([10.0, 10.5, 9.8], [5.0, 5.1, 4.9], look=stats.MAX_LOOKS + 1)
     once = stats.ratio([10.0, 10.5, 9.8], [5.0, 5.1, 4.9])
     assert r.low < once.low and r.high > once.high and once.look is None  # wider than a comparison looked at once
