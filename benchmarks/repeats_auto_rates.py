@@ -3,13 +3,15 @@ true 1.25x speed-up, each rate with its 95% Clopper-Pearson interval.
 
     python benchmarks/repeats_auto_rates.py simulated [RUNS]   # default 2000: the runner's own decision code
     python benchmarks/repeats_auto_rates.py real [RUNS]        # default 40: whole `amp-harness run` commands
+    python benchmarks/repeats_auto_rates.py small [RUNS]       # default 300: small differences at a 300 s budget
 
 `simulated` drives harness.run.runner.UntilDecided through tests/core/test_repeats_auto.py's simulated_verdict
 (8% per-process noise and 3% more per repeat, 6 s a process's start and 3 s a repeat in it, so that a process
 runs 3 repeats after the first round; the default budget). `real` runs `run --framework fake --precision fp32,amp_bf16 --repeats auto
 --budget 30` with the test adapter's `jitter` fault on both precisions (each step sleeps 10 ms times a per-process
 factor, 8%, and a per-step one, 5%: the precisions differ in nothing; a process runs 4 repeats, its steps taking far
-less than its start), 4 at a time.
+less than its start), 4 at a time. `small`: how often the same simulation decides the 5-10% differences that
+`tox -m compare` meets (5% noise per process, its 300 s budget).
 Run from the repository root in an env with the core (`tox -e core`: .tox/core/bin/python).
 """
 from __future__ import annotations
@@ -50,6 +52,18 @@ def simulated(runs: int) -> None:
              time.perf_counter() - started)
 
 
+def small(runs: int) -> None:
+    import tests.core.test_repeats_auto as simulation
+    from tests.core.test_repeats_auto import simulated_verdict
+
+    simulation.NOISE = 0.05
+    for speed_up in (1.0, 0.95, 0.93, 0.90):
+        started = time.perf_counter()
+        verdicts = Counter(simulated_verdict(speed_up, seed, budget_s=300.0) for seed in range(runs))
+        rate(f"simulated, true speed-up {speed_up}x, 5% noise per process, 300 s budget", verdicts,
+             ("faster", "slower", "same"), time.perf_counter() - started)
+
+
 def real_run(_: int) -> str:
     with tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "fake_adapter"), str(ROOT)]),
@@ -74,4 +88,5 @@ def real(runs: int) -> None:
 
 if __name__ == "__main__":
     mode, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None
-    simulated(runs or 2000) if mode == "simulated" else real(runs or 40)
+    {"simulated": lambda: simulated(runs or 2000), "small": lambda: small(runs or 300),
+     "real": lambda: real(runs or 40)}[mode]()

@@ -229,7 +229,7 @@ def verdicts(fp8: dict, every: int = 1) -> dict[str, str]:
         out[key] = _verdict(key, counts)
         history = Recipe.parse(key.split(":", 1)[1]).history if ":" in key else 0
         if history and every > 1:
-            out[key] += (f" (judged with an amax history of the captured steps only, every {every}th: its "
+            out[key] += (f" (judged with an amax history of the captured steps only, one in {every}: its "
                          f"{history} entries span {history * every} training steps, not the {history} the recipe "
                          f"names; `diagnose --every 1` judges the recipe as named)")
     return out

@@ -155,8 +155,8 @@ def test_the_diagnosis_names_a_gradient_the_delayed_recipe_underflows_and_says_s
     assert counts["format"] == "e5m2"
     # captured every 10th step, the history spans 160 training steps: the sentence says so, and only the delayed one
     sparse = fp8.verdicts(stats.result(), every=10)
-    assert sparse["fp8_hybrid:delayed:16"].endswith("(judged with an amax history of the captured steps only, every "
-                                                    "10th: its 16 entries span 160 training steps, not the 16 the "
+    assert sparse["fp8_hybrid:delayed:16"].endswith("(judged with an amax history of the captured steps only, one in "
+                                                    "10: its 16 entries span 160 training steps, not the 16 the "
                                                     "recipe names; `diagnose --every 1` judges the recipe as named)")
     assert sparse["fp8_hybrid:current"] == said["fp8_hybrid:current"]
 

@@ -34,14 +34,17 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     args = ["run", "--framework", "fake", "--matrix", str(plan), "--no-progress", "--out", str(tmp_path / "out")]
     out = amp(*args, faults="amp_bf16=slow")
     assert out.returncode == 0, out.stderr
-    # the first round, then 2 repeats a process (what a later one costs is not known yet), then 1: amp_bf16's steps
-    # take as long as its process's start, and the cells compared run alike
-    assert re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after 4 "
-                     r"repeats in 3 processes: slower, speed-up \S+x, [\d.]+% CI \S+, look 1 of a sequential test",
-                     out.stdout), out.stdout
-    assert _repeats(tmp_path / "out") == {"fp32": [0, 1, 2, 3], "amp_bf16": [0, 1, 2, 3]}
+    # the first round, then 2 repeats a process (what a later one costs is not known yet), then 1 or 2 (amp_bf16's
+    # steps take about as long as its process's start, whose cost the runner measures: a loaded machine makes it 2),
+    # and the cells compared run alike
+    found = re.search(r"fake pitfall_batchnorm amp_bf16 against fp32 \(variant default\): decided after ([45]) "
+                      r"repeats in 3 processes: slower, speed-up \S+x, [\d.]+% CI \S+, look 1 of a sequential test",
+                      out.stdout)
+    assert found, out.stdout
+    last = int(found[1]) - 3
+    assert _repeats(tmp_path / "out") == {p: list(range(3 + last)) for p in ("fp32", "amp_bf16")}
     processes = [r["process"] for r in results.read_records([tmp_path / "out"]) if r["precision"] == "fp32"]
-    assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 2, 1]
+    assert [processes.count(p) for p in dict.fromkeys(processes)] == [1, 2, last]
     # the report shows the interval that decided, replayed from the records' rounds and processes
     decided = re.search(r"decided after [^:]+: slower, speed-up \S+x, ([\d.]+% CI \S+), look 1", out.stdout)[1]
     page = amp("report", str(tmp_path / "out"), "-o", str(tmp_path / "index.html"))
@@ -51,8 +54,8 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
     again = amp(*args, "--resume", faults="amp_bf16=slow")  # the recorded repeats count: nothing more to run
     assert again.returncode == 0, again.stderr
     assert "resume: 6 of 6 runs already recorded" in again.stderr
-    assert "decided after 4 repeats in 3 processes: slower" in again.stdout
-    assert len(results.read_records([tmp_path / "out"])) == 8
+    assert f"decided after {3 + last} repeats in 3 processes: slower" in again.stdout
+    assert len(results.read_records([tmp_path / "out"])) == 2 * (3 + last)
 
 
 def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_path, monkeypatch):
