@@ -67,7 +67,7 @@ def perplexity(loss: float | None) -> float | None:
 
 class Metric:
     """What a task's runs are judged by, and how its figures read: one subclass per task, each the same methods."""
-    field: str  # the record's field (and the report Cell's attribute) judged
+    field: str  # the record's field (and the report PooledRuns' attribute) judged
     subject: str  # how a phrase names it
     prefix: str  # what a "change vs fp32" cell says before its verdict
     worse: str  # the verdict ("lower" or "higher") that rules a precision out

@@ -9,7 +9,8 @@ Each entry also carries its cause in one sentence (`short`), the same for every 
 from __future__ import annotations
 
 from harness.report import format as f
-from harness.report.data import Cell, Comparison, Why
+from harness.report.data import Why
+from harness.report.verdicts import Comparison, PooledRuns
 from harness.run import nonfinite
 from harness.stats import PRECISE
 
@@ -18,7 +19,7 @@ VERY_SLOW = 0.2  # a 16-bit step 5x or more slower than fp32's: more than casts 
 DTYPES = (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"), ("fp16", ("avx512_fp16", "amx_fp16"), "float16"))
 
 
-def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Comparison], citations: dict | None = None,
+def explain(records: list[dict], cells: dict[tuple, PooledRuns], summary: list[Comparison], citations: dict | None = None,
             cast_shares: dict | None = None) -> list[Why]:
     """Explanations the data supports, each citing the figures and facts that triggered it. A rule speaks only
     of the device and the cells it cites, and names the cells that measured the opposite. `citations`: per

@@ -26,7 +26,7 @@ from harness.precision import PRECISIONS
 from harness.report import accuracy
 from harness.report import format as f
 from harness.report.accuracy import Check
-from harness.report.data import speed_words
+from harness.report.verdicts import speed_words
 
 BESIDE = ("fp32", "amp_bf16")  # what FP8 stands beside: the reference, and mixed bf16 (float32 master weights)
 UNRECORDED = "emulated (not recorded: a run from before options[\"fp8\"])"
@@ -62,7 +62,7 @@ def _as_loss(records: list[dict]) -> list[dict]:
 
 
 def _process_ms(records: list[dict]) -> list[float]:
-    """One step time per process, its repeats' median steps pooled (as data.Cell's: processes are the independent
+    """One step time per process, its repeats' median steps pooled (as verdicts.PooledRuns's: processes are the independent
     samples, stats.per_process)."""
     timed = [r for r in records if r.get("step_times_ms")]
     return stats.per_process([float(np.median(r["step_times_ms"])) for r in timed], [r.get("process") for r in timed])
@@ -132,7 +132,7 @@ def _span(seeds: tuple[float, float] | None, show) -> str:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Fp8Entry:
     """One model, framework and setting: its arms in table order (fp32, amp_bf16, the FP8 precisions)."""
     model: str
     framework: str
@@ -205,7 +205,7 @@ class Diagnosed:
 class Fp8Section:
     """The section as data: an entry per model, framework and setting with an FP8 run, and the diagnoses' FP8
     verdicts. Absent from the page (not `shown`) when no record has an FP8 precision."""
-    entries: list[Entry]
+    entries: list[Fp8Entry]
     diagnoses: list[Diagnosed]
 
     @property
@@ -213,7 +213,7 @@ class Fp8Section:
         return bool(self.entries)
 
 
-def fp8_entries(records: list[dict]) -> list[Entry]:
+def fp8_entries(records: list[dict]) -> list[Fp8Entry]:
     """Per (model, framework, setting) with an FP8 run: its arms (harness.identity.arms_by_setting: runs under
     different loss-scale settings are arms of their own, a crashed run joins every setting it agrees with)."""
     groups = arms_by_setting(records, lambda r: r.get("precision") in BESIDE or is_fp8(r.get("precision") or ""))
@@ -227,7 +227,7 @@ def fp8_entries(records: list[dict]) -> list[Entry]:
         fp32 = [r for r in named.get("fp32", []) if r.get("status") == "ok"]
         ordered = sorted(named, key=lambda p: (BESIDE.index(_base(p)) if _base(p) in BESIDE else len(BESIDE), p))
         label = framework + describe(setting_, varying(s for (_, fw, s) in groups if fw == framework))
-        out.append(Entry(model, label, [_arm(p, named[p], fp32, classes, next_token) for p in ordered], next_token))
+        out.append(Fp8Entry(model, label, [_arm(p, named[p], fp32, classes, next_token) for p in ordered], next_token))
     return out
 
 

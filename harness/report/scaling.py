@@ -1,10 +1,10 @@
 """Where 16-bit starts to pay: the report's section of a scaling study (`amp-harness study scaling`).
 
 A study's runs are ordinary runs of one model at several sizes (batch size, width, a token model's sequence
-length), tied by a study id that starts with harness.identity.SCALING_STUDY. Every size of every precision is a
-Cell (harness.report.data) of its own: the sizes are part of the setting (harness.identity.Setting: batch, width,
-seq_len), so runs of two sizes never pool. A series is one (model, framework, setting apart from the sizes,
-precision); each of its points is that precision's cell at one size against the fp32 cell of the same size and
+length), tied by a study id that starts with harness.identity.SCALING_STUDY. Every size of every precision pools
+its runs apart (harness.report.verdicts.PooledRuns): the sizes are part of the setting (harness.identity.Setting:
+batch, width, seq_len), so runs of two sizes never pool. A series is one (model, framework, setting apart from the
+sizes, precision); each of its points is that precision's runs at one size against the fp32 runs of the same size and
 setting: the speed-up is stats.ratio of fp32's repeat medians over the precision's, as the rest of the report
 pairs them, and its verdict is stats.Ratio.decision, the one rule of the report.
 
@@ -45,7 +45,7 @@ from harness.identity import cell_key, scaling_study
 from harness.precision import PRECISIONS
 from harness.report import charts
 from harness.report import format as f
-from harness.report.data import VERDICTS, Cell
+from harness.report.verdicts import VERDICTS, PooledRuns
 
 SIZES = ("batch", "width", "seq_len")  # the parts of a Setting a scaling study varies
 SIZE_NAMES = {"batch": "batch", "width": "width", "seq_len": "sequence length"}
@@ -70,7 +70,7 @@ class MatmulTime:
     products: list[dict]
 
     @classmethod
-    def of(cls, cell: Cell | None) -> MatmulTime | None:
+    def of(cls, cell: PooledRuns | None) -> MatmulTime | None:
         shapes = next((r["matmul_shapes"] for r in cell.records if r.get("matmul_shapes")), None) if cell else None
         if not shapes or not shapes["products"]:
             return None
@@ -98,8 +98,8 @@ class Point:
     """One size of one precision: its cell against fp32's cell of that size (either may be missing)."""
     sizes: dict  # batch, width, seq_len as the records hold them (width None: 1)
     flops: float | None  # per training step
-    cell: Cell | None
-    fp32: Cell | None
+    cell: PooledRuns | None
+    fp32: PooledRuns | None
     speedup: stats.Ratio | None  # fp32's time over this precision's: > 1 is faster
     note: str = ""  # why there is no comparison: the precision's status and reason
 
@@ -163,7 +163,7 @@ class Row:
 
 
 @dataclass
-class Entry:
+class ScalingEntry:
     """One (model, framework, setting) of a scaling study: a series per 16-bit precision."""
     model: str
     framework: str
@@ -187,7 +187,7 @@ class Entry:
 
 @dataclass
 class ScalingSection:
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[ScalingEntry] = field(default_factory=list)
 
     @property
     def shown(self) -> bool:
@@ -228,8 +228,8 @@ def scaling_section(records: list[dict], cast_shares: dict | None = None) -> Sca
     for r in runs:
         if r.get("status") == "ok" and r.get("step_times_ms"):
             groups.setdefault(cell_key(r), []).append(r)
-    cells = {k: Cell(k, rs, k[1]) for k, rs in groups.items()}
-    by_entry: dict[tuple, list[Cell]] = {}
+    cells = {k: PooledRuns(k, rs, k[1]) for k, rs in groups.items()}
+    by_entry: dict[tuple, list[PooledRuns]] = {}
     for (model, framework, setting_, _, _), c in cells.items():
         by_entry.setdefault((model, framework, _strip(setting_)), []).append(c)
     not_ok = [r for r in runs if r.get("status") != "ok"]
@@ -242,8 +242,8 @@ def scaling_section(records: list[dict], cast_shares: dict | None = None) -> Sca
     return ScalingSection(entries)
 
 
-def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed: list[dict],
-           cast_shares: dict) -> Entry:
+def _entry(model: str, framework: str, cs: list[PooledRuns], runs: list[dict], failed: list[dict],
+           cast_shares: dict) -> ScalingEntry:
     sizes_of = {c.setting: {k: getattr(c.setting, k) for k in SIZES} for c in cs}
     varies = [k for k in SIZES if len({str(s[k]) for s in sizes_of.values()}) > 1] or ["batch"]
     fp32 = {c.setting: c for c in cs if c.precision == "fp32"}
@@ -265,7 +265,7 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
         series.append(s)
         rows += [_row(precision, p, varies) for p in points]
     peaks = _peaks(runs)
-    entry = Entry(model, framework, sorted({r["study"] for r in runs if r.get("study")}), varies, series, rows,
+    entry = ScalingEntry(model, framework, sorted({r["study"] for r in runs if r.get("study")}), varies, series, rows,
                   peaks)
     plotted = {s.precision: [{"x": p.flops, "y": p.speedup.estimate, "low": p.speedup.low,
                               "high": p.speedup.high, "interval": p.speedup.is_interval}
@@ -297,7 +297,7 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
     return entry
 
 
-def _curves(cs: list[Cell]) -> dict | None:
+def _curves(cs: list[PooledRuns]) -> dict | None:
     """The device's matmul curve per dtype as the study's runs measured it; fp32's runs first (a tf32 run's
     float32 curve is TF32's)."""
     for c in sorted(cs, key=lambda c: c.precision != "fp32"):
@@ -316,7 +316,7 @@ def _dtype_style(dtype: str, precisions: list[str]) -> str:
     return next((name for name, p in PRECISIONS.items() if p.compute_dtype == dtype == p.param_dtype), "fp32")
 
 
-def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
+def _add_curve(entry: ScalingEntry, cs: list[PooledRuns], precisions: list[str]) -> None:
     curves = _curves(cs)
     if not curves:
         return
@@ -416,7 +416,7 @@ def _equivalent(rate: float, curve: dict) -> int | None:
     return next((n for n, g in zip(curve["n"], curve["gflops"]) if g >= rate), None)
 
 
-def steps_sentence(cs: list[Cell], precisions: list[str], curves: dict) -> str:
+def steps_sentence(cs: list[PooledRuns], precisions: list[str], curves: dict) -> str:
     """The model's achieved GFLOP/s per precision over the study's sizes, read against the curve of its compute
     dtype: the n at which a square matmul reaches the same rate here."""
     parts = []
@@ -442,7 +442,7 @@ def steps_sentence(cs: list[Cell], precisions: list[str], curves: dict) -> str:
     return "The model's steps against the curve: " + "; ".join(parts) + "."
 
 
-def _why_none(precision: str, setting_, failed: list[dict], cell: Cell | None, base: Cell | None) -> str:
+def _why_none(precision: str, setting_, failed: list[dict], cell: PooledRuns | None, base: PooledRuns | None) -> str:
     if base is None and cell is not None:
         return "no fp32 run at this size"
     mine = [r for r in failed if r.get("precision") == precision and r.get("batch_size") == setting_.batch
@@ -477,7 +477,7 @@ def _rest(p: Point, lead: str, what: str = "") -> str:
     return f"{lead} the rest of the step{what} takes {f.ms(rest)} ms against fp32's {f.ms(fp32_rest)} ms"
 
 
-def _matmul_cell(t: MatmulTime | None, c: Cell | None) -> str:
+def _matmul_cell(t: MatmulTime | None, c: PooledRuns | None) -> str:
     """"1.2 (30%)": the step's matmuls timed alone, in ms, and their share of its step; "-" where not measured."""
     if t is None or c is None:
         return "-"

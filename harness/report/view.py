@@ -19,13 +19,14 @@ from markupsafe import Markup
 
 from harness.report import accuracy, answer, charts
 from harness.report import format as f
-from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Environment, Fastest, MemoryRow, NotRun,
-                                 ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean, speed_up)
+from harness.report.data import (AccuracyRow, Diagnosis, Environment, Fastest, MemoryRow, NotRun, ScalingRow, Section,
+                                 SpecHash, SpecHashes, SpeedRow, Study, View)
 from harness.report.explain import explain, in_short
 from harness.report.fp8 import emulated as fp8_emulated, fp8_section
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.scaling import scaling_section
+from harness.report.verdicts import Comparison, PooledRuns, mean, speed_up
 from harness.identity import cell_key, describe, device_key, loss_scale_setting, scaling_study, setting, varying
 
 
@@ -94,7 +95,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     for r in ok:
         groups.setdefault(cell_key(r), []).append(r)
     labels = _labels(groups)
-    cells = {key: Cell(key, rs, *labels[key]) for key, rs in groups.items()}
+    cells = {key: PooledRuns(key, rs, *labels[key]) for key, rs in groups.items()}
     models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
     frameworks = sorted({r["framework"] for r in records if r.get("framework")})
     by_model: dict[str, list[dict]] = {}
@@ -102,7 +103,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         by_model.setdefault(r["model"], []).append(r)
     classes = {m: accuracy.num_classes(by_model.get(m, [])) for m in models}
 
-    fp32_cells: dict[tuple, Cell] = {}  # per (model, framework, setting): its first fp32 cell
+    fp32_cells: dict[tuple, PooledRuns] = {}  # per (model, framework, setting): its first fp32 cell
     for k, c in cells.items():
         if k[3] == "fp32":
             fp32_cells.setdefault(k[:3], c)
@@ -187,7 +188,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
     cast_shares = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["casts"]
                    for e in profiled.entries for g in e["growth"]}
     why = explain(records, cells, summary, profiled.citations, cast_shares)
-    contenders: dict[tuple, list[Cell]] = {}  # per device: a GPU and a CPU are never ranked together
+    contenders: dict[tuple, list[PooledRuns]] = {}  # per device: a GPU and a CPU are never ranked together
     for c in cells.values():
         contenders.setdefault((c.model, c.precision, c.device), []).append(c)
     fastest = [_fastest(model, precision, device, cs, answer.ranked(cs, summary))
@@ -220,7 +221,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         crossover=scaling_section(sized, cast_shares), fp8=fp8)
 
 
-def _fastest(model: str, precision: str, device: str, cells: list[Cell], ranked: list[Cell]) -> Fastest:
+def _fastest(model: str, precision: str, device: str, cells: list[PooledRuns], ranked: list[PooledRuns]) -> Fastest:
     """The framework with the lowest median among the cells that may be ranked (answer.ranked), or that none may."""
     if not ranked:
         return Fastest(model, precision, device, f"none ranked (fewer than {stats.MIN_REPEATS} repeats, or no speed "
@@ -230,7 +231,7 @@ def _fastest(model: str, precision: str, device: str, cells: list[Cell], ranked:
                    len(cells), len(ranked))
 
 
-def judged_figure(figure: str, c: Cell) -> str:
+def judged_figure(figure: str, c: PooledRuns) -> str:
     """A cell's judged figure, or "too short to judge" where its fp32 learned nothing (accuracy.py)."""
     return figure if c.judged else accuracy.TOO_SHORT
 
@@ -271,7 +272,7 @@ def _flat_scale(records: list[dict]) -> str | None:
     return f"loss scale stayed at {shown}, no step skipped in {n} steps{each}."
 
 
-def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell],
+def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, PooledRuns],
                   scaled: list[dict] | None = None,
                   fp8_elsewhere: bool = False) -> tuple[list[Diagnosis], list[Study], list[str]]:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts, and where
