@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness import stats
+from harness.identity import device_key
+from harness.records import RunRecord
 from harness.report import format as f
 from harness.report.accuracy import Check
 from harness.report.verdicts import DECIDED, VERDICTS, Comparison, PooledRuns
@@ -159,11 +161,13 @@ def _plain_entry(cells: list[PooledRuns], why: str) -> MatrixEntry:
                      False, "", False)
     fastest = min(shown, key=lambda c: c.median_ms)
     return MatrixEntry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
-                 None, None, None, None, False, fastest.step, False)
+                       None, None, None, None, False, fastest.step, False)
 
 
-def build(cells: dict[tuple, PooledRuns], summary: list[Comparison], not_run: list[dict]) -> list[Block]:
-    """One block per device: columns (frameworks), rows (models), recommendations."""
+def build(cells: dict[tuple, PooledRuns], summary: list[Comparison], not_run: list[RunRecord]) -> list[Block]:
+    """One block per device: columns (frameworks), rows (models), recommendations; a run that did not end ok is
+    named in its cell (on every device where its record names none)."""
+    not_run_on = [(r, device_key(r.written)) for r in not_run]
     by_place: dict[tuple, list[PooledRuns]] = {}  # (device, model, column): its cells, grouped once
     by_model: dict[tuple, list[PooledRuns]] = {}  # (device, model)
     for c in cells.values():
@@ -193,9 +197,8 @@ def build(cells: dict[tuple, PooledRuns], summary: list[Comparison], not_run: li
                     row.append(_plain_entry(mine, "fp32 only" if fp32 else "no fp32 run to compare"))
                 else:
                     row.append(None)
-                failed = sorted({f"{r['precision']} {r['status']}" for r in not_run if r.get("model") == model
-                                 and r.get("framework") == framework[column]
-                                 and r.get("device_key") in (device, None)})
+                failed = sorted({f"{r.precision} {r.status}" for r, on in not_run_on if r.model == model
+                                 and r.framework == framework[column] and on in (device, None)})
                 if row[-1] is not None and failed:
                     row[-1].not_run = ", ".join(failed)
             rows.append(Row(model, row))

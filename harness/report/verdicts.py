@@ -15,6 +15,7 @@ import numpy as np
 
 from harness import results, stats
 from harness.identity import setting
+from harness.records import RunRecord
 from harness.report import format as f
 from harness.report.accuracy import Check, metric, perplexity
 
@@ -33,50 +34,50 @@ def speed_words(r: stats.Ratio) -> str:
 class PooledRuns:
     """All ok repeats of one (model, framework, setting, precision, loss-scale setting)."""
 
-    def __init__(self, key: tuple, records: list[dict], label: str, setting_note: str = "", scale_note: str = ""):
+    def __init__(self, key: tuple, records: list[RunRecord], label: str, setting_note: str = "", scale_note: str = ""):
         # label: framework and what differs, for tables; setting_note: what differs besides the device (the
         # first screen has a matrix per device, a column per framework); scale_note: the loss-scale setting
         # where it varies
         self.key, self.records, self.label = key, records, label
         self.setting_note, self.scale_note = setting_note, scale_note
         r0 = records[0]
-        self.model, self.framework, self.precision = r0["model"], r0["framework"], r0["precision"]
+        self.model, self.framework, self.precision = r0.model, r0.framework, r0.precision
         self.column = self.framework
         self.name = f"{self.framework}{setting_note}"  # how the first screen names this cell's framework
-        self.setting = setting(r0)
+        self.setting = setting(r0.written)
         self.device = self.setting.device or "-"
         self.fp32: PooledRuns | None = None  # the fp32 cell of the same setting (itself for an fp32 cell), set by view
         self.judged = True  # False: fp32 scored at chance level, its judged figures mean nothing (see accuracy.py)
-        timed = [r for r in records if r.get("step_times_ms")]
-        self.repeats = [r["step_times_ms"] for r in timed]
+        timed = [r for r in records if r.step_times_ms]
+        self.repeats = [r.step_times_ms for r in timed]
         # one figure per process, its repeats' median steps pooled (processes are independent; the steps and the
         # repeats of one process are not: stats.per_process)
         self.process_ms = stats.per_process([float(np.median(t)) for t in self.repeats],
-                                            [r.get("process") for r in timed])
+                                            [r.process for r in timed])
         self.median_ms = stats.geometric_mean(self.process_ms)
         # --repeats auto's runs (each with its round): what its sequential test saw, for speed_up to replay
-        self.auto_repeats = results.auto_timing(timed) if all(r.get("auto_round") is not None for r in timed) \
-            else None
+        self.auto_repeats = results.auto_timing([r.written for r in timed]) \
+            if all(r.auto_round is not None for r in timed) else None
         pooled = np.concatenate(self.repeats)
         self.p10_ms, self.p90_ms = (float(np.percentile(pooled, q)) for q in (10, 90))
         self.cv = stats.spread(self.process_ms)
         self.unstable = self.cv is not None and self.cv > stats.UNSTABLE_CV
-        self.first_step_ms = median(r.get("first_step_ms") for r in records)
-        self.samples_per_s = r0["batch_size"] / (self.median_ms / 1e3)
+        self.first_step_ms = median(r.first_step_ms for r in records)
+        self.samples_per_s = r0.batch_size / (self.median_ms / 1e3)
         # token sequences (schema 5): the T tokens of each sample, so a sequence model's throughput is tokens/s
-        self.tokens_per_sample = r0.get("tokens_per_sample")
+        self.tokens_per_sample = r0.tokens_per_sample
         self.tokens_per_s = self.samples_per_s * self.tokens_per_sample if self.tokens_per_sample else None
-        self.gflops = r0["flops_per_step"] / (self.median_ms / 1e3) / 1e9 if r0.get("flops_per_step") else None
-        self.efficiency = median(r.get("efficiency") for r in records)
-        self.peak_mb = median(r.get("peak_memory_mb") for r in records)
-        self.memory_kind = r0.get("memory_kind")
-        self.state_mb = r0.get("state_memory_mb") or {}
-        self.eval_accuracy = mean(r.get("eval_accuracy") for r in records)
-        self.eval_loss = mean(r.get("eval_loss") for r in records)
+        self.gflops = r0.flops_per_step / (self.median_ms / 1e3) / 1e9 if r0.flops_per_step else None
+        self.efficiency = median(r.efficiency for r in records)
+        self.peak_mb = median(r.peak_memory_mb for r in records)
+        self.memory_kind = r0.memory_kind
+        self.state_mb = r0.state_memory_mb
+        self.eval_accuracy = mean(r.eval_accuracy for r in records)
+        self.eval_loss = mean(r.eval_loss for r in records)
         self.perplexity = perplexity(self.eval_loss)
         self.metric = metric(records)  # what its accuracy comparisons judge: accuracy, or a next-token model's loss
-        self.batch_size = r0["batch_size"]
-        self.flops_per_step = r0.get("flops_per_step")
+        self.batch_size = r0.batch_size
+        self.flops_per_step = r0.flops_per_step
 
     @property
     def baseline(self) -> PooledRuns | None:
@@ -95,7 +96,7 @@ class PooledRuns:
         return getattr(self, self.metric.field)
 
     def loss_curve(self) -> list:
-        curves = [r["loss"] for r in self.records if r.get("loss")]
+        curves = [r.loss for r in self.records if r.loss]
         length = min(len(c) for c in curves)
         arr = np.array([[np.nan if v is None else v for v in c[:length]] for c in curves], dtype=float)
         return [None if np.isnan(v) else float(v) for v in np.nanmean(arr, axis=0)] if arr.size else []
