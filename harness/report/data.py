@@ -113,7 +113,7 @@ class NotRun:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class NumericsEntry:
     """One diagnosed (model, framework) of the Numerics section: its gradient histogram and verdicts, or a note
     saying why there are none."""
     model: str | None
@@ -126,13 +126,29 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class StudyPoint:
+    """One loss-scale setting of a study: means over its runs, and fp32's figures it is held against."""
+    x: float  # where the chart places it: log2 of a fixed scale; unscaled left of them all, dynamic right
+    label: str  # "none", "dynamic" or the fixed scale as a power of two
+    accuracy: float  # eval accuracy (nan: no ok run)
+    loss: float | None  # eval loss
+    eval_loss: str  # formatted, as its table shows them
+    perplexity: str
+    skipped: float  # steps the scaler skipped
+    status: str  # its runs' statuses
+    runs: int
+    fp32_accuracy: float | None
+    fp32_loss: float | None
+
+
+@dataclass(frozen=True)
 class Study:
     """One loss-scale study: a point per loss-scale setting (the chart's input, means over its runs)."""
     study: str
     model: str | None
     framework: str
     precision: str
-    rows: list[dict]
+    rows: list[StudyPoint]
     chart: str
     next_token: bool = False  # judged by eval loss: its rows show perplexity, not accuracy (accuracy.TokenLoss)
 
@@ -211,7 +227,7 @@ class View:
     environment: list[Environment]
     spec_hashes: list[SpecHashes]
     parity: list | None
-    numerics: list[Diagnosis]
+    numerics: list[NumericsEntry]
     studies: list[Study]
     sixteen_bit_safe: list[str]
     pure16: Pure16Section

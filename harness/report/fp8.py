@@ -114,7 +114,7 @@ class Fp8Entry:
 
 
 @dataclass(frozen=True)
-class Diagnosed:
+class Fp8Verdicts:
     """One diagnosis's sentences per FP8 precision and scaling recipe (harness.fp8.verdicts)."""
     model: str | None
     framework: str | None
@@ -126,7 +126,7 @@ class Fp8Section:
     """The section as data: an entry per model, framework and setting with an FP8 run, and the diagnoses' FP8
     verdicts. Absent from the page (not `shown`) when no record has an FP8 precision."""
     entries: list[Fp8Entry]
-    diagnoses: list[Diagnosed]
+    diagnoses: list[Fp8Verdicts]
 
     @property
     def shown(self) -> bool:
@@ -158,6 +158,6 @@ def fp8_section(records: list[RunRecord], diagnoses: list[DiagnosisRecord] | Non
     from harness.fp8 import verdicts
 
     entries = fp8_entries(records)
-    diagnosed = [Diagnosed(d.model, d.framework, list(verdicts(d.diagnosis.fp8, d.diagnosis.every or 1).values()))
+    diagnosed = [Fp8Verdicts(d.model, d.framework, list(verdicts(d.diagnosis.fp8, d.diagnosis.every or 1).values()))
                  for d in diagnoses or [] if d.status == "ok" and d.diagnosis and d.diagnosis.fp8]
     return Fp8Section(entries, diagnosed if entries else [])

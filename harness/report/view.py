@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from datetime import datetime, timezone
 
 import numpy as np
@@ -19,23 +20,23 @@ from markupsafe import Markup
 
 from harness.report import accuracy, answer, charts
 from harness.report import format as f
-from harness.report.data import (AccuracyRow, Diagnosis, Environment, Fastest, MemoryRow, NotRun, ScalingRow, Section,
-                                 SpecHash, SpecHashes, SpeedRow, Study, View)
-from harness.report.explain import explain, in_short
 from harness.report.arms import emulated as fp8_emulated
+from harness.report.data import (AccuracyRow, Environment, Fastest, MemoryRow, NotRun, NumericsEntry, ScalingRow,
+                                 Section, SpecHash, SpecHashes, SpeedRow, Study, StudyPoint, View)
+from harness.report.explain import explain, in_short
 from harness.report.fp8 import fp8_section
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.scaling import scaling_section
 from harness.report.verdicts import Comparison, PooledRuns, mean, speed_up
 from harness.identity import cell_key, describe, loss_scale_setting, scaling_study, setting, varying
-from harness.records import Device, Diagnosis as Diagnosed, DiagnosisRecord, Env, LossScaleSettings, Record, RunRecord
+from harness.records import Device, Diagnosis, DiagnosisRecord, Env, LossScaleSettings, Record, RunRecord
 from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, PROFILES_FILE, typed
 
 ATTENTION_SCORES = "attention_score_gradients"  # a diagnosis's histograms of the softmax's input gradients
 
 
-def written_groups(diagnosis: Diagnosed) -> dict[str, dict[str, dict]]:
+def written_groups(diagnosis: Diagnosis) -> dict[str, dict[str, dict]]:
     """A diagnosis's histograms per group and layer as written, for harness.numerics, which reads them so."""
     return {group: {layer: h.written for layer, h in layers.items()}
             for group, layers in (diagnosis.groups or {}).items()}
@@ -83,7 +84,7 @@ def _usable(records: list[dict] | None, filename: str, skipped: list[str]) -> li
 
 
 def build_view(records: list[dict], parity_records: list[dict] | None = None,
-               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> dict:
+               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> View:
     records, skipped = typed(records)
     # the timed amp_fp16 runs' loss scales, by the models' own names (a diagnosis is matched by them)
     scaled = [r for r in records if r.precision == "amp_fp16" and not r.study]
@@ -280,7 +281,7 @@ def _flat_scale(records: list[RunRecord]) -> str | None:
 
 def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp32_cells: dict[tuple, PooledRuns],
                   scaled: list[RunRecord] | None = None,
-                  fp8_elsewhere: bool = False) -> tuple[list[Diagnosis], list[Study], list[str]]:
+                  fp8_elsewhere: bool = False) -> tuple[list[NumericsEntry], list[Study], list[str]]:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts, and where
     the `scaled` runs (timed amp_fp16 runs) hold its loss scales, the attention score gradients' headroom at the
     largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
@@ -294,7 +295,7 @@ def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp
     for d in diagnoses:
         diagnosis = d.diagnosis
         if d.status != "ok" or not (diagnosis and diagnosis.available):
-            numerics.append(Diagnosis(d.model, d.framework, note=d.reason
+            numerics.append(NumericsEntry(d.model, d.framework, note=d.reason
                                       or "not available: this adapter cannot capture tensors"))
             continue
         groups = written_groups(diagnosis)
@@ -309,7 +310,7 @@ def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp
         fp8_lines = list(fp8_verdicts(diagnosis.fp8 or {}, diagnosis.every or 1).values())
         safe.setdefault(d.model, f"{d.model} ({d.framework} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
-        numerics.append(Diagnosis(d.model, d.framework,
+        numerics.append(NumericsEntry(d.model, d.framework,
                                   Markup(charts.gradient_histogram(series, shift, title)),
                                   [sentence for _, sentence in verdicts.values()]
                                   + list(attention_verdicts(diagnosis.written).values())
@@ -329,8 +330,9 @@ def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp
         points = _study_points(rs, fp32)
         next_token = accuracy.metric(rs) is accuracy.TOKEN_LOSS  # judged by its eval loss
         figure, label = ("loss", "eval loss (nats)") if next_token else ("accuracy", "eval accuracy")
-        study_charts.append(Study(study, model, framework_, precision, points, Markup(charts.loss_scale_study(
-            points, window, f"{model} ({framework_} {precision}): loss-scale study", figure, label)), next_token))
+        chart = charts.loss_scale_study([asdict(p) for p in points], window,
+                                        f"{model} ({framework_} {precision}): loss-scale study", figure, label)
+        study_charts.append(Study(study, model, framework_, precision, points, Markup(chart), next_token))
     return numerics, study_charts, list(safe.values())
 
 
@@ -370,7 +372,7 @@ def _scale_settings(r: RunRecord) -> LossScaleSettings:
     return (r.loss_scale.settings if r.loss_scale else None) or LossScaleSettings(mode="none")
 
 
-def _study_points(rs: list[RunRecord], fp32) -> list[dict]:
+def _study_points(rs: list[RunRecord], fp32: PooledRuns | None) -> list[StudyPoint]:
     by_setting: dict[str, list[RunRecord]] = {}
     for r in rs:
         by_setting.setdefault(loss_scale_setting(r.written), []).append(r)
@@ -384,18 +386,15 @@ def _study_points(rs: list[RunRecord], fp32) -> list[dict]:
         mode = _scale_settings(group[0]).mode or "none"
         x = exps[setting_] if exps[setting_] is not None else (min(fixed) - 3 if mode == "none" else max(fixed) + 3)
         ok = [r for r in group if r.status == "ok"]
-        points.append({"x": x, "label": "none" if mode == "none" else ("dynamic" if mode == "dynamic"
-                                                                       else f.power_of_two(exps[setting_])),
-                       "accuracy": float(np.mean([r.eval_accuracy for r in ok])) if ok else float("nan"),
-                       "loss": mean(r.eval_loss for r in ok),
-                       "eval_loss": f.number(mean(r.eval_loss for r in ok), 4),
-                       "perplexity": f.number(accuracy.perplexity(mean(r.eval_loss for r in ok)), 2),
-                       "skipped": float(np.mean([(r.loss_scale.skipped_steps if r.loss_scale else None) or 0
-                                                 for r in group])),
-                       "status": ", ".join(sorted({r.status for r in group})), "runs": len(group),
-                       "fp32_accuracy": fp32.eval_accuracy if fp32 else None,
-                       "fp32_loss": fp32.eval_loss if fp32 else None})
-    return sorted(points, key=lambda p: p["x"])
+        loss = mean(r.eval_loss for r in ok)
+        points.append(StudyPoint(
+            x, "none" if mode == "none" else ("dynamic" if mode == "dynamic" else f.power_of_two(exps[setting_])),
+            float(np.mean([r.eval_accuracy for r in ok])) if ok else float("nan"), loss, f.number(loss, 4),
+            f.number(accuracy.perplexity(loss), 2),
+            float(np.mean([(r.loss_scale.skipped_steps if r.loss_scale else None) or 0 for r in group])),
+            ", ".join(sorted({r.status for r in group})), len(group), fp32.eval_accuracy if fp32 else None,
+            fp32.eval_loss if fp32 else None))
+    return sorted(points, key=lambda p: p.x)
 
 
 def _headline(summary: list[Comparison]) -> list[str]:

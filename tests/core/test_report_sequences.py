@@ -195,7 +195,7 @@ def test_a_loss_scale_study_of_a_next_token_model_shows_perplexity():
     view = build_view(fp32 + study)
     (s,) = view.studies
     assert s.next_token
-    assert [p["perplexity"] for p in s.rows] == [f.number(math.exp(2.3), 2), f.number(math.exp(2.2), 2)]
+    assert [p.perplexity for p in s.rows] == [f.number(math.exp(2.3), 2), f.number(math.exp(2.2), 2)]
     page = render(view)
     table = page[page.index('class="study-table'):page.index("</table>", page.index('class="study-table'))]
     assert "<th>perplexity</th>" in table and f.number(math.exp(2.2), 2) in table and "eval accuracy" not in table
