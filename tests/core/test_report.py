@@ -222,3 +222,5 @@ def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
     assert not view.speed  # study runs are not cells of the comparison
     page = render(view)
     assert 'data-chart="numerics"' in page and 'data-chart="study"' in page and "16-bit safe?" in page
+    # the window's exponent is an int in the record: read as a model, it prints as one (not 2^3.0)
+    assert "weight gradients x 2^3<" in page
