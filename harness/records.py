@@ -268,7 +268,9 @@ class MatmulShapes(_Strict):
 
 class StateMemory(_Strict):
     """What a run's state takes, in MB, by part (harness.model.graph: the weights, their gradients, the optimizer's
-    slots, and a Kahan-compensated run's compensation buffer)."""
+    slots, and a Kahan-compensated run's compensation buffer); a part it does not name is held too, as a number."""
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Number | None] = Field(init=False)
     weights: Number | None = None
     gradients: Number | None = None
     optimizer_state: Number | None = None
