@@ -106,6 +106,21 @@ class NonFinite(_Strict):
     epsilon_format: str | None = None
 
 
+class UpdateCounts(_Strict):
+    """One layer's weight updates over the captured steps, counted against each 16-bit format
+    (harness.numerics.update_counts): how many moved, and per format (its name, and its name with a suffix:
+    "bfloat16", "bfloat16_sr", "float16_squares") what writing the weights in it would lose."""
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Number] = Field(init=False)
+    updates: Number = 0  # the non-zero updates
+    gradients: Number = 0  # the non-zero gradients
+    magnitude: Number = 0.0  # the updates' summed size
+
+    def lost(self, fmt: str) -> Number:
+        """The updates nearest rounding to `fmt` ("bfloat16", "float16") loses: below half a weight's gap."""
+        return (self.__pydantic_extra__ or {}).get(fmt, 0)
+
+
 class Diagnosis(_Strict):
     """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge); a diagnosis
     that could not capture holds nothing else to read."""
@@ -113,7 +128,7 @@ class Diagnosis(_Strict):
     captured_steps: Annotated[list[Count], Field(min_length=1)] | None = None
     every: Count | None = None
     groups: dict[str, dict[str, Histogram]] | None = None
-    updates: dict[str, dict[str, Number]] | None = None
+    updates: dict[str, UpdateCounts] | None = None  # per layer
     optimizer: str | None = None
     verdicts: dict[str, str] | None = None
     attention: dict[str, str] | None = None  # per attention layer (harness.numerics.attention_verdicts)

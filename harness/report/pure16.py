@@ -41,9 +41,9 @@ def swamped_shares(diagnoses: list[DiagnosisRecord]) -> dict[str, dict[str, floa
     out: dict[str, dict[str, float]] = {}
     for d in diagnoses or []:
         counts = (d.diagnosis.updates if d.diagnosis else None) or {} if d.status == "ok" else {}
-        updates = sum(c.get("updates", 0) for c in counts.values())  # per layer: counts by kind and format
+        updates = sum(c.updates for c in counts.values())
         if updates:
-            out.setdefault(d.model, {fmt: sum(c.get(fmt, 0) for c in counts.values()) / updates
+            out.setdefault(d.model, {fmt: sum(c.lost(fmt) for c in counts.values()) / updates
                                      for fmt in ("bfloat16", "float16")})
     return out
 
