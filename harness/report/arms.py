@@ -87,6 +87,8 @@ class Scaler:
 
 @dataclass(frozen=True)
 class Arm:
+    """One precision's runs in an entry (its name with a loss-scale suffix where the entry ran it under several),
+    with fp32's ok runs of the same entry; its figures are computed once, when first read."""
     precision: str
     records: tuple[RunRecord, ...]  # every run of it, ok or not
     fp32: tuple[RunRecord, ...]  # the entry's ok fp32 runs, what it is judged against
