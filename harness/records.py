@@ -3,9 +3,10 @@
 `Record` holds (what ran, how it ended, where), its `schema_version` (written as "schema") and its own payload.
 
 The models say what a report or `parity` can read: a record that breaks one (an edited file, a foreign tool's
-line) is skipped with a note naming the field (harness.results.usable), never a traceback. Records stay plain
-JSON dicts in memory; the models validate them, strictly (no coercion: a number written as a string is not a
-number), and do not convert them.
+line) is skipped with a note naming the field (harness.results.usable), never a traceback. They validate strictly
+(no coercion: a number written as a string is not a number). The runner writes records as plain JSON dicts and
+`parity` reads them so; the report reads them as these models (harness.results.typed), and each model keeps the
+JSON it was read from (`written`) for the rules that take a record as written (harness.identity, harness.numerics).
 
 Schemas: 1; 2 added variant, state_memory_mb, device_peak_gflops, efficiency, study, diagnosis; 3 num_classes;
 4 seed (a timed run's repeat r trains from the spec's seed + r); 5 task and tokens_per_sample (token sequences:
@@ -25,21 +26,43 @@ import re
 import typing
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 9
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
-Number = Annotated[float, Field(allow_inf_nan=False)]  # strict: an int is a number too, a bool is not
+# strict: an int is a number too, and stays an int (a report prints 2^3 where the record says 3); a bool is not
+Number = int | Annotated[float, Field(allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Positive = Annotated[Number, Field(gt=0)]
 Rows = list[list[Number | None]]  # outputs as a fingerprint holds them: a row per sample, None where not finite
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    _written: dict | None = PrivateAttr(None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_written(cls, data: Any, handler) -> Any:
+        model = handler(data)
+        if isinstance(data, dict) and isinstance(model, _Strict):
+            model._written = data
+        return model
+
+    @property
+    def written(self) -> dict:
+        """What this was validated from, as written (ints stay ints, fields no model names stay), for the rules
+        that take a record as written: the JSON read, or the keyword arguments it was made with."""
+        return self._written if self._written is not None else self.model_dump(by_alias=True)
+
+    def replaced(self, **fields) -> typing.Self:
+        """A copy with `fields` (by their names here) changed, in the model and in what it was read from alike."""
+        copy = self.model_copy(update=fields)
+        copy._written = {**self.written, **{type(self).model_fields[k].alias or k: v for k, v in fields.items()}}
+        return copy
 
 
 def _exponent(e: int | str) -> int | str:
@@ -83,6 +106,21 @@ class NonFinite(_Strict):
     epsilon_format: str | None = None
 
 
+class UpdateCounts(_Strict):
+    """One layer's weight updates over the captured steps, counted against each 16-bit format
+    (harness.numerics.update_counts): how many moved, and per format (its name, and its name with a suffix:
+    "bfloat16", "bfloat16_sr", "float16_squares") what writing the weights in it would lose."""
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Number] = Field(init=False)
+    updates: Number = 0  # the non-zero updates
+    gradients: Number = 0  # the non-zero gradients
+    magnitude: Number = 0.0  # the updates' summed size
+
+    def lost(self, fmt: str) -> Number:
+        """The updates nearest rounding to `fmt` ("bfloat16", "float16") loses: below half a weight's gap."""
+        return (self.__pydantic_extra__ or {}).get(fmt, 0)
+
+
 class Diagnosis(_Strict):
     """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge); a diagnosis
     that could not capture holds nothing else to read."""
@@ -90,7 +128,7 @@ class Diagnosis(_Strict):
     captured_steps: Annotated[list[Count], Field(min_length=1)] | None = None
     every: Count | None = None
     groups: dict[str, dict[str, Histogram]] | None = None
-    updates: dict[str, dict[str, Number]] | None = None
+    updates: dict[str, UpdateCounts] | None = None  # per layer
     optimizer: str | None = None
     verdicts: dict[str, str] | None = None
     attention: dict[str, str] | None = None  # per attention layer (harness.numerics.attention_verdicts)
@@ -145,6 +183,16 @@ class Profile(_Strict):
     parts: dict[str, Number]
     layers: list[ProfiledLayer]
 
+    @property
+    def casts_ms(self) -> float:
+        """Time per step in casts between dtypes."""
+        return self.parts["casts"]
+
+    @property
+    def other_ms(self) -> float:
+        """Time per step no op accounts for (negative where ops overlapped in time)."""
+        return self.parts["other"]
+
     @model_validator(mode="after")
     def _parts(self) -> Profile:
         if not {"casts", "other"} <= set(self.parts):
@@ -177,12 +225,29 @@ class LossScale(_Strict):
     history: list[Number] | None = None
 
 
+class Device(_Strict):
+    """The device a run measured, as its adapter described it (harness.adapter.DeviceInfo)."""
+    name: str | None = None
+    kind: str | None = None
+    description: str | None = None
+    details: dict | None = None  # the adapter's own: what its framework tells of the device
+
+    @property
+    def compute_capability(self) -> str:
+        """A GPU's compute capability where the adapter knows it ("8.0"), else ""."""
+        return str((self.details or {}).get("compute_capability") or "")
+
+
 class Env(_Strict):
     """Where a run ran (harness.run.measure.environment; the executor adds node and placement)."""
     threads: int | None = None
-    device: dict | None = None
+    device: Device | None = None
     hostname: str | None = None
     node: str | None = None
+    cpu: str | None = None
+    cpu_flags: list[str] | None = None
+    python: str | None = None
+    os: str | None = None
 
 
 class MatmulCurve(_Strict):
@@ -216,6 +281,25 @@ class MatmulShapes(_Strict):
     products: list[MatmulProduct]
 
 
+class StateMemory(_Strict):
+    """What a run's state takes, in MB, by part (harness.model.graph: the weights, their gradients, the optimizer's
+    slots, and a Kahan-compensated run's compensation buffer); a part it does not name is held too, as a number."""
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Number | None] = Field(init=False)
+    weights: Number | None = None
+    gradients: Number | None = None
+    optimizer_state: Number | None = None
+    compensation: Number | None = None
+
+    @property
+    def total(self) -> float:
+        """Every part the record states, summed (a part this model does not name counts too)."""
+        return sum(self.written.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.written)  # a record that states no part has no state figure
+
+
 class Record(_Strict):
     """What every record holds, in the order it is written (None where a figure does not apply or was not
     reached): what ran, how it ended, what it measured and where."""
@@ -246,7 +330,7 @@ class Record(_Strict):
     input_ms: Number | None = None
     peak_memory_mb: Number | None = None
     memory_kind: str | None = None
-    state_memory_mb: dict[str, Number | None] | None = None
+    state_memory_mb: StateMemory | None = None
     loss: list[Number | None] | None = None
     final_train_loss: Number | None = None
     eval_loss: Number | None = None
@@ -279,6 +363,12 @@ class Record(_Strict):
         if self.status == "ok" and (missing := [k for k in self.OK_HOLDS if getattr(self, k) is None]):
             raise PydanticCustomError("ok_holds", "ok but missing {missing}", {"missing": ", ".join(missing)})
         return self
+
+    @property
+    def fp8_matmuls(self) -> str | None:
+        """How an FP8 run's matmuls ran, as its options say (options["fp8"]["matmuls"], e.g. "native
+        (torch._scaled_mm)"); None where they do not (a run from before the option, or not FP8)."""
+        return ((self.options or {}).get("fp8") or {}).get("matmuls")
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:

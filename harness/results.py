@@ -194,27 +194,34 @@ def _records(f, file: Path) -> list[dict]:
 
 
 def usable(records: list[dict], filename: str = RESULTS_FILE) -> tuple[list[dict], list[str]]:
-    """Records of `filename` (results, fingerprints, diagnoses or profiles) a report can use, and why the others
-    were skipped: records that are not what the file's kind of record holds (harness.records: a missing field
-    that identifies a run, an ok record missing what the report reads, a field of the wrong kind), duplicates
-    (the same run_id twice, e.g. a file given twice), and failed runs that --resume ran again with a result
-    (harness.identity.run_key)."""
+    """Records of `filename` (results, fingerprints, diagnoses or profiles) a report can use, as written, and why
+    the others were skipped (typed says which)."""
+    kept, notes = typed(records, filename)
+    return [r.written for r in kept], notes
+
+
+def typed(records: list[dict], filename: str = RESULTS_FILE) -> tuple[list[Record], list[str]]:
+    """Records of `filename` (results, fingerprints, diagnoses or profiles) a report can use, as the model of the
+    file's kind (harness.records: what the report reads), and why the others were skipped: records that are not
+    what that kind of record holds (a missing field that identifies a run, an ok record missing what the report
+    reads, a field of the wrong kind), duplicates (the same run_id twice, e.g. a file given twice), and failed runs
+    that --resume ran again with a result (harness.identity.run_key)."""
     kind = KINDS[filename]
     kept, seen, skipped = [], set(), {}
     for r in records:
         try:
-            kind.model_validate(r)
+            model = kind.model_validate(r)
         except ValidationError as exc:
             why = problem(exc, kind)
         else:
-            if r["run_id"] not in seen:
-                seen.add(r["run_id"])
-                kept.append(r)
+            if model.run_id not in seen:
+                seen.add(model.run_id)
+                kept.append(model)
                 continue
             why = "duplicate run_id"
         skipped[why] = skipped.get(why, 0) + 1
-    retried = {run_key(r) for r in kept if r["status"] not in NO_RESULT}
-    fresh = [r for r in kept if not (r["status"] in NO_RESULT and run_key(r) in retried)]
+    retried = {run_key(r.written) for r in kept if r.status not in NO_RESULT}
+    fresh = [r for r in kept if not (r.status in NO_RESULT and run_key(r.written) in retried)]
     if len(fresh) < len(kept):  # --resume ran them again and they gave a result
         skipped["failed, then run again by --resume"] = len(kept) - len(fresh)
     return fresh, [f"{n} record{'s' if n > 1 else ''} skipped: {why}" for why, n in skipped.items()]

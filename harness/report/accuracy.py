@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.records import Record
 from harness.report import format as f
 
 CHANCE_MARGIN = 0.05  # eval accuracy within 5 points of chance: the run learned nothing (too short, or stalled)
@@ -67,7 +68,7 @@ def perplexity(loss: float | None) -> float | None:
 
 class Metric:
     """What a task's runs are judged by, and how its figures read: one subclass per task, each the same methods."""
-    field: str  # the record's field (and the report Cell's attribute) judged
+    field: str  # the record's field (and the report PooledRuns' attribute) judged
     subject: str  # how a phrase names it
     prefix: str  # what a "change vs fp32" cell says before its verdict
     worse: str  # the verdict ("lower" or "higher") that rules a precision out
@@ -196,30 +197,30 @@ class TokenLoss(Metric):
 ACCURACY, TOKEN_LOSS = Accuracy(), TokenLoss()
 
 
-def metric(records: list[dict]) -> Metric:
+def metric(records: list[Record]) -> Metric:
     """What these records (one model's) are judged by: eval loss for a next-token task, else eval accuracy
     (records before schema 5 state no task: classifiers)."""
-    return TOKEN_LOSS if any(r.get("task") == NEXT_TOKEN for r in records) else ACCURACY
+    return TOKEN_LOSS if any(r.task == NEXT_TOKEN for r in records) else ACCURACY
 
 
-def num_classes(records: list[dict]) -> int | None:
+def num_classes(records: list[Record]) -> int | None:
     """The class count (a next-token model's: its vocabulary) of one model's records (records before schema 3 do
     not state it: not judged)."""
-    return next((r["num_classes"] for r in records if isinstance(r.get("num_classes"), int)), None)
+    return next((r.num_classes for r in records if r.num_classes is not None), None)
 
 
-def by_seed(records: list[dict], metric_: Metric) -> dict:
+def by_seed(records: list[Record], metric_: Metric) -> dict:
     """{seed: mean of the judged figure over the records trained from it}; records without `seed` all share the
     spec's (the key None)."""
     found: dict = {}
     for r in records:
-        value = r.get(metric_.field)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            found.setdefault(r.get("seed"), []).append(float(value))
+        value = getattr(r, metric_.field)
+        if value is not None and math.isfinite(value):
+            found.setdefault(r.seed, []).append(float(value))
     return {seed: float(np.mean(values)) for seed, values in found.items()}
 
 
-def over_seeds(records: list[dict], metric_: Metric) -> tuple[float | None, tuple[float, float] | None]:
+def over_seeds(records: list[Record], metric_: Metric) -> tuple[float | None, tuple[float, float] | None]:
     """An arm's judged figure as the sections show it: its mean over seeds (by_seed), and its range over them
     where there are two seeds or more."""
     values = list(by_seed(records, metric_).values())
@@ -250,8 +251,8 @@ class Spread:
         return f"fp32 over {self.seeds} seeds: {self.metric.span(self.low, self.high)}"
 
 
-def spread(fp32_records: list[dict]) -> Spread | None:
-    metric_ = metric(fp32_records)
+def spread(fp32_records: list[Record], metric_: Metric | None = None) -> Spread | None:
+    metric_ = metric_ or metric(fp32_records)
     values = list(by_seed(fp32_records, metric_).values())
     if not values:
         return None
@@ -337,10 +338,12 @@ class Check:
         return f"{words} ({self.figures}; {self.fp32.label})"
 
 
-def compare(records: list[dict], fp32_records: list[dict], classes: int | None) -> Check:
-    """This precision's repeats against fp32's, paired by seed, on the figure their task is judged by."""
-    metric_ = metric(fp32_records + records)
-    base = spread(fp32_records)
+def compare(records: list[Record], fp32_records: list[Record], classes: int | None,
+            metric_: Metric | None = None) -> Check:
+    """This precision's repeats against fp32's, paired by seed, on the figure their task is judged by (or on
+    `metric_`: a classifier's eval loss is a cross-entropy in nats too, judged as a next-token model's)."""
+    base = spread(fp32_records, metric_)
+    metric_ = metric_ or metric(fp32_records + records)
     mine, theirs = by_seed(records, metric_), by_seed(fp32_records, metric_)
     if base is None or metric_.at_chance(float(np.mean(list(theirs.values()))), classes):
         return Check("too short" if base is not None else "none", fp32=base, metric=metric_)

@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness import stats
+from harness.identity import device_key
+from harness.records import RunRecord
 from harness.report import format as f
 from harness.report.accuracy import Check
-from harness.report.data import DECIDED, VERDICTS, Cell, Comparison
+from harness.report.verdicts import DECIDED, VERDICTS, Comparison, PooledRuns
 
 RERUN_FEW = f"rerun with --repeats {stats.MIN_REPEATS} or more, or --repeats auto"
 RERUN_NOISY = "rerun with more repeats (--repeats auto with a larger --budget) or on a quieter machine"
@@ -27,7 +29,7 @@ OPEN = "faster, accuracy not yet decided"
 
 
 @dataclass
-class Entry:
+class MatrixEntry:
     """One matrix cell as the first screen words it: `verdict` is what the cell says ("faster", "open": faster but
     its accuracy not yet decided, "keep", "too few", "undecided", or "none" without a comparison), `decision` its
     comparison's own."""
@@ -41,7 +43,7 @@ class Entry:
     advice: str | None
     accuracy: str | None
     accuracy_flag: bool
-    ms: str  # the step time, with tokens/s beside it for a sequence model (Cell.step)
+    ms: str  # the step time, with tokens/s beside it for a sequence model (PooledRuns.step)
     unstable: bool
     not_run: str | None = None
 
@@ -49,7 +51,7 @@ class Entry:
 @dataclass(frozen=True)
 class Row:
     model: str
-    cells: list[Entry | None]  # one per column; None: no runs
+    cells: list[MatrixEntry | None]  # one per column; None: no runs
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def accuracy_advice(check: Check) -> str:
             "none": f"no {subject} recorded to judge"}[check.verdict]
 
 
-def ranked(cells: list[Cell], summary: list[Comparison]) -> list[Cell]:
+def ranked(cells: list[PooledRuns], summary: list[Comparison]) -> list[PooledRuns]:
     """The cells a "fastest" may be named from: at least MIN_REPEATS repeats and, but for fp32's own, a speed
     comparison against fp32 that decided (faster, slower or the same; `summary`: every cell's, unadjusted): a median
     with too few repeats, or too noisy to tell from fp32's, ranks nothing."""
@@ -135,7 +137,7 @@ def spread(s: Comparison) -> str:
     return "repeats spread " + " and ".join(f"{f.percent(v, 0)} ({p})" for p, v in cv if v is not None)
 
 
-def _entry(kind: str, s: Comparison) -> Entry:
+def _entry(kind: str, s: Comparison) -> MatrixEntry:
     v = verdict(s)
     if kind == "keep":
         text = f"{VERDICTS[v]} but {s.accuracy_check.metric.worse_words}" if v == "faster" else VERDICTS[v]
@@ -144,28 +146,30 @@ def _entry(kind: str, s: Comparison) -> Entry:
     advice = f"{spread(s)}: {RERUN_NOISY}" if kind == "undecided" else \
         accuracy_advice(s.accuracy_check) if kind == "open" else None
     cell = s.cell
-    return Entry(s.precision + cell.scale_note, cell.setting_note.strip(" []"), kind, v, text, _speed(s), s.ci,
+    return MatrixEntry(s.precision + cell.scale_note, cell.setting_note.strip(" []"), kind, v, text, _speed(s), s.ci,
                  advice, s.accuracy_check.phrase, not acceptable(s), cell.step, s.unstable)
 
 
-def _plain_entry(cells: list[Cell], why: str) -> Entry:
+def _plain_entry(cells: list[PooledRuns], why: str) -> MatrixEntry:
     """A cell of the matrix without a comparison (fp32 only, or no fp32): the one cell there, or the fastest of
     several where one may be ranked (only fp32 cells may: the others have no speed decided against fp32)."""
     shown = cells if len(cells) == 1 else ranked(cells, [])
     if not shown:
         names = ", ".join(sorted(c.precision + c.scale_note for c in cells))
-        return Entry(names, "", "none", None, f"{why}; none may be named the fastest (fewer than "
+        return MatrixEntry(names, "", "none", None, f"{why}; none may be named the fastest (fewer than "
                      f"{stats.MIN_REPEATS} repeats, or no speed decided against fp32)", None, None, None, None,
                      False, "", False)
     fastest = min(shown, key=lambda c: c.median_ms)
-    return Entry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
-                 None, None, None, None, False, fastest.step, False)
+    return MatrixEntry(fastest.precision + fastest.scale_note, fastest.setting_note.strip(" []"), "none", None, why,
+                       None, None, None, None, False, fastest.step, False)
 
 
-def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dict]) -> list[Block]:
-    """One block per device: columns (frameworks), rows (models), recommendations."""
-    by_place: dict[tuple, list[Cell]] = {}  # (device, model, column): its cells, grouped once
-    by_model: dict[tuple, list[Cell]] = {}  # (device, model)
+def build(cells: dict[tuple, PooledRuns], summary: list[Comparison], not_run: list[RunRecord]) -> list[Block]:
+    """One block per device: columns (frameworks), rows (models), recommendations; a run that did not end ok is
+    named in its cell (on every device where its record names none)."""
+    not_run_on = [(r, device_key(r.written)) for r in not_run]
+    by_place: dict[tuple, list[PooledRuns]] = {}  # (device, model, column): its cells, grouped once
+    by_model: dict[tuple, list[PooledRuns]] = {}  # (device, model)
     for c in cells.values():
         by_place.setdefault((c.device, c.model, c.column), []).append(c)
         by_model.setdefault((c.device, c.model), []).append(c)
@@ -193,9 +197,8 @@ def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dic
                     row.append(_plain_entry(mine, "fp32 only" if fp32 else "no fp32 run to compare"))
                 else:
                     row.append(None)
-                failed = sorted({f"{r['precision']} {r['status']}" for r in not_run if r.get("model") == model
-                                 and r.get("framework") == framework[column]
-                                 and r.get("device_key") in (device, None)})
+                failed = sorted({f"{r.precision} {r.status}" for r, on in not_run_on if r.model == model
+                                 and r.framework == framework[column] and on in (device, None)})
                 if row[-1] is not None and failed:
                     row[-1].not_run = ", ".join(failed)
             rows.append(Row(model, row))
@@ -204,7 +207,7 @@ def build(cells: dict[tuple, Cell], summary: list[Comparison], not_run: list[dic
     return blocks
 
 
-def fastest_overall(mcells: list[Cell], summary: list[Comparison]) -> str:
+def fastest_overall(mcells: list[PooledRuns], summary: list[Comparison]) -> str:
     """"fastest overall" among the model's cells that may be ranked (`ranked`), of how many; or that none may."""
     found = ranked(mcells, summary)
     if not found:
@@ -219,7 +222,7 @@ def fastest_overall(mcells: list[Cell], summary: list[Comparison]) -> str:
     return f"fastest overall{of}: {best.name} {best.precision}{best.scale_note} {best.step}"
 
 
-def recommend(model: str, comparisons: list[Comparison], mcells: list[Cell], summary: list[Comparison]) -> str:
+def recommend(model: str, comparisons: list[Comparison], mcells: list[PooledRuns], summary: list[Comparison]) -> str:
     """One line: the precision and framework to use for this model on this device, and the fastest cell; or why
     there is no verdict yet and how to get one. `comparisons`: the matrix cells' (adjusted) comparisons; `summary`:
     every cell's own (unadjusted), which says which cells "fastest overall" may name."""

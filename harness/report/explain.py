@@ -8,8 +8,10 @@ Each entry also carries its cause in one sentence (`short`), the same for every 
 """
 from __future__ import annotations
 
+from harness.records import Device, Env, RunRecord
 from harness.report import format as f
-from harness.report.data import Cell, Comparison, Why
+from harness.report.data import Why
+from harness.report.verdicts import Comparison, PooledRuns
 from harness.run import nonfinite
 from harness.stats import PRECISE
 
@@ -18,7 +20,8 @@ VERY_SLOW = 0.2  # a 16-bit step 5x or more slower than fp32's: more than casts 
 DTYPES = (("bf16", ("avx512_bf16", "amx_bf16"), "bfloat16"), ("fp16", ("avx512_fp16", "amx_fp16"), "float16"))
 
 
-def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Comparison], citations: dict | None = None,
+def explain(records: list[RunRecord], cells: dict[tuple, PooledRuns], summary: list[Comparison],
+            citations: dict | None = None,
             cast_shares: dict | None = None) -> list[Why]:
     """Explanations the data supports, each citing the figures and facts that triggered it. A rule speaks only
     of the device and the cells it cites, and names the cells that measured the opposite. `citations`: per
@@ -29,7 +32,7 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
 
     def profile_key(s: Comparison) -> tuple:
         c = s.cell
-        return c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device")
+        return c.model, c.framework, c.precision, c.batch_size, c.records[0].device
 
     def cited(s: Comparison) -> str | None:
         return citations.get(profile_key(s))
@@ -52,9 +55,8 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
                         short=short, about=[framework]))
         c0 = next(s.cell for s in comparisons)
         peaks = _peaks(cells, device)
-        if c0.records[0].get("device") == "cpu":
-            env = next((r["env"] for c in cells.values() if c.device == device for r in c.records if r.get("env")),
-                       {}) or {}
+        if c0.records[0].device == "cpu":
+            env = next((r.env for c in cells.values() if c.device == device for r in c.records if r.env), Env())
             out += _cpu_16bit(device, env, peaks, comparisons, {s.key for s in slower})
             very = [s for s in comparisons if s.decision == "slower" and s.hi < VERY_SLOW and not cited(s)]
             if very:
@@ -72,51 +74,49 @@ def explain(records: list[dict], cells: dict[tuple, Cell], summary: list[Compari
                  and s.cell.flops_per_step and s.cell.flops_per_step < SMALL_FLOPS]
         if small:
             out.append(_too_small(device, small, peaks))
-    skipping: dict[tuple, list[dict]] = {}
-    diverged: dict[tuple, list[dict]] = {}
+    skipping: dict[tuple, list[RunRecord]] = {}
+    diverged: dict[tuple, list[RunRecord]] = {}
     for r in records:
-        ls = r.get("loss_scale") or {}
-        if r.get("status") == "diverged":
-            diverged.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
-        elif ls.get("skipped_steps"):
-            skipping.setdefault((r["model"], r["framework"], r["precision"]), []).append(r)
+        if r.status == "diverged":
+            diverged.setdefault((r.model, r.framework, r.precision), []).append(r)
+        elif r.loss_scale and r.loss_scale.skipped_steps:
+            skipping.setdefault((r.model, r.framework, r.precision), []).append(r)
     for (model, framework, precision), rs in diverged.items():  # one entry per cell, quoting its first repeat
         r = rs[0]
-        located = f" ({nonfinite.describe(r['nonfinite'])})" if r.get("nonfinite") else ""
-        others = f" (repeat {r.get('repeat')}; {len(rs)} repeats diverged)" if len(rs) > 1 else ""
-        guess = "" if precision != "fp16" or (r.get("nonfinite") or {}).get("found") else (
+        located = f" ({nonfinite.describe(r.nonfinite.written)})" if r.nonfinite else ""
+        others = f" (repeat {r.repeat}; {len(rs)} repeats diverged)" if len(rs) > 1 else ""
+        guess = "" if precision != "fp16" or (r.nonfinite and r.nonfinite.found) else (
             "A likely cause: pure float16 keeps weights and optimizer state in 16 bits with no loss scaling, so "
             "small updates and epsilons can underflow (float16's smallest normal value is 6e-5).")
         out.append(Why(title=f"{precision} diverged in {framework} ({model})",
-                       text=f"{r.get('reason')}{others}{located}. {guess}".rstrip(),
+                       text=f"{r.reason}{others}{located}. {guess}".rstrip(),
                        short=f"{precision} diverged", about=[f"{framework} {model}"]))
     for (model, framework, precision), rs in skipping.items():  # one entry per cell, not per repeat
-        skipped = [r["loss_scale"]["skipped_steps"] for r in rs]
-        ls = rs[0]["loss_scale"]
-        runs = f"{len(rs)} repeats" if len(rs) > 1 else f"repeat {rs[0].get('repeat')}"
+        skipped = [r.loss_scale.skipped_steps for r in rs]
+        ls = rs[0].loss_scale
+        runs = f"{len(rs)} repeats" if len(rs) > 1 else f"repeat {rs[0].repeat}"
         out.append(Why(title=f"{framework} {precision} skipped {'/'.join(map(str, skipped))} step"
                              f"{'s' if max(skipped) > 1 or len(rs) > 1 else ''} ({model}, {runs})",
-                    text=f"Gradients were not finite at loss scale {f.number(ls.get('initial'), 0)} (first at step "
-                            f"{ls.get('first_overflow_step')} in repeat {rs[0].get('repeat')}); the dynamic scaler "
-                            f"skipped those updates and ended at scale {f.number(ls.get('final'), 0)}.",
+                    text=f"Gradients were not finite at loss scale {f.number(ls.initial, 0)} (first at step "
+                            f"{ls.first_overflow_step} in repeat {rs[0].repeat}); the dynamic scaler "
+                            f"skipped those updates and ended at scale {f.number(ls.final, 0)}.",
                     short="The dynamic loss scaler skipped the updates whose gradients overflowed",
                     about=[f"{framework} {precision} {model}"]))
-    gpus = {}
+    gpus: dict[str | None, Device] = {}
     for r in records:
-        device = (r.get("env") or {}).get("device") or {}
-        if device.get("kind") == "gpu":
-            gpus.setdefault(device.get("description"), device)
+        if r.env and r.env.device and r.env.device.kind == "gpu":
+            gpus.setdefault(r.env.device.description, r.env.device)
     for gpu in gpus.values():
-        cc = str((gpu.get("details") or {}).get("compute_capability") or "")
+        cc = gpu.compute_capability
         if cc and float(cc) < 7.0:
-            title = f"{gpu['description']} has no tensor cores"
+            title = f"{gpu.description} has no tensor cores"
             out.append(Why(title=title, short=f"{title} (compute capability {cc})",
-                        text=f"{gpu['description']} has compute capability {cc}: float16 tensor cores arrived "
+                        text=f"{gpu.description} has compute capability {cc}: float16 tensor cores arrived "
                                 f"with 7.0 (Volta), bfloat16 and TF32 with 8.0 (Ampere)."))
         elif cc and float(cc) < 8.0:
-            title = f"No bfloat16 or TF32 tensor cores on {gpu['description']}"
+            title = f"No bfloat16 or TF32 tensor cores on {gpu.description}"
             out.append(Why(title=title, short=f"{title} (compute capability {cc})",
-                        text=f"{gpu['description']} has compute capability {cc}: its tensor cores take float16; "
+                        text=f"{gpu.description} has compute capability {cc}: its tensor cores take float16; "
                                 f"bfloat16 and TF32 need 8.0 (Ampere)."))
     return out
 
@@ -138,7 +138,7 @@ def _peaks(cells: dict, device: str) -> dict[str, dict[str, float]]:
     for c in cells.values():
         if c.device == device:
             for r in c.records:
-                for dtype, gflops in (r.get("device_peak_gflops") or {}).items():
+                for dtype, gflops in (r.device_peak_gflops or {}).items():
                     if gflops:
                         out.setdefault(c.framework, {}).setdefault(dtype, gflops)
     return out
@@ -161,12 +161,12 @@ def _peak_evidence(peaks: dict, name: str, frameworks) -> tuple[float | None, st
                                          for framework, a, b in pairs) + " GFLOP/s"
 
 
-def _cpu_16bit(device: str, env: dict, peaks: dict, comparisons: list[Comparison], profiled: set) -> list[Why]:
+def _cpu_16bit(device: str, env: Env, peaks: dict, comparisons: list[Comparison], profiled: set) -> list[Why]:
     """Why a 16-bit dtype ran slower than fp32 on this CPU, said only of the cells decided slower with no profile
     (`profiled` keys) to say it, from the CPU's flags and the measured matmul peaks, and naming those decided
     faster (then the CPU alone cannot be the reason)."""
     out = []
-    flags = set(env.get("cpu_flags") or [])
+    flags = set(env.cpu_flags or [])
     for dtype, native, name in DTYPES:
         mine = [s for s in comparisons if dtype in s.precision]
         slower = [s for s in mine if s.decision == "slower" and s.key not in profiled]
@@ -195,7 +195,7 @@ def _cpu_16bit(device: str, env: dict, peaks: dict, comparisons: list[Comparison
                      f"a fast {name} kernel)")
         measured = f"; its measured {name} matmul peak is {times} float32's ({figures})" if figures else ""
         if not have:
-            text = (f"This CPU ({env.get('cpu', 'unknown')}) has none of {', '.join(native)} among its flags"
+            text = (f"This CPU ({env.cpu or 'unknown'}) has none of {', '.join(native)} among its flags"
                     f"{measured}: {name} math is likely emulated by converting to float32 and back, and in these "
                     f"runs that cost more than it saved. Measured: {cases}.")
         else:

@@ -11,102 +11,22 @@ Emulated FP8 casts each matmul's inputs to FP8 and back and multiplies in float3
 step times measure the emulation, not FP8. So the section shows a step-time ratio against fp32 (harness.stats.ratio,
 as the comparisons' speed-ups) for FP8 precisions whose matmuls ran natively only.
 
-    section = fp8_section(records, diagnoses)   # records as harness.report.view gets them
+    section = fp8_section(records, diagnoses)   # the records' models (harness.results.typed)
     section.entries, section.diagnoses, section.shown (templates/_fp8.html.j2, _fp8.md.j2)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
-
-from harness import stats
-from harness.identity import arms_by_setting, describe, varying
-from harness.precision import PRECISIONS
+from harness.identity import describe, varying
+from harness.records import DiagnosisRecord, RunRecord
 from harness.report import accuracy
 from harness.report import format as f
 from harness.report.accuracy import Check
-from harness.report.data import speed_words
+from harness.report.arms import Arm, base_precision, by_setting, is_fp8
+from harness.report.verdicts import speed_words
 
 BESIDE = ("fp32", "amp_bf16")  # what FP8 stands beside: the reference, and mixed bf16 (float32 master weights)
-UNRECORDED = "emulated (not recorded: a run from before options[\"fp8\"])"
-NATIVE = "native"  # how options["fp8"]["matmuls"] starts for real FP8 kernels ("native (torch._scaled_mm)")
-
-
-def _base(precision: str) -> str:
-    return precision.partition(":")[0].partition(" ")[0]  # "fp8_e4m3:current (loss scale fixed 16)": fp8_e4m3
-
-
-def is_fp8(precision: str) -> bool:
-    """An FP8 precision by its registry entry (harness.precision): fp8_hybrid, fp8_hybrid:delayed:16, ...:native,
-    and an arm's name with its loss scale ("fp8_e4m3 (loss scale fixed 16)")."""
-    found = PRECISIONS.get(_base(precision))
-    return found is not None and found.fp8 is not None
-
-
-def matmuls(r: dict) -> str:
-    """How an FP8 run's matmuls ran, as its record says."""
-    return ((r.get("options") or {}).get("fp8") or {}).get("matmuls") or UNRECORDED
-
-
-def emulated(records: list[dict]) -> bool:
-    """Runs of an FP8 precision whose matmuls were not all native: their step times measure the emulation."""
-    return bool(records) and is_fp8(records[0]["precision"]) and \
-        not all(matmuls(r).startswith(NATIVE) for r in records)
-
-
-def _as_loss(records: list[dict]) -> list[dict]:
-    """A classifier's eval loss is a cross-entropy in nats too, its chance level ln(classes): judged as
-    accuracy.TokenLoss judges a next-token model's."""
-    return [{**r, "task": accuracy.NEXT_TOKEN} for r in records]
-
-
-def _process_ms(records: list[dict]) -> list[float]:
-    """One step time per process, its repeats' median steps pooled (as data.Cell's: processes are the independent
-    samples, stats.per_process)."""
-    timed = [r for r in records if r.get("step_times_ms")]
-    return stats.per_process([float(np.median(r["step_times_ms"])) for r in timed], [r.get("process") for r in timed])
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One precision's runs in an entry, its figures as numbers (None: no ok run gave one)."""
-    precision: str
-    runs: int
-    ok: int
-    loss: float | None  # eval loss, mean over seeds
-    loss_seeds: tuple[float, float] | None  # its range over seeds (None: fewer than two)
-    loss_check: Check | None  # against fp32, paired by seed (None: fp32's own arm)
-    accuracy: float | None  # eval accuracy, mean over seeds
-    accuracy_seeds: tuple[float, float] | None
-    accuracy_check: Check | None  # a classifier's accuracy against fp32, as the Accuracy section judges it
-    matmuls: tuple[str, ...] = ()  # an FP8 arm's: how its matmuls ran, as its records say
-    speed: stats.Ratio | None = None  # fp32's step time over this arm's: natively run FP8 only
-    failed: tuple[str, ...] = ()
-
-    @property
-    def fp8(self) -> bool:
-        return is_fp8(self.precision)
-
-    @property
-    def native(self) -> bool:
-        """Every run of it said its FP8 matmuls ran natively; an emulated or unrecorded one makes it emulated."""
-        return bool(self.matmuls) and all(m.startswith(NATIVE) for m in self.matmuls)
-
-
-def _arm(name: str, records: list[dict], fp32: list[dict], classes: int | None, next_token: bool) -> Arm:
-    ok = [r for r in records if r.get("status") == "ok"]
-    loss, loss_seeds = accuracy.over_seeds(ok, accuracy.TOKEN_LOSS)
-    figure, figure_seeds = accuracy.over_seeds(ok, accuracy.ACCURACY)
-    compared = name != "fp32" and bool(fp32)
-    arm = Arm(name, len(records), len(ok), loss, loss_seeds,
-              accuracy.compare(_as_loss(ok), _as_loss(fp32), classes) if compared else None,
-              figure, figure_seeds, accuracy.compare(ok, fp32, classes) if compared and not next_token else None,
-              tuple(sorted({matmuls(r) for r in ok or records})) if is_fp8(name) else (),
-              failed=tuple(f"{r['status']}: {r.get('reason')}" for r in records if r.get("status") != "ok"))
-    if arm.native and _process_ms(ok) and _process_ms(fp32):
-        arm = replace(arm, speed=stats.ratio(_process_ms(fp32), _process_ms(ok)))
-    return arm
 
 
 def _change(check: Check | None) -> str:
@@ -132,7 +52,7 @@ def _span(seeds: tuple[float, float] | None, show) -> str:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Fp8Entry:
     """One model, framework and setting: its arms in table order (fp32, amp_bf16, the FP8 precisions)."""
     model: str
     framework: str
@@ -178,7 +98,7 @@ class Entry:
         out = []
         for a in self.arms:
             matmul = ("native" if a.native else "emulated") if a.fp8 else "-"  # the notes quote the records
-            row = [a.precision, f"{a.ok}/{a.runs}", matmul, f.number(a.loss, 4),
+            row = [a.precision, f"{len(a.ok)}/{a.runs}", matmul, f.number(a.loss, 4),
                    _span(a.loss_seeds, lambda lo, hi: f.number_span(lo, hi, 4)), _change(a.loss_check)]
             if self.next_token:
                 row += [f.number(accuracy.perplexity(a.loss), 2), _span(a.loss_seeds, lambda lo, hi: f.number_span(
@@ -194,7 +114,7 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Diagnosed:
+class Fp8Verdicts:
     """One diagnosis's sentences per FP8 precision and scaling recipe (harness.fp8.verdicts)."""
     model: str | None
     framework: str | None
@@ -205,38 +125,39 @@ class Diagnosed:
 class Fp8Section:
     """The section as data: an entry per model, framework and setting with an FP8 run, and the diagnoses' FP8
     verdicts. Absent from the page (not `shown`) when no record has an FP8 precision."""
-    entries: list[Entry]
-    diagnoses: list[Diagnosed]
+    entries: list[Fp8Entry]
+    diagnoses: list[Fp8Verdicts]
 
     @property
     def shown(self) -> bool:
         return bool(self.entries)
 
 
-def fp8_entries(records: list[dict]) -> list[Entry]:
+def fp8_entries(records: list[RunRecord]) -> list[Fp8Entry]:
     """Per (model, framework, setting) with an FP8 run: its arms (harness.identity.arms_by_setting: runs under
     different loss-scale settings are arms of their own, a crashed run joins every setting it agrees with)."""
-    groups = arms_by_setting(records, lambda r: r.get("precision") in BESIDE or is_fp8(r.get("precision") or ""))
+    groups = by_setting(records, lambda r: r.precision in BESIDE or is_fp8(r.precision))
     out = []
     for (model, framework, setting_), named in groups.items():
         if not any(is_fp8(p) for p in named):
             continue
         every = [r for rs in named.values() for r in rs]
-        next_token = accuracy.metric(every) is accuracy.TOKEN_LOSS
+        metric_ = accuracy.metric(every)
         classes = accuracy.num_classes(every)
-        fp32 = [r for r in named.get("fp32", []) if r.get("status") == "ok"]
-        ordered = sorted(named, key=lambda p: (BESIDE.index(_base(p)) if _base(p) in BESIDE else len(BESIDE), p))
+        fp32 = tuple(r for r in named.get("fp32", []) if r.status == "ok")
+        ordered = sorted(named, key=lambda p: (BESIDE.index(base_precision(p)) if base_precision(p) in BESIDE
+                                               else len(BESIDE), p))
         label = framework + describe(setting_, varying(s for (_, fw, s) in groups if fw == framework))
-        out.append(Entry(model, label, [_arm(p, named[p], fp32, classes, next_token) for p in ordered], next_token))
+        out.append(Fp8Entry(model, label, [Arm(p, tuple(named[p]), fp32, classes, metric_) for p in ordered],
+                            metric_ is accuracy.TOKEN_LOSS))
     return out
 
 
-def fp8_section(records: list[dict], diagnoses: list[dict] | None = None) -> Fp8Section:
+def fp8_section(records: list[RunRecord], diagnoses: list[DiagnosisRecord] | None = None) -> Fp8Section:
     """The section for the report: its entries, and (when it has any) the diagnoses' FP8 verdicts."""
     from harness.fp8 import verdicts
 
     entries = fp8_entries(records)
-    diagnosed = [Diagnosed(d.get("model"), d.get("framework"),
-                           list(verdicts(d["diagnosis"]["fp8"], d["diagnosis"].get("every") or 1).values()))
-                 for d in diagnoses or [] if d.get("status") == "ok" and (d.get("diagnosis") or {}).get("fp8")]
+    diagnosed = [Fp8Verdicts(d.model, d.framework, list(verdicts(d.diagnosis.fp8, d.diagnosis.every or 1).values()))
+                 for d in diagnoses or [] if d.status == "ok" and d.diagnosis and d.diagnosis.fp8]
     return Fp8Section(entries, diagnosed if entries else [])

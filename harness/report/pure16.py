@@ -8,7 +8,7 @@ scaler's final scales and skipped steps, where a diverged run's first non-finite
 (harness.run.nonfinite), the loss curves, the share of updates swamped by rounding (from `amp-harness diagnose`,
 per model: the numerics of fp32 training), weight memory, and one computed sentence per entry.
 
-    section = pure16_section(records, diagnoses)   # records as harness.report.view gets them
+    section = pure16_section(records, diagnoses)   # the records' models (harness.results.typed)
     section.entries, section.sentences, section.shown (templates/_pure16.html.j2, _pure16.md.j2)
 """
 from __future__ import annotations
@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.identity import describe, varying
+from harness.records import DiagnosisRecord, RunRecord
 from harness.report import format as f
-from harness.report.accuracy import Check, Metric, compare, metric, num_classes, over_seeds, spread
-from harness.identity import arms_by_setting, describe, varying
-from harness.run import nonfinite
+from harness.report.accuracy import Check, Metric, metric, num_classes, spread
+from harness.report.arms import Arm, base_precision as _base, by_setting
 
 #: the arms in the order the table shows them; fp32 is the reference, the mixed arms (float32 master weights) show
 #: what the pure arms give up
@@ -34,82 +35,52 @@ NEAREST = {"bf16": ("bf16", ("bf16_sr", "bf16_kahan")), "fp16": ("fp16", ("fp16_
 SWAMPED_FORMAT = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def _base(precision: str) -> str:
-    return precision.partition(":")[0].partition(" ")[0]  # fixed16_sr:12 is a fixed16_sr arm; so is "fp16 (loss..."
-
-
-def _mean(values):
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(values) / len(values) if values else None
-
-
-def _failure(r: dict) -> str:
-    """A run that did not end ok, and where its first non-finite value came from when the record says."""
-    located = f"; {nonfinite.describe(r['nonfinite'])}" if r.get("nonfinite") else ""
-    return f"{r['status']}: {r.get('reason')}{located}"
-
-
-def _scaling(records: list[dict]) -> dict | None:
-    """A dynamically scaled arm's loss scale over its runs: the scales they ended at, the steps they skipped."""
-    scales = [r["loss_scale"] for r in records if (r.get("loss_scale") or {}).get("final") is not None]
-    if not scales:
-        return None
-    return {"final": sorted({ls["final"] for ls in scales}), "skipped": [ls.get("skipped_steps", 0) for ls in scales]}
-
-
-def _arm(records: list[dict], name: str, metric_: Metric) -> dict:
-    ok = [r for r in records if r.get("status") == "ok"]
-    curves = [r["loss"] for r in ok if r.get("loss")]
-    length = min((len(c) for c in curves), default=0)
-    curve = [_mean([c[i] for c in curves]) for i in range(length)]
-    state = (ok or records)[0].get("state_memory_mb") or {}
-    figure, seeds = over_seeds(ok, metric_)  # what it is judged by (accuracy, or eval loss), as fp8's arms show it
-    return {"precision": name, "runs": len(records), "ok": len(ok), "records": ok, "check": None,
-            "failed": [_failure(r) for r in records if r.get("status") != "ok"],
-            "spread": seeds, "scaling": _scaling(records), "figure": figure,
-            "final_loss": _mean([r.get("final_train_loss") for r in ok]),
-            # what keeps the weights: Kahan's compensation buffer counts with them
-            "weights_mb": None if state.get("weights") is None else state["weights"] + state.get("compensation", 0.0),
-            "peak_mb": _mean([r.get("peak_memory_mb") for r in ok]),
-            "curve": curve}
-
-
-def swamped_shares(diagnoses: list[dict]) -> dict[str, dict[str, float]]:
+def swamped_shares(diagnoses: list[DiagnosisRecord]) -> dict[str, dict[str, float]]:
     """Per model, the share of fp32 training's weight updates that nearest rounding would lose in each 16-bit
     format (harness.numerics.update_counts, summed over layers and captured steps), from ok diagnoses."""
     out: dict[str, dict[str, float]] = {}
     for d in diagnoses or []:
-        counts = ((d.get("diagnosis") or {}).get("updates") or {}) if d.get("status") == "ok" else {}
-        updates = sum(c.get("updates", 0) for c in counts.values())
+        counts = (d.diagnosis.updates if d.diagnosis else None) or {} if d.status == "ok" else {}
+        updates = sum(c.updates for c in counts.values())
         if updates:
-            out.setdefault(d["model"], {fmt: sum(c.get(fmt, 0) for c in counts.values()) / updates
-                                        for fmt in ("bfloat16", "float16")})
+            out.setdefault(d.model, {fmt: sum(c.lost(fmt) for c in counts.values()) / updates
+                                     for fmt in ("bfloat16", "float16")})
     return out
 
 
-def pure16_view(records: list[dict], diagnoses: list[dict] | None = None) -> list[dict]:
+@dataclass(frozen=True)
+class Pure16Entry:
+    """One model, framework and setting with a pure-16-bit arm beside fp32: its arms in table order, whether fp32
+    learned enough to judge them by, the swamped shares of its model's diagnosis and the sentence."""
+    model: str
+    framework: str
+    arms: list[Arm]
+    judged: bool  # False: fp32 scored at chance level, too short to judge
+    metric: Metric
+    swamped: dict[str, float]
+    sentence: str
+
+
+def pure16_view(records: list[RunRecord], diagnoses: list[DiagnosisRecord] | None = None) -> list[Pure16Entry]:
     """Per (model, framework, setting) with a pure-16-bit arm and fp32: the arms, the swamped shares and the
     sentence. A record whose worker never reported its setting (a crash) joins every setting it agrees with."""
     swamped = swamped_shares(diagnoses or [])
-    groups = arms_by_setting(records, lambda r: _base(r.get("precision", "")) in ARMS)
+    groups = by_setting(records, lambda r: _base(r.precision) in ARMS)
     out = []
-    for (model, framework, setting_), rows in groups.items():
-        if "fp32" not in rows or not PURE & {_base(p) for p in rows}:
+    for (model, framework, setting_), named in groups.items():
+        if "fp32" not in named or not PURE & {_base(p) for p in named}:
             continue
-        every = [r for rs in rows.values() for r in rs]
+        every = [r for rs in named.values() for r in rs]
         metric_ = metric(every)
-        rows = {name: _arm(rs, name, metric_) for name, rs in rows.items()}
         classes = num_classes(every)
-        judged = not metric_.at_chance(rows["fp32"]["figure"], classes)  # fp32 too short to judge
-        for name, arm in rows.items():
-            if name != "fp32":
-                arm["check"] = compare(arm["records"], rows["fp32"]["records"], classes)
-        ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a["precision"])), a["precision"]))
+        fp32 = tuple(r for r in named["fp32"] if r.status == "ok")
+        rows = {name: Arm(name, tuple(rs), fp32, classes, metric_) for name, rs in named.items()}
+        judged = not metric_.at_chance(rows["fp32"].figure, classes)  # fp32 too short to judge
+        ordered = sorted(rows.values(), key=lambda a: (ARMS.index(_base(a.precision)), a.precision))
         fields = varying(s for (_, fw, s) in groups if fw == framework)
         label = f"{framework}{describe(setting_, fields)}"
-        out.append({"model": model, "framework": label, "arms": ordered, "judged": judged, "metric": metric_,
-                    "swamped": swamped.get(model, {}),
-                    "sentence": sentence(model, label, rows, judged, swamped.get(model, {}), metric_)})
+        out.append(Pure16Entry(model, label, ordered, judged, metric_, swamped.get(model, {}),
+                               sentence(model, label, rows, judged, swamped.get(model, {}), metric_)))
     return out
 
 
@@ -124,7 +95,7 @@ REMEDY_VERBS = {"unchanged": "recovers", "slightly better": "recovers", "better"
 CAVEATS = {"undecided": "not clearly level with fp32", "one seed": "one seed: no spread to judge against"}
 
 
-def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, swamped: dict[str, float],
+def sentence(model: str, framework: str, rows: dict[str, Arm], judged: bool, swamped: dict[str, float],
              metric_: Metric) -> str:
     """One sentence per model and framework, computed from the arms: e.g. "bf16 with nearest rounding falls
     behind (71.2% vs fp32 over 3 seeds: 93.1-93.5%); stochastic rounding recovers 93.0% with half the weight
@@ -132,10 +103,10 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
     Check against fp32."""
     fp32 = rows["fp32"]
     head = f"{model} ({framework}): "
-    if fp32["figure"] is None:
+    if fp32.figure is None:
         return head + f"no fp32 {metric_.subject} to compare against"
     if not judged:
-        return head + f"fp32 scores at chance level ({metric_.show(fp32['figure'])}): too short to judge"
+        return head + f"fp32 scores at chance level ({metric_.show(fp32.figure)}): too short to judge"
     parts = []
     mixed = [_mixed_clause(p, a, metric_) for p, a in sorted(rows.items(), key=lambda item: ARMS.index(
         _base(item[0])) if _base(item[0]) in ARMS else len(ARMS)) if _base(p) in MIXED]
@@ -148,12 +119,12 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
         clauses = []
         for p, near in sorted((p, a) for p, a in arms.items() if _base(p) == nearest):
             label = f"{p} with nearest rounding" if family != "fixed16" else "16-bit fixed point with nearest rounding"
-            check: Check = near["check"]
-            if near["figure"] is None:
-                clauses.append(f"{label} did not finish ({near['failed'][0] if near['failed'] else 'no accuracy'})")
+            check: Check = near.check
+            if near.figure is None:
+                clauses.append(f"{label} did not finish ({near.failed[0] if near.failed else 'no accuracy'})")
                 continue
             swamp = swamped.get(SWAMPED_FORMAT.get(family, ""))
-            clauses.append(f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(near['figure'])} vs "
+            clauses.append(f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(near.figure)} vs "
                            f"{check.fp32.label}"
                            + (f"; {f.percent(swamp)} of fp32's updates are swamped in {SWAMPED_FORMAT[family]}"
                               if swamp is not None else "")
@@ -161,62 +132,76 @@ def sentence(model: str, framework: str, rows: dict[str, dict], judged: bool, sw
         for p, a in sorted(((p, a) for p, a in arms.items() if _base(p) in remedies),
                            key=lambda item: (remedies.index(_base(item[0])), item[0])):
             remedy = REMEDIES[_base(p)]
-            if a["figure"] is None:
+            if a.figure is None:
                 clauses.append(f"{remedy} ({p}) did not finish")
                 continue
-            verb = REMEDY_VERBS[a["check"].outcome]
+            verb = REMEDY_VERBS[a.check.outcome]
             if remedy.endswith("updates"):  # plural subject
                 verb = verb.replace("recovers", "recover").replace("reaches", "reach")
             memory = ""
-            if a.get("weights_mb") and fp32.get("weights_mb"):
-                ratio = a["weights_mb"] / fp32["weights_mb"]
+            if a.weights_mb and fp32.weights_mb:
+                ratio = a.weights_mb / fp32.weights_mb
                 memory = " with half the weight memory" if math.isclose(ratio, 0.5, rel_tol=0.01) else \
                     (f" with {f.rough(ratio)}x the weight memory" if not math.isclose(ratio, 1.0, rel_tol=0.01)
                      else " with fp32's weight memory")
-            caveat = f" ({CAVEATS[a['check'].verdict]})" if a["check"].verdict in CAVEATS else ""
-            clauses.append(f"{remedy} ({p}) {verb} {metric_.show(a['figure'])}{memory}{caveat}")
+            caveat = f" ({CAVEATS[a.check.verdict]})" if a.check.verdict in CAVEATS else ""
+            clauses.append(f"{remedy} ({p}) {verb} {metric_.show(a.figure)}{memory}{caveat}")
         parts.append("; ".join(clauses))
     if not parts:
         return head + "no pure 16-bit arm"
-    base = spread(fp32["records"])
+    base = spread(fp32.ok)
     margin = f'. "Keeps up" and "recovers": within {metric_.margin(base.margin)} of fp32, paired by seed' \
         if base is not None and base.seeds > 1 else ""
     return head + ". ".join(parts) + margin
 
 
-def _mixed_clause(precision: str, arm: dict, metric_: Metric) -> str:
+def _mixed_clause(precision: str, arm: Arm, metric_: Metric) -> str:
     """A mixed arm (float32 master weights) against fp32, with its loss scaler's history where it had one: "mixed
     fp16 keeps up (2.105 vs fp32 over 3 seeds: 2.098-2.112; its scaler skipped 0/0/1 steps, ending at 2^16)"."""
     label = MIXED[_base(precision)] + precision[len(_base(precision)):]
-    if arm["figure"] is None:
-        return f"{label} did not finish ({arm['failed'][0] if arm['failed'] else 'no ' + metric_.subject})"
-    check: Check = arm["check"]
-    scaling = arm["scaling"]
+    if arm.figure is None:
+        return f"{label} did not finish ({arm.failed[0] if arm.failed else 'no ' + metric_.subject})"
+    check: Check = arm.check
+    scaling = arm.scaler
     scaler = "" if scaling is None else (
-        f"; its scaler skipped {'/'.join(map(str, scaling['skipped']))} steps, ending at "
-        f"{' or '.join(f.scale(v) for v in scaling['final'])}")
+        f"; its scaler skipped {'/'.join(map(str, scaling.skipped))} steps, ending at "
+        f"{' or '.join(f.scale(v) for v in scaling.final)}")
     caveat = f"; {CAVEATS[check.verdict]}" if check.verdict == "one seed" else ""  # the verb says "undecided"
-    return (f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(arm['figure'])} vs {check.fp32.label}{scaler}"
+    return (f"{label} {NEAREST_VERBS[check.outcome]} ({metric_.show(arm.figure)} vs {check.fp32.label}{scaler}"
             f"{caveat})")
 
 
-def _curves_svg(entry: dict) -> str:
+def _curves_svg(entry: Pure16Entry) -> str:
     """The arms' mean training-loss curves against fp32 (one panel)."""
     from harness.report import charts
 
-    curves = {a["precision"]: a["curve"] for a in entry["arms"] if a["curve"]}
+    curves = {a.precision: a.curve for a in entry.arms if a.curve}
     if not curves:
         return ""
-    return charts.loss_curves({entry["framework"]: curves}, f"{entry['model']}: training loss, pure 16-bit vs fp32")
+    return charts.loss_curves({entry.framework: curves}, f"{entry.model}: training loss, pure 16-bit vs fp32")
+
+
+@dataclass(frozen=True)
+class Pure16Table:
+    """An entry as the page shows it (templates/_pure16.*.j2): its figures formatted, its table's header and rows,
+    its arms that did not end ok, and its chart drawn."""
+    model: str
+    framework: str
+    sentence: str
+    swamped: dict[str, str]  # per 16-bit format, the share of fp32's updates it swamps
+    header: tuple[str, ...]
+    rows: list[list[str]]
+    failed: list[str]
+    chart: str  # SVG markup (svg.py escapes its text), "" without curves or charts
 
 
 @dataclass(frozen=True)
 class Pure16Section:
-    """The section as data: `entries` (pure16_view), their `sentences`, and `shown`: the entries with their
-    figures formatted, their table's header and their charts drawn, as templates/_pure16.*.j2 render them."""
-    entries: list[dict]
+    """The section as data: `entries` (pure16_view), their `sentences`, and `shown`: the entries as the page
+    shows them."""
+    entries: list[Pure16Entry]
     sentences: list[str]
-    shown: list[dict]
+    shown: list[Pure16Table]
 
 
 #: an entry's table header: its judged figure's columns (a next-token model's: loss and perplexity) in the middle
@@ -229,30 +214,30 @@ def _header(metric_: Metric) -> tuple[str, ...]:
     return HEADER[:2] + FIGURE_HEADER[metric_.field] + HEADER[2:]
 
 
-def pure16_section(records: list[dict], diagnoses: list[dict] | None = None, charts: bool = True) -> Pure16Section:
+def pure16_section(records: list[RunRecord], diagnoses: list[DiagnosisRecord] | None = None,
+                   charts: bool = True) -> Pure16Section:
     """The section for the report; empty (no entries, nothing shown) when no model has a pure-16-bit arm beside
     fp32."""
     entries = pure16_view(records, diagnoses)
-    return Pure16Section(entries, [e["sentence"] for e in entries], _shown(entries, charts))
+    return Pure16Section(entries, [e.sentence for e in entries], [_table(e, charts) for e in entries])
 
 
-def _row_cells(arm: dict, metric_: Metric) -> list[str]:
-    check = arm["check"]
+def _row_cells(arm: Arm, metric_: Metric) -> list[str]:
+    check = arm.check
     change = "-" if check is None or check.delta is None else f"{metric_.delta(check.delta)} ({check.verdict})"
-    spread = "-" if arm["spread"] is None else metric_.span(*arm["spread"])
-    scaling = arm["scaling"]
+    spread = "-" if arm.seeds is None else metric_.span(*arm.seeds)
+    scaling = arm.scaler
     scaler = "-" if scaling is None else \
-        f"{' or '.join(f.scale(v) for v in scaling['final'])}; {'/'.join(map(str, scaling['skipped']))}"
-    return [arm["precision"], f"{arm['ok']}/{arm['runs']}", *metric_.cells(arm["figure"]), spread, change,
-            f.significant(arm["final_loss"], 4), scaler, f.significant(arm["weights_mb"]), f.mb(arm["peak_mb"])]
+        f"{' or '.join(f.scale(v) for v in scaling.final)}; {'/'.join(map(str, scaling.skipped))}"
+    return [arm.precision, f"{len(arm.ok)}/{arm.runs}", *metric_.cells(arm.figure), spread, change,
+            f.significant(arm.final_loss, 4), scaler, f.significant(arm.weights_mb), f.mb(arm.peak_mb)]
 
 
-def _shown(entries: list[dict], charts: bool) -> list[dict]:
+def _table(entry: Pure16Entry, charts: bool) -> Pure16Table:
     from markupsafe import Markup
 
-    return [{"model": entry["model"], "framework": str(entry["framework"]), "sentence": entry["sentence"],
-             "swamped": {fmt: f.percent(share) for fmt, share in entry["swamped"].items()},
-             "header": _header(entry["metric"]), "rows": [_row_cells(arm, entry["metric"]) for arm in entry["arms"]],
-             "failed": [f"{a['precision']}: {a['failed'][0]}" for a in entry["arms"] if a["failed"]],
-             "chart": Markup(_curves_svg(entry)) if charts else ""}  # svg.py escapes the chart's text
-            for entry in entries]
+    return Pure16Table(entry.model, str(entry.framework), entry.sentence,
+                       {fmt: f.percent(share) for fmt, share in entry.swamped.items()}, _header(entry.metric),
+                       [_row_cells(arm, entry.metric) for arm in entry.arms],
+                       [f"{a.precision}: {a.failed[0]}" for a in entry.arms if a.failed],
+                       Markup(_curves_svg(entry)) if charts else "")  # svg.py escapes the chart's text

@@ -1,10 +1,10 @@
 """Where 16-bit starts to pay: the report's section of a scaling study (`amp-harness study scaling`).
 
 A study's runs are ordinary runs of one model at several sizes (batch size, width, a token model's sequence
-length), tied by a study id that starts with harness.identity.SCALING_STUDY. Every size of every precision is a
-Cell (harness.report.data) of its own: the sizes are part of the setting (harness.identity.Setting: batch, width,
-seq_len), so runs of two sizes never pool. A series is one (model, framework, setting apart from the sizes,
-precision); each of its points is that precision's cell at one size against the fp32 cell of the same size and
+length), tied by a study id that starts with harness.identity.SCALING_STUDY. Every size of every precision pools
+its runs apart (harness.report.verdicts.PooledRuns): the sizes are part of the setting (harness.identity.Setting:
+batch, width, seq_len), so runs of two sizes never pool. A series is one (model, framework, setting apart from the
+sizes, precision); each of its points is that precision's runs at one size against the fp32 runs of the same size and
 setting: the speed-up is stats.ratio of fp32's repeat medians over the precision's, as the rest of the report
 pairs them, and its verdict is stats.Ratio.decision, the one rule of the report.
 
@@ -43,9 +43,10 @@ from markupsafe import Markup
 from harness import stats
 from harness.identity import cell_key, scaling_study
 from harness.precision import PRECISIONS
+from harness.records import MatmulProduct, RunRecord
 from harness.report import charts
 from harness.report import format as f
-from harness.report.data import VERDICTS, Cell
+from harness.report.verdicts import VERDICTS, PooledRuns
 
 SIZES = ("batch", "width", "seq_len")  # the parts of a Setting a scaling study varies
 SIZE_NAMES = {"batch": "batch", "width": "width", "seq_len": "sequence length"}
@@ -67,18 +68,18 @@ class MatmulTime:
     ms: float
     flops_share: float | None
     untimed: int
-    products: list[dict]
+    products: list[MatmulProduct]
 
     @classmethod
-    def of(cls, cell: Cell | None) -> MatmulTime | None:
-        shapes = next((r["matmul_shapes"] for r in cell.records if r.get("matmul_shapes")), None) if cell else None
-        if not shapes or not shapes["products"]:
+    def of(cls, cell: PooledRuns | None) -> MatmulTime | None:
+        shapes = next((r.matmul_shapes for r in cell.records if r.matmul_shapes), None) if cell else None
+        if not shapes or not shapes.products:
             return None
-        timed = [p for p in shapes["products"] if p.get("gflops")]
-        flops = sum(2 * p["m"] * p["k"] * p["n"] for p in shapes["products"])
-        return cls(shapes["dtype"], sum(2 * p["m"] * p["k"] * p["n"] / p["gflops"] / 1e6 for p in timed),
+        timed = [p for p in shapes.products if p.gflops]
+        flops = sum(2 * p.m * p.k * p.n for p in shapes.products)
+        return cls(shapes.dtype, sum(2 * p.m * p.k * p.n / p.gflops / 1e6 for p in timed),
                    flops / cell.flops_per_step if cell.flops_per_step else None,
-                   len(shapes["products"]) - len(timed), shapes["products"])
+                   len(shapes.products) - len(timed), shapes.products)
 
     def share_of(self, step_ms: float) -> float:
         return self.ms / step_ms
@@ -98,8 +99,8 @@ class Point:
     """One size of one precision: its cell against fp32's cell of that size (either may be missing)."""
     sizes: dict  # batch, width, seq_len as the records hold them (width None: 1)
     flops: float | None  # per training step
-    cell: Cell | None
-    fp32: Cell | None
+    cell: PooledRuns | None
+    fp32: PooledRuns | None
     speedup: stats.Ratio | None  # fp32's time over this precision's: > 1 is faster
     note: str = ""  # why there is no comparison: the precision's status and reason
 
@@ -163,7 +164,7 @@ class Row:
 
 
 @dataclass
-class Entry:
+class ScalingEntry:
     """One (model, framework, setting) of a scaling study: a series per 16-bit precision."""
     model: str
     framework: str
@@ -187,7 +188,7 @@ class Entry:
 
 @dataclass
 class ScalingSection:
-    entries: list[Entry] = field(default_factory=list)
+    entries: list[ScalingEntry] = field(default_factory=list)
 
     @property
     def shown(self) -> bool:
@@ -219,35 +220,35 @@ def _strip(setting):
     return setting._replace(batch=None, width=None, seq_len=None)
 
 
-def scaling_section(records: list[dict], cast_shares: dict | None = None) -> ScalingSection:
+def scaling_section(records: list[RunRecord], cast_shares: dict | None = None) -> ScalingSection:
     """The section from every record of a scaling study (others are ignored). `cast_shares`: per (model,
     framework, precision, batch, device) the share of a profiled step spent in casts (harness.report.profile),
     cited where a profile of the spec's own widths exists at the size below the crossover."""
-    runs = [r for r in records if scaling_study(r)]
-    groups: dict[tuple, list[dict]] = {}
+    runs = [r for r in records if scaling_study(r.written)]
+    groups: dict[tuple, list[RunRecord]] = {}
     for r in runs:
-        if r.get("status") == "ok" and r.get("step_times_ms"):
-            groups.setdefault(cell_key(r), []).append(r)
-    cells = {k: Cell(k, rs, k[1]) for k, rs in groups.items()}
-    by_entry: dict[tuple, list[Cell]] = {}
+        if r.status == "ok" and r.step_times_ms:
+            groups.setdefault(cell_key(r.written), []).append(r)
+    cells = {k: PooledRuns(k, rs, k[1]) for k, rs in groups.items()}
+    by_entry: dict[tuple, list[PooledRuns]] = {}
     for (model, framework, setting_, _, _), c in cells.items():
         by_entry.setdefault((model, framework, _strip(setting_)), []).append(c)
-    not_ok = [r for r in runs if r.get("status") != "ok"]
+    not_ok = [r for r in runs if r.status != "ok"]
     entries = []
     for (model, framework, base), cs in sorted(by_entry.items(), key=lambda kv: tuple(map(str, kv[0]))):
-        entries.append(_entry(model, framework, cs, [r for r in runs if r.get("model") == model
-                                                       and r.get("framework") == framework],
-                              [r for r in not_ok if r.get("model") == model and r.get("framework") == framework],
+        entries.append(_entry(model, framework, cs, [r for r in runs if r.model == model
+                                                       and r.framework == framework],
+                              [r for r in not_ok if r.model == model and r.framework == framework],
                               cast_shares or {}))
     return ScalingSection(entries)
 
 
-def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed: list[dict],
-           cast_shares: dict) -> Entry:
+def _entry(model: str, framework: str, cs: list[PooledRuns], runs: list[RunRecord], failed: list[RunRecord],
+           cast_shares: dict) -> ScalingEntry:
     sizes_of = {c.setting: {k: getattr(c.setting, k) for k in SIZES} for c in cs}
     varies = [k for k in SIZES if len({str(s[k]) for s in sizes_of.values()}) > 1] or ["batch"]
     fp32 = {c.setting: c for c in cs if c.precision == "fp32"}
-    precisions = sorted(({c.precision for c in cs} | {r.get("precision") for r in failed}) - {"fp32", None},
+    precisions = sorted(({c.precision for c in cs} | {r.precision for r in failed}) - {"fp32", None},
                         key=charts._order)
     series, rows = [], []
     for precision in precisions:
@@ -265,8 +266,7 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
         series.append(s)
         rows += [_row(precision, p, varies) for p in points]
     peaks = _peaks(runs)
-    entry = Entry(model, framework, sorted({r["study"] for r in runs if r.get("study")}), varies, series, rows,
-                  peaks)
+    entry = ScalingEntry(model, framework, sorted({r.study for r in runs if r.study}), varies, series, rows, peaks)
     plotted = {s.precision: [{"x": p.flops, "y": p.speedup.estimate, "low": p.speedup.low,
                               "high": p.speedup.high, "interval": p.speedup.is_interval}
                              for p in s.points if p.speedup and p.flops] for s in series}
@@ -297,13 +297,13 @@ def _entry(model: str, framework: str, cs: list[Cell], runs: list[dict], failed:
     return entry
 
 
-def _curves(cs: list[Cell]) -> dict | None:
+def _curves(cs: list[PooledRuns]) -> dict | None:
     """The device's matmul curve per dtype as the study's runs measured it; fp32's runs first (a tf32 run's
     float32 curve is TF32's)."""
     for c in sorted(cs, key=lambda c: c.precision != "fp32"):
         for r in c.records:
-            if r.get("matmul_curve"):
-                return r["matmul_curve"]
+            if r.matmul_curve:
+                return r.matmul_curve
     return None
 
 
@@ -316,7 +316,7 @@ def _dtype_style(dtype: str, precisions: list[str]) -> str:
     return next((name for name, p in PRECISIONS.items() if p.compute_dtype == dtype == p.param_dtype), "fp32")
 
 
-def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
+def _add_curve(entry: ScalingEntry, cs: list[PooledRuns], precisions: list[str]) -> None:
     curves = _curves(cs)
     if not curves:
         return
@@ -324,7 +324,7 @@ def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
                                            steps_sentence(cs, ["fp32", *precisions], curves)) if line]
     shown = {d: curves[d] for d in CURVE_DTYPES if curves.get(d)}
     plotted = {d: {"style": _dtype_style(d, precisions),
-                   "points": [{"x": 2.0 * n**3, "y": g} for n, g in zip(c["n"], c["gflops"])]}
+                   "points": [{"x": 2.0 * n**3, "y": g} for n, g in zip(c.n, c.gflops)]}
                for d, c in shown.items()}
     steps = {p: [{"x": c.flops_per_step, "y": c.gflops} for c in cs if c.precision == p and c.gflops]
              for p in ["fp32", *precisions]}
@@ -338,11 +338,11 @@ def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
             shapes.setdefault(t.dtype, {"style": plotted.get(t.dtype, {}).get("style") or _dtype_style(t.dtype,
                                                                                                        precisions),
                                         "points": []})["points"] += [
-                {"x": 2.0 * p["m"] * p["k"] * p["n"], "y": p["gflops"]} for p in t.products if p.get("gflops")]
+                {"x": 2.0 * p.m * p.k * p.n, "y": p.gflops} for p in t.products if p.gflops]
     entry.curve_chart = Markup(charts.matmul_curve(plotted, steps, f"{entry.model} ({entry.framework}): the "
                                                                    f"device's matmul curve and the model's steps",
                                                    shapes))
-    stops = [f"{d}'s curve stops at n={c['n'][-1]}: {c['stopped']}" for d, c in shown.items() if c.get("stopped")]
+    stops = [f"{d}'s curve stops at n={c.n[-1]}: {c.stopped}" for d, c in shown.items() if c.stopped]
     entry.curve_caption = (
         f"Solid: this device's matmul rate per dtype ({entry.framework}, square n x n products: n=64 is 524 kFLOP, "
         f"n=512 268 MFLOP, n=4096 137 GFLOP), each the median of a few products; dashed: the model's training "
@@ -356,15 +356,15 @@ def _add_curve(entry: Entry, cs: list[Cell], precisions: list[str]) -> None:
 
 def _ratios(curve: dict, base: dict) -> list[tuple[int, float]]:
     """(n, the curve's rate over float32's) at every n both measured."""
-    rates = dict(zip(base["n"], base["gflops"]))
-    return [(n, g / rates[n]) for n, g in zip(curve["n"], curve["gflops"]) if rates.get(n)]
+    rates = dict(zip(base.n, base.gflops))
+    return [(n, g / rates[n]) for n, g in zip(curve.n, curve.gflops) if rates.get(n)]
 
 
 def _compare(dtype: str, curve: dict, base: dict) -> str:
     pairs = _ratios(curve, base)
     if not pairs:
         return f"{dtype}'s curve shares no size with float32's"
-    stop = f" (measured up to n={curve['n'][-1]}: {curve['stopped']})" if curve.get("stopped") else ""
+    stop = f" (measured up to n={curve.n[-1]}: {curve.stopped})" if curve.stopped else ""
     span = f"n={pairs[0][0]}" + (f" to {pairs[-1][0]}" if len(pairs) > 1 else "")
     last_n, last = pairs[-1]
     from_n = None  # the smallest n from which on every size is faster
@@ -413,10 +413,10 @@ def curve_sentence(framework: str, curves: dict) -> str:
 
 def _equivalent(rate: float, curve: dict) -> int | None:
     """The smallest n whose matmul reaches `rate` on the curve; None: no size does."""
-    return next((n for n, g in zip(curve["n"], curve["gflops"]) if g >= rate), None)
+    return next((n for n, g in zip(curve.n, curve.gflops) if g >= rate), None)
 
 
-def steps_sentence(cs: list[Cell], precisions: list[str], curves: dict) -> str:
+def steps_sentence(cs: list[PooledRuns], precisions: list[str], curves: dict) -> str:
     """The model's achieved GFLOP/s per precision over the study's sizes, read against the curve of its compute
     dtype: the n at which a square matmul reaches the same rate here."""
     parts = []
@@ -429,7 +429,7 @@ def steps_sentence(cs: list[Cell], precisions: list[str], curves: dict) -> str:
         lo, hi = rates[0], rates[-1]
         part = f"{p} at {f.gflops(lo)}" + (f"-{f.gflops(hi)}" if f.gflops(hi) != f.gflops(lo) else "") + " GFLOP/s"
         a, b = _equivalent(lo, curve), _equivalent(hi, curve)
-        top = f"at most {f.gflops(max(curve['gflops']))} GFLOP/s"
+        top = f"at most {f.gflops(max(curve.gflops))} GFLOP/s"
         if a is None:
             part += f", above {dtype}'s whole curve ({top})"
         elif b is None:
@@ -442,13 +442,14 @@ def steps_sentence(cs: list[Cell], precisions: list[str], curves: dict) -> str:
     return "The model's steps against the curve: " + "; ".join(parts) + "."
 
 
-def _why_none(precision: str, setting_, failed: list[dict], cell: Cell | None, base: Cell | None) -> str:
+def _why_none(precision: str, setting_, failed: list[RunRecord], cell: PooledRuns | None,
+              base: PooledRuns | None) -> str:
     if base is None and cell is not None:
         return "no fp32 run at this size"
-    mine = [r for r in failed if r.get("precision") == precision and r.get("batch_size") == setting_.batch
-            and r.get("width") == setting_.width and r.get("tokens_per_sample") == setting_.seq_len]
+    mine = [r for r in failed if r.precision == precision and r.batch_size == setting_.batch
+            and r.width == setting_.width and r.tokens_per_sample == setting_.seq_len]
     if mine:
-        return f"{mine[0]['status']}: {mine[0].get('reason') or '-'}"
+        return f"{mine[0].status}: {mine[0].reason or '-'}"
     return "not run at this size"
 
 
@@ -477,7 +478,7 @@ def _rest(p: Point, lead: str, what: str = "") -> str:
     return f"{lead} the rest of the step{what} takes {f.ms(rest)} ms against fp32's {f.ms(fp32_rest)} ms"
 
 
-def _matmul_cell(t: MatmulTime | None, c: Cell | None) -> str:
+def _matmul_cell(t: MatmulTime | None, c: PooledRuns | None) -> str:
     """"1.2 (30%)": the step's matmuls timed alone, in ms, and their share of its step; "-" where not measured."""
     if t is None or c is None:
         return "-"
@@ -488,9 +489,9 @@ def _flops(flops: float | None) -> str:
     return f.flop_count(flops)
 
 
-def _peaks(runs: list[dict]) -> str:
+def _peaks(runs: list[RunRecord]) -> str:
     """The device's matmul peak per dtype, as the study's runs measured it (harness.run.peak)."""
-    found = next((r["device_peak_gflops"] for r in runs if r.get("device_peak_gflops")), None)
+    found = next((r.device_peak_gflops for r in runs if r.device_peak_gflops), None)
     if not found:
         return ""
     return ", ".join(f"{dtype} {f.gflops(v)}" if v else f"{dtype} no kernel" for dtype, v in found.items())
@@ -538,7 +539,7 @@ def _why_below(s: Series, p: Point, cast_shares: dict) -> str:
                 line += f", {f.ratio(p.matmul_speedup())} fp32's matmul time" + _rest(p, ", while")
         return line
     if c is not None and p.sizes.get("width") is None:
-        key = (c.model, c.framework, c.precision, c.batch_size, c.records[0].get("device"))
+        key = (c.model, c.framework, c.precision, c.batch_size, c.records[0].device)
         if key in cast_shares:
             return (f": the step is dominated by fixed costs: its profile at batch {c.batch_size} puts "
                     f"{f.percent(cast_shares[key], 0)} of the {s.precision} step in casts")
@@ -566,7 +567,7 @@ def _why_not(s: Series, p: Point) -> str:
         return times + _rest(p, ", while", " (casts, dispatch, elementwise ops, the optimizer update)")
     c = p.cell
     dtype = PEAK_DTYPES.get(s.precision.partition(":")[0])
-    peaks = next((r.get("device_peak_gflops") for r in (c.records if c else []) if r.get("device_peak_gflops")),
+    peaks = next((r.device_peak_gflops for r in (c.records if c else []) if r.device_peak_gflops),
                  None) or {}
     low, fp32 = peaks.get(dtype), peaks.get("float32")
     if dtype and dtype != "float32" and low and fp32 and low < fp32:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from datetime import datetime, timezone
 
 import numpy as np
@@ -19,27 +20,39 @@ from markupsafe import Markup
 
 from harness.report import accuracy, answer, charts
 from harness.report import format as f
-from harness.report.data import (AccuracyRow, Cell, Comparison, Diagnosis, Environment, Fastest, MemoryRow, NotRun,
-                                 ScalingRow, Section, SpecHash, SpecHashes, SpeedRow, Study, View, mean, speed_up)
+from harness.report.arms import emulated as fp8_emulated
+from harness.report.data import (AccuracyRow, Environment, Fastest, MemoryRow, NotRun, NumericsEntry, ScalingRow,
+                                 Section, SpecHash, SpecHashes, SpeedRow, Study, StudyPoint, View)
 from harness.report.explain import explain, in_short
-from harness.report.fp8 import emulated as fp8_emulated, fp8_section
+from harness.report.fp8 import fp8_section
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.scaling import scaling_section
-from harness.identity import cell_key, describe, device_key, loss_scale_setting, scaling_study, setting, varying
+from harness.report.verdicts import Comparison, PooledRuns, mean, speed_up
+from harness.identity import cell_key, describe, loss_scale_setting, scaling_study, setting, varying
+from harness.records import Device, Diagnosis, DiagnosisRecord, Env, LossScaleSettings, Record, RunRecord
+from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, PROFILES_FILE, typed
+
+ATTENTION_SCORES = "attention_score_gradients"  # a diagnosis's histograms of the softmax's input gradients
 
 
-def _label_models(records: list[dict]) -> list[dict]:
+def written_groups(diagnosis: Diagnosis) -> dict[str, dict[str, dict]]:
+    """A diagnosis's histograms per group and layer as written, for harness.numerics, which reads them so."""
+    return {group: {layer: h.written for layer, h in layers.items()}
+            for group, layers in (diagnosis.groups or {}).items()}
+
+
+def _label_models(records: list[RunRecord]) -> list[RunRecord]:
     """A model trained under several specs (other batch or input sizes) gets one label per spec hash, so
     that runs of different sizes are never compared."""
     hashes: dict[str, set] = {}
     for r in records:
-        if r.get("spec_hash"):
-            hashes.setdefault(r["model"], set()).add(r["spec_hash"])
+        if r.spec_hash:
+            hashes.setdefault(r.model, set()).add(r.spec_hash)
     out = []
     for r in records:
-        if r.get("spec_hash") and len(hashes.get(r["model"], ())) > 1:
-            r = {**r, "model": f"{r['model']} (batch {r.get('batch_size')}, spec {r['spec_hash'][:6]})"}
+        if r.spec_hash and len(hashes.get(r.model, ())) > 1:
+            r = r.replaced(model=f"{r.model} (batch {r.batch_size}, spec {r.spec_hash[:6]})")
         out.append(r)
     return out
 
@@ -62,47 +75,43 @@ def _labels(groups: dict[tuple, list[dict]]) -> dict[tuple, tuple[str, str, str]
     return labels
 
 
-def _usable(records: list[dict] | None, filename: str, skipped: list[str]) -> list[dict]:
-    """The records of `filename` the report can read (harness.results.usable, as for results), saying in
+def _usable(records: list[dict] | None, filename: str, skipped: list[str]) -> list[Record]:
+    """The records of `filename` the report can read (harness.results.typed, as for results), saying in
     `skipped` which it left out and why."""
-    from harness.results import usable
-
-    kept, notes = usable(records or [], filename)
+    kept, notes = typed(records or [], filename)
     skipped += [f"{filename}: {note}" for note in notes]
     return kept
 
 
 def build_view(records: list[dict], parity_records: list[dict] | None = None,
-               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> dict:
-    from harness.results import DIAGNOSES_FILE, FINGERPRINTS_FILE, PROFILES_FILE, usable
-
-    records, skipped = usable(records)
+               diagnoses: list[dict] | None = None, profiles: list[dict] | None = None) -> View:
+    records, skipped = typed(records)
     # the timed amp_fp16 runs' loss scales, by the models' own names (a diagnosis is matched by them)
-    scaled = [r for r in records if r.get("precision") == "amp_fp16" and not r.get("study")]
+    scaled = [r for r in records if r.precision == "amp_fp16" and not r.study]
     diagnoses, profiles, parity_records = (
         _usable(found, filename, skipped) if found is not None else None
         for found, filename in ((diagnoses, DIAGNOSES_FILE), (profiles, PROFILES_FILE),
                                 (parity_records, FINGERPRINTS_FILE)))
     # a scaling study's runs are its own section: sizes that vary by design are neither cells nor new labels
-    sized = [r for r in records if scaling_study(r)]
-    records = _label_models([r for r in records if not scaling_study(r)])
-    studies = [r for r in records if r.get("study")]  # shown as studies, not as cells of the comparison
-    records = [r for r in records if not r.get("study")]
-    ok = [r for r in records if r.get("status") == "ok" and r.get("step_times_ms")]
-    not_run = [r for r in records if r.get("status") != "ok"]
-    groups: dict[tuple, list[dict]] = {}
+    sized = [r for r in records if scaling_study(r.written)]
+    records = _label_models([r for r in records if not scaling_study(r.written)])
+    studies = [r for r in records if r.study]  # shown as studies, not as cells of the comparison
+    records = [r for r in records if not r.study]
+    ok = [r for r in records if r.status == "ok" and r.step_times_ms]
+    not_run = [r for r in records if r.status != "ok"]
+    groups: dict[tuple, list[RunRecord]] = {}
     for r in ok:
-        groups.setdefault(cell_key(r), []).append(r)
+        groups.setdefault(cell_key(r.written), []).append(r)
     labels = _labels(groups)
-    cells = {key: Cell(key, rs, *labels[key]) for key, rs in groups.items()}
-    models = sorted({k[0] for k in cells} | {r.get("model") for r in not_run if r.get("model")})
-    frameworks = sorted({r["framework"] for r in records if r.get("framework")})
-    by_model: dict[str, list[dict]] = {}
+    cells = {key: PooledRuns(key, rs, *labels[key]) for key, rs in groups.items()}
+    models = sorted({k[0] for k in cells} | {r.model for r in not_run if r.model})
+    frameworks = sorted({r.framework for r in records if r.framework})
+    by_model: dict[str, list[RunRecord]] = {}
     for r in ok:
-        by_model.setdefault(r["model"], []).append(r)
+        by_model.setdefault(r.model, []).append(r)
     classes = {m: accuracy.num_classes(by_model.get(m, [])) for m in models}
 
-    fp32_cells: dict[tuple, Cell] = {}  # per (model, framework, setting): its first fp32 cell
+    fp32_cells: dict[tuple, PooledRuns] = {}  # per (model, framework, setting): its first fp32 cell
     for k, c in cells.items():
         if k[3] == "fp32":
             fp32_cells.setdefault(k[:3], c)
@@ -133,8 +142,8 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                                   efficiency=f.percent(c.efficiency, 1, spaced=True), repeats=len(c.repeats),
                                   cv=f.percent(c.cv, 1, spaced=True), unstable=c.unstable))
             memory.append(MemoryRow(**row, peak=f.mb(c.peak_mb), kind=c.memory_kind,
-                                    state=f.mb(sum(c.state_mb.values())) if c.state_mb else "-",
-                                    optimizer=f.mb(c.state_mb.get("optimizer_state")) if c.state_mb else "-",
+                                    state=f.mb(c.state_mb.total) if c.state_mb else "-",
+                                    optimizer=f.mb(c.state_mb.optimizer_state) if c.state_mb else "-",
                                     saved=f.percent(1 - c.peak_mb / base.peak_mb, 0, spaced=True)
                                     if base and c.peak_mb is not None and base.peak_mb else "-"))
             # paired by seed against fp32's seed-to-seed spread (accuracy.compare); fp32's own row shows that spread
@@ -164,19 +173,18 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
                                  f"needed.")
         histories = {}
         for c in mcells:
-            with_history = [r for r in c.records if (r.get("loss_scale") or {}).get("history")]
+            with_history = [r for r in c.records if r.loss_scale and r.loss_scale.history]
             flat = _flat_scale(with_history)
             if flat:
                 section.scale_notes.append(f"{c.label} {c.precision}: {flat}")
             for r in with_history:
-                ls = r["loss_scale"]
+                ls = r.loss_scale
                 if not flat:
-                    histories.setdefault(f"{c.label} {c.precision}", ls["history"])
-                scaling.append(ScalingRow(model, c.label, c.precision, r["repeat"],
-                                          (ls.get("settings") or {}).get("mode"), f.number(ls.get("initial"), 0),
-                                          f.number(ls.get("final"), 0), ls.get("skipped_steps"),
-                                          "-" if ls.get("first_overflow_step") is None
-                                          else ls.get("first_overflow_step")))
+                    histories.setdefault(f"{c.label} {c.precision}", ls.history)
+                scaling.append(ScalingRow(model, c.label, c.precision, r.repeat,
+                                          ls.settings.mode if ls.settings else None, f.number(ls.initial, 0),
+                                          f.number(ls.final, 0), ls.skipped_steps,
+                                          "-" if ls.first_overflow_step is None else ls.first_overflow_step))
         if histories:
             section.scale_chart = Markup(charts.loss_scales(histories, f"{model}: loss scale"))
             section.scale_caption = (f"{model}: dynamic loss scale by step (first repeat), for the runs whose "
@@ -184,10 +192,10 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         sections.append(section)
 
     profiled = profile_section(profiles or [])
-    cast_shares = {(e["model"], g["framework"], g["precision"], g["batch"], g["device"]): g["casts"]
-                   for e in profiled.entries for g in e["growth"]}
+    cast_shares = {(e.model, g.framework, g.precision, g.batch, g.device): g.casts
+                   for e in profiled.entries for g in e.growth}
     why = explain(records, cells, summary, profiled.citations, cast_shares)
-    contenders: dict[tuple, list[Cell]] = {}  # per device: a GPU and a CPU are never ranked together
+    contenders: dict[tuple, list[PooledRuns]] = {}  # per device: a GPU and a CPU are never ranked together
     for c in cells.values():
         contenders.setdefault((c.model, c.precision, c.device), []).append(c)
     fastest = [_fastest(model, precision, device, cs, answer.ranked(cs, summary))
@@ -201,7 +209,7 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         n_records=len(records) + len(sized), n_ok=len(ok), skipped=skipped, models=models, frameworks=frameworks,
         answer=answer.build({k: c for k, c in cells.items() if not fp8_emulated(c.records)}, timed,
-                            [{**r, "device_key": device_key(r)} for r in not_run]),
+                            not_run),
         headline=_headline(timed), any_range=any(not s.interval for s in summary),
         min_repeats=stats.MIN_REPEATS, unstable_cv=stats.UNSTABLE_CV, precise=stats.PRECISE,
         chance_margin=accuracy.CHANCE_MARGIN,
@@ -211,16 +219,16 @@ def build_view(records: list[dict], parity_records: list[dict] | None = None,
         any_next_token=any(c.metric is accuracy.TOKEN_LOSS for c in cells.values()), loss_margin=accuracy.LOSS_MARGIN,
         any_too_short_loss=any(not c.judged for c in cells.values() if c.metric is accuracy.TOKEN_LOSS),
         scaling=scaling, sections=sections, why=why, why_short=in_short(why),
-        not_run=[NotRun(r.get("model") or "-", r.get("framework"), r.get("precision"), r.get("repeat"),
-                        r.get("status"), r.get("reason") or "-") for r in not_run],
+        not_run=[NotRun(r.model or "-", r.framework, r.precision, r.repeat, r.status, r.reason or "-")
+                 for r in not_run],
         environment=_environment(records), spec_hashes=_spec_hashes(records),
-        parity=[c.row() for c in parity_compare(parity_records)] if parity_records else None,
+        parity=[c.row() for c in parity_compare([r.written for r in parity_records])] if parity_records else None,
         numerics=numerics, studies=studies_shown, sixteen_bit_safe=safe,
         pure16=pure16_section(records, diagnoses or []), profile=profiled,
         crossover=scaling_section(sized, cast_shares), fp8=fp8)
 
 
-def _fastest(model: str, precision: str, device: str, cells: list[Cell], ranked: list[Cell]) -> Fastest:
+def _fastest(model: str, precision: str, device: str, cells: list[PooledRuns], ranked: list[PooledRuns]) -> Fastest:
     """The framework with the lowest median among the cells that may be ranked (answer.ranked), or that none may."""
     if not ranked:
         return Fastest(model, precision, device, f"none ranked (fewer than {stats.MIN_REPEATS} repeats, or no speed "
@@ -230,7 +238,7 @@ def _fastest(model: str, precision: str, device: str, cells: list[Cell], ranked:
                    len(cells), len(ranked))
 
 
-def judged_figure(figure: str, c: Cell) -> str:
+def judged_figure(figure: str, c: PooledRuns) -> str:
     """A cell's judged figure, or "too short to judge" where its fp32 learned nothing (accuracy.py)."""
     return figure if c.judged else accuracy.TOO_SHORT
 
@@ -256,24 +264,24 @@ def _curves_differ(curves: dict[str, list]) -> bool:
     return False
 
 
-def _flat_scale(records: list[dict]) -> str | None:
+def _flat_scale(records: list[RunRecord]) -> str | None:
     """One sentence for a loss scale that never moved and skipped nothing in any repeat, else None."""
     if not records:
         return None
-    values = {v for r in records for v in r["loss_scale"]["history"]}
-    if len(values) != 1 or any(r["loss_scale"].get("skipped_steps") for r in records):
+    values = {v for r in records for v in r.loss_scale.history}
+    if len(values) != 1 or any(r.loss_scale.skipped_steps for r in records):
         return None
     (value,) = values
     shown = f.scale(value)
-    steps = sorted({len(r["loss_scale"]["history"]) for r in records})
+    steps = sorted({len(r.loss_scale.history) for r in records})
     n = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
     each = f" in each of {len(records)} repeats" if len(records) > 1 else ""
     return f"loss scale stayed at {shown}, no step skipped in {n} steps{each}."
 
 
-def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[tuple, Cell],
-                  scaled: list[dict] | None = None,
-                  fp8_elsewhere: bool = False) -> tuple[list[Diagnosis], list[Study], list[str]]:
+def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp32_cells: dict[tuple, PooledRuns],
+                  scaled: list[RunRecord] | None = None,
+                  fp8_elsewhere: bool = False) -> tuple[list[NumericsEntry], list[Study], list[str]]:
     """The Numerics section: per diagnosed (model, framework) the gradient histograms and the verdicts, and where
     the `scaled` runs (timed amp_fp16 runs) hold its loss scales, the attention score gradients' headroom at the
     largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
@@ -285,104 +293,108 @@ def numerics_view(diagnoses: list[dict], studies: list[dict], fp32_cells: dict[t
 
     numerics, safe = [], {}
     for d in diagnoses:
-        diagnosis = d.get("diagnosis") or {}
-        if d.get("status") != "ok" or not diagnosis.get("available"):
-            numerics.append(Diagnosis(d.get("model"), d.get("framework"), note=d.get("reason")
+        diagnosis = d.diagnosis
+        if d.status != "ok" or not (diagnosis and diagnosis.available):
+            numerics.append(NumericsEntry(d.model, d.framework, note=d.reason
                                       or "not available: this adapter cannot capture tensors"))
             continue
-        groups = diagnosis["groups"]
+        groups = written_groups(diagnosis)
         series = {"weight gradients": merge(list(groups["gradients"].values())),
                   "activation gradients": merge(list(groups["activation_gradients"].values()))}
         series = {k: v for k, v in series.items() if v["bins"]}
-        low, high = diagnosis.get("loss_scale_window") or (None, None)
+        low, high = diagnosis.loss_scale_window or (None, None)
         shift = low if low and high is not None and low <= high else None
-        title = (f"{d['model']} ({d['framework']}): gradients in fp32, {len(diagnosis['captured_steps'])} captured "
-                 f"steps (0 to {diagnosis['captured_steps'][-1]})")
-        verdicts = judge(diagnosis)
-        fp8_lines = list(fp8_verdicts(diagnosis.get("fp8") or {}, diagnosis.get("every") or 1).values())
-        safe.setdefault(d["model"], f"{d['model']} ({d['framework']} diagnosis): "
+        title = (f"{d.model} ({d.framework}): gradients in fp32, {len(diagnosis.captured_steps)} captured "
+                 f"steps (0 to {diagnosis.captured_steps[-1]})")
+        verdicts = judge(diagnosis.written)
+        fp8_lines = list(fp8_verdicts(diagnosis.fp8 or {}, diagnosis.every or 1).values())
+        safe.setdefault(d.model, f"{d.model} ({d.framework} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
-        numerics.append(Diagnosis(d.get("model"), d.get("framework"),
+        numerics.append(NumericsEntry(d.model, d.framework,
                                   Markup(charts.gradient_histogram(series, shift, title)),
                                   [sentence for _, sentence in verdicts.values()]
-                                  + list(attention_verdicts(diagnosis).values())
+                                  + list(attention_verdicts(diagnosis.written).values())
                                   + ([FP8_ELSEWHERE] if fp8_elsewhere and fp8_lines else fp8_lines),
                                   headroom=score_headroom(d, scaled or [])))
     study_charts = []
-    by_study: dict[tuple, list[dict]] = {}
+    by_study: dict[tuple, list[RunRecord]] = {}
     for r in studies:  # the loss scale is what a study varies; every other part of the setting stays apart
-        by_study.setdefault((r["study"], r.get("model"), r["framework"], setting(r), r["precision"]), []).append(r)
+        by_study.setdefault((r.study, r.model, r.framework, setting(r.written), r.precision), []).append(r)
     for (study, model, framework, setting_, precision), rs in sorted(by_study.items(),
                                                                       key=lambda kv: tuple(map(str, kv[0]))):
-        window = next(((d.get("diagnosis") or {}).get("loss_scale_window") for d in diagnoses
-                       if d.get("model") == model and d.get("framework") == framework), None)
+        window = next((d.diagnosis.loss_scale_window if d.diagnosis else None for d in diagnoses
+                       if d.model == model and d.framework == framework), None)
         fp32 = fp32_cells.get((model, framework, setting_))
         framework_ = framework + describe(setting_, varying(k[3] for k in by_study
                                                             if k[:3] == (study, model, framework)))
         points = _study_points(rs, fp32)
         next_token = accuracy.metric(rs) is accuracy.TOKEN_LOSS  # judged by its eval loss
         figure, label = ("loss", "eval loss (nats)") if next_token else ("accuracy", "eval accuracy")
-        study_charts.append(Study(study, model, framework_, precision, points, Markup(charts.loss_scale_study(
-            points, window, f"{model} ({framework_} {precision}): loss-scale study", figure, label)), next_token))
+        chart = charts.loss_scale_study([asdict(p) for p in points], window,
+                                        f"{model} ({framework_} {precision}): loss-scale study", figure, label)
+        study_charts.append(Study(study, model, framework_, precision, points, Markup(chart), next_token))
     return numerics, study_charts, list(safe.values())
 
 
-def score_headroom(diagnosed: dict, scaled: list[dict]) -> str | None:
+def score_headroom(diagnosed: DiagnosisRecord, scaled: list[RunRecord]) -> str | None:
     """How close the attention score gradients (the softmax's input gradients) come to float16's largest value at
     the largest loss scale this diagnosis's (model, framework) reached in its amp_fp16 runs (the most of each
     run's initial scale and scale history; a run that took no step reached none): the diagnosis's fp32 gradients
     multiplied by that scale (harness.numerics.score_gradient_headroom). None without both."""
     from harness.numerics import FORMATS, score_gradient_headroom
 
-    model, framework = diagnosed.get("model"), diagnosed.get("framework")
-    runs = [r for r in scaled if r.get("model") == model and r.get("framework") == framework
-            and (r.get("loss_scale") or {}).get("history")]
-    scales = [value for r in runs for value in (r["loss_scale"].get("initial"), *r["loss_scale"]["history"]) if value]
-    groups = (diagnosed.get("diagnosis") or {}).get("groups") or {}
+    model, framework = diagnosed.model, diagnosed.framework
+    runs = [r for r in scaled if r.model == model and r.framework == framework
+            and r.loss_scale and r.loss_scale.history]
+    scales = [value for r in runs for value in (r.loss_scale.initial, *r.loss_scale.history) if value]
+    groups = written_groups(diagnosed.diagnosis) if diagnosed.diagnosis else {}
     top = max(scales, default=0.0)
     found = score_gradient_headroom(groups, top)
     if found is None:
         return None
     layer, reached, spare = found
-    layers = len([h for h in groups["attention_score_gradients"].values() if h.get("max_abs", 0.0) > 0])
+    layers = len([h for h in diagnosed.diagnosis.groups[ATTENTION_SCORES].values() if h.max_abs > 0])
     fp16 = round(math.log2(FORMATS["float16"].max))  # 65504 = 2^15.99998
     line = (f"at the largest scale {framework}'s amp_fp16 runs reached ({f.scale(top)}), attention {layer}'s score "
             f"gradients reach 2^{f.number(reached, 1)} of float16's {f.power_of_two(fp16)}"
             + (f" (the closest of {layers} attention layers)" if layers > 1 else "")
             + (f": {f.number(spare, 1)} doublings to spare" if spare >= 0 else
                f": they overflow by 2^{f.number(-spare, 1)}: the scaler must back off"))
-    batches = sorted({r["batch_size"] for r in runs if r.get("batch_size")})
-    if diagnosed.get("batch_size") and batches and batches != [diagnosed["batch_size"]]:
-        line += (f" (diagnosed at batch {diagnosed['batch_size']}, the runs at batch "
+    batches = sorted({r.batch_size for r in runs if r.batch_size})
+    if diagnosed.batch_size and batches and batches != [diagnosed.batch_size]:
+        line += (f" (diagnosed at batch {diagnosed.batch_size}, the runs at batch "
                  f"{', '.join(map(str, batches))}: a mean loss's gradients shrink as the batch grows)")
     return line
 
 
-def _study_points(rs: list[dict], fp32) -> list[dict]:
-    by_setting: dict[str, list[dict]] = {}
+def _scale_settings(r: RunRecord) -> LossScaleSettings:
+    """The loss-scale setting a run asked for; one that states none ran unscaled."""
+    return (r.loss_scale.settings if r.loss_scale else None) or LossScaleSettings(mode="none")
+
+
+def _study_points(rs: list[RunRecord], fp32: PooledRuns | None) -> list[StudyPoint]:
+    by_setting: dict[str, list[RunRecord]] = {}
     for r in rs:
-        by_setting.setdefault(loss_scale_setting(r), []).append(r)
+        by_setting.setdefault(loss_scale_setting(r.written), []).append(r)
     exps = {}
     for setting_, group in by_setting.items():
-        settings = (group[0].get("loss_scale") or {}).get("settings") or {}
-        exps[setting_] = math.log2(settings["initial"]) if settings.get("mode") == "fixed" else None
+        settings = _scale_settings(group[0])
+        exps[setting_] = math.log2(settings.initial) if settings.mode == "fixed" else None
     fixed = [e for e in exps.values() if e is not None] or [0.0]
     points = []
     for setting_, group in by_setting.items():
-        mode = ((group[0].get("loss_scale") or {}).get("settings") or {}).get("mode", "none")
+        mode = _scale_settings(group[0]).mode or "none"
         x = exps[setting_] if exps[setting_] is not None else (min(fixed) - 3 if mode == "none" else max(fixed) + 3)
-        ok = [r for r in group if r.get("status") == "ok"]
-        points.append({"x": x, "label": "none" if mode == "none" else ("dynamic" if mode == "dynamic"
-                                                                       else f.power_of_two(exps[setting_])),
-                       "accuracy": float(np.mean([r["eval_accuracy"] for r in ok])) if ok else float("nan"),
-                       "loss": mean(r.get("eval_loss") for r in ok),
-                       "eval_loss": f.number(mean(r.get("eval_loss") for r in ok), 4),
-                       "perplexity": f.number(accuracy.perplexity(mean(r.get("eval_loss") for r in ok)), 2),
-                       "skipped": float(np.mean([(r.get("loss_scale") or {}).get("skipped_steps") or 0 for r in group])),
-                       "status": ", ".join(sorted({r["status"] for r in group})), "runs": len(group),
-                       "fp32_accuracy": fp32.eval_accuracy if fp32 else None,
-                       "fp32_loss": fp32.eval_loss if fp32 else None})
-    return sorted(points, key=lambda p: p["x"])
+        ok = [r for r in group if r.status == "ok"]
+        loss = mean(r.eval_loss for r in ok)
+        points.append(StudyPoint(
+            x, "none" if mode == "none" else ("dynamic" if mode == "dynamic" else f.power_of_two(exps[setting_])),
+            float(np.mean([r.eval_accuracy for r in ok])) if ok else float("nan"), loss, f.number(loss, 4),
+            f.number(accuracy.perplexity(loss), 2),
+            float(np.mean([(r.loss_scale.skipped_steps if r.loss_scale else None) or 0 for r in group])),
+            ", ".join(sorted({r.status for r in group})), len(group), fp32.eval_accuracy if fp32 else None,
+            fp32.eval_loss if fp32 else None))
+    return sorted(points, key=lambda p: p.x)
 
 
 def _headline(summary: list[Comparison]) -> list[str]:
@@ -415,29 +427,29 @@ def _memory_note(cells: dict) -> str:
 
 
 # ---- environment --------------------------------------------------------------------------------------
-def _environment(records: list[dict]) -> list[Environment]:
+def _environment(records: list[RunRecord]) -> list[Environment]:
     rows: dict[tuple, dict] = {}
     for r in records:
-        if not r.get("framework_version"):
+        if not r.framework_version:
             continue
-        env = r.get("env") or {}
-        device = env.get("device") or {}
-        key = (r["framework"], r["framework_version"], r.get("device"))
-        row = rows.setdefault(key, {"framework": r["framework"], "version": r["framework_version"],
-                                    "device": f"{r.get('device')}: {device.get('description', '')}",
-                                    "details": json.dumps(device.get("details") or {}),
-                                    "cpu": env.get("cpu"), "flags": ", ".join(env.get("cpu_flags") or []),
-                                    "threads": env.get("threads"), "python": env.get("python"),
-                                    "os": env.get("os"), "options": set()})
-        if r.get("options"):
-            row["options"].add(", ".join(f"{k}={v}" for k, v in sorted(r["options"].items())))
+        env = r.env or Env()
+        device = env.device or Device()
+        key = (r.framework, r.framework_version, r.device)
+        row = rows.setdefault(key, {"framework": r.framework, "version": r.framework_version,
+                                    "device": f"{r.device}: {device.description or ''}",
+                                    "details": json.dumps(device.details or {}),
+                                    "cpu": env.cpu, "flags": ", ".join(env.cpu_flags or []),
+                                    "threads": env.threads, "python": env.python,
+                                    "os": env.os, "options": set()})
+        if r.options:
+            row["options"].add(", ".join(f"{k}={v}" for k, v in sorted(r.options.items())))
     return [Environment(**{**row, "options": sorted(row["options"])}) for row in rows.values()]
 
 
-def _spec_hashes(records: list[dict]) -> list[SpecHashes]:
+def _spec_hashes(records: list[RunRecord]) -> list[SpecHashes]:
     by_model: dict[str, dict[str, set]] = {}
     for r in records:
-        if r.get("spec_hash"):
-            by_model.setdefault(r["model"], {}).setdefault(r["spec_hash"], set()).add(r["framework"])
+        if r.spec_hash:
+            by_model.setdefault(r.model, {}).setdefault(r.spec_hash, set()).add(r.framework)
     return [SpecHashes(m, [SpecHash(h, ", ".join(sorted(fs))) for h, fs in sorted(hs.items())])
             for m, hs in sorted(by_model.items())]

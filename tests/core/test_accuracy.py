@@ -10,13 +10,14 @@ import pytest
 from harness.report import build_view, render
 from harness.report.render import render_markdown
 from harness.report.accuracy import compare, spread
+from tests.core.read_as import read_as
 from tests.core.test_report_answer import record
 
 
 def runs(*accuracies, seeded=True, precision="amp_bf16"):
     """One record per seed 7, 8, ... (or, unseeded, repeats of one seed as records before `seed` were)."""
-    return [{"eval_accuracy": a, "precision": precision, **({"seed": 7 + i} if seeded else {})}
-            for i, a in enumerate(accuracies)]
+    return read_as([{"eval_accuracy": a, "precision": precision, **({"seed": 7 + i} if seeded else {})}
+                    for i, a in enumerate(accuracies)])
 
 
 FP32 = runs(0.912, 0.920, 0.916, precision="fp32")  # range 0.8 pt, standard deviation 0.4: the 0.5 pt floor rules
@@ -73,7 +74,7 @@ def test_one_seed_gives_no_spread_and_no_verdict():
 def test_too_short_and_nothing_to_compare():
     short = compare(runs(0.12, 0.13), runs(0.11, 0.12, precision="fp32"), classes=10)
     assert short.verdict == "too short" and short.acceptable and not short.decided
-    assert compare([{"eval_accuracy": None}], FP32, classes=10).verdict == "none"
+    assert compare(read_as([{"eval_accuracy": None, "precision": "amp_bf16"}]), FP32, classes=10).verdict == "none"
     assert compare(runs(0.9), [], classes=10).verdict == "none"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.precision import PRECISIONS
-from harness.records import RunRecord
+from harness.records import MatmulCurve, RunRecord
 from harness.report import build_view, render
 from harness.report.scaling import curve_sentence
 from harness.run import peak, worker
@@ -93,6 +93,11 @@ def test_a_scaling_study_s_run_holds_the_curve_measured_once_per_machine_an_ordi
     assert again["matmul_curve"] == curve and len(adapter.asked) == asked, "the cached curve was measured again"
 
 
+def sentence(framework: str, curves: dict[str, dict | None]) -> str:
+    """curve_sentence of these curves as a record holds them, read as the report reads them."""
+    return curve_sentence(framework, {d: c and MatmulCurve.model_validate(c) for d, c in curves.items()})
+
+
 def curve(rates: list[float], start: int = 64, stopped: str | None = None) -> dict:
     return {"n": [start * 2**k for k in range(len(rates))], "gflops": rates, "stopped": stopped}
 
@@ -101,7 +106,7 @@ FP32 = curve([1, 5, 20, 50, 80, 100, 100])
 
 
 def test_the_sentence_says_from_which_n_on_16_bit_matmuls_pay_and_where_they_are_emulated():
-    line = curve_sentence("torch", {"float32": FP32,
+    line = sentence("torch", {"float32": FP32,
                                     "bfloat16": curve([0.5, 2.5, 10, 90, 128, 200, 250]),
                                     "float16": curve([0.05, 0.3, 0.3, 0.3], stopped="one product took 0.89 s, "
                                                                                    "over the 0.25 s cap")})
@@ -111,15 +116,15 @@ def test_the_sentence_says_from_which_n_on_16_bit_matmuls_pay_and_where_they_are
             "with no native float16 matmul here (measured up to n=512: one product took 0.89 s, over the 0.25 s "
             "cap).") in line, line
     # a size in between that is not faster breaks the run: "from n on" holds for every larger size
-    line = curve_sentence("jax", {"float32": FP32, "bfloat16": curve([2, 10, 40, 100, 84, 200, 200])})
+    line = sentence("jax", {"float32": FP32, "bfloat16": curve([2, 10, 40, 100, 84, 200, 200])})
     assert "from n=2048 on" in line and "x1.05 at n=1024" in line, line
-    line = curve_sentence("tensorflow", {"float32": FP32, "bfloat16": curve([0.6, 3, 15, 40, 70, 90, 95])})
+    line = sentence("tensorflow", {"float32": FP32, "bfloat16": curve([0.6, 3, 15, 40, 70, 90, 95])})
     assert "bfloat16's are no faster than float32's at any size measured (n=64 to 4096: x0.60 to x0.95" in line
-    line = curve_sentence("mxnet", {"float32": FP32, "bfloat16": curve([1, 5, 20, 70, 80, 100, 90]),
+    line = sentence("mxnet", {"float32": FP32, "bfloat16": curve([1, 5, 20, 70, 80, 100, 90]),
                                     "float16": None})
     assert "bfloat16's are faster than float32's only at n=512 (up to x1.40), not at n=4096 (x0.90)" in line
     assert "mxnet has no float16 matmul kernel here" in line
-    assert curve_sentence("torch", {"float32": FP32}) == ""  # no 16-bit curve: nothing to say
+    assert sentence("torch", {"float32": FP32}) == ""  # no 16-bit curve: nothing to say
 
 
 def with_curve(records: list[dict], curves: dict) -> list[dict]:

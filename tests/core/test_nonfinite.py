@@ -9,6 +9,7 @@ from harness.model.graph import infer
 from harness.model.spec import validate
 from harness.report.explain import explain
 from harness.run.nonfinite import describe, first_nonfinite, locate, lost_epsilon
+from tests.core.read_as import read_as
 
 SPEC = validate({"name": "n", "input": {"shape": [4]}, "dataset": {"name": "synthetic", "num_classes": 2},
                  "layers": [{"type": "dense", "units": 4},
@@ -53,7 +54,7 @@ def test_the_report_shows_it_beside_the_diverged_status():
                     "[-512, 498.2]")
     record = {"status": "diverged", "reason": "loss became nan at step 3", "precision": "fp16", "framework": "torch",
               "model": "m", "nonfinite": located}
-    (why,) = [w for w in explain([record], {}, []) if "diverged" in w.title]
+    (why,) = [w for w in explain(read_as([record]), {}, []) if "diverged" in w.title]
     assert line in why.text
 
 
@@ -163,6 +164,6 @@ def test_a_cell_whose_repeats_all_diverged_is_one_why_entry_quoting_the_located_
                "tensor": "weights", "weight": "0.embeddings", "values": "nan", "share": 0.5}
     records = [{"status": "diverged", "reason": f"loss became nan at step {1 + r}", "precision": "fp16",
                 "framework": "torch", "model": "m", "repeat": r, "nonfinite": located} for r in range(3)]
-    (why,) = [w for w in explain(records, {}, []) if "diverged" in w.title]
+    (why,) = [w for w in explain(read_as(records), {}, []) if "diverged" in w.title]
     assert why.text == ("loss became nan at step 1 (repeat 0; 3 repeats diverged) (first non-finite value at step 0: "
                         "its update made 50.0% of layer 0 (embedding)'s weight 0.embeddings nan).")

@@ -218,7 +218,9 @@ def test_numerics_section_from_diagnoses_and_a_study(tmp_path):
         "amp_bf16 safe (layer outputs not checked)"]
     assert [n.note for n in view.numerics] == [None, "not available: this adapter cannot capture tensors"]
     (s,) = view.studies
-    assert [(p["label"], p["skipped"]) for p in s.rows] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
+    assert [(p.label, p.skipped) for p in s.rows] == [("none", 0), ("2^4", 0), ("2^32", 20), ("dynamic", 1)]
     assert not view.speed  # study runs are not cells of the comparison
     page = render(view)
     assert 'data-chart="numerics"' in page and 'data-chart="study"' in page and "16-bit safe?" in page
+    # the window's exponent is an int in the record: read as a model, it prints as one (not 2^3.0)
+    assert "weight gradients x 2^3<" in page

@@ -8,12 +8,18 @@ from harness.model.graph import infer
 from harness.model.spec import load_spec
 from harness.report import build_view
 from harness.report.jinja import render
-from harness.report.profile import ProfileSection, profile_section
-from harness.results import PROFILES_FILE, append, read_records
+from harness.report import profile
+from harness.report.profile import CastRow, ProfileSection
+from harness.results import PROFILES_FILE, append, read_records, typed
 from harness.run.profile import attribute
 from tests.core.test_runner import amp
 
 SPEC = "tests/specs/pitfall_rmsprop_epsilon.yaml"  # dense 0, relu 1, dropout 2, dense 3, softmax 4
+
+
+def profile_section(profiles: list[dict]) -> ProfileSection:
+    """The section from these profiles, read as the report reads them (an edited one is left out, and said)."""
+    return profile.profile_section(typed(profiles, PROFILES_FILE)[0])
 
 
 def profile_record(framework: str, precision: str, dense_ms: tuple[float, float], dtype: str, cast_ms: float = 0.0,
@@ -52,26 +58,26 @@ def timed(tmp_path_factory):
 def test_section_names_the_layer_that_grew_with_its_factor_and_the_cast_share():
     section = profile_section(PROFILES)
     (entry,) = section.entries
-    growth = {g["framework"]: g for g in entry["growth"]}
-    top = growth["fake"]["rows"][0]
-    assert (top["label"], top["phase"], top["factor"]) == ("3 dense", "backward", pytest.approx(24.0))
-    assert top["share"] == pytest.approx(72 / (2 + 72 + 1 + 1 + 1 + 4 + 1 + 1 + 0.5))
-    assert growth["fake"]["casts"] == pytest.approx(4 / (83.5))
-    assert "layer 3 dense backward takes 86% of the step, 24x its fp32 time" in growth["fake"]["citation"]
-    assert growth["other"]["rows"] == []  # no layer grew: said, not invented
+    growth = {g.framework: g for g in entry.growth}
+    top = growth["fake"].rows[0]
+    assert (top.label, top.phase, top.factor) == ("3 dense", "backward", pytest.approx(24.0))
+    assert top.share == pytest.approx(72 / (2 + 72 + 1 + 1 + 1 + 4 + 1 + 1 + 0.5))
+    assert growth["fake"].casts == pytest.approx(4 / (83.5))
+    assert "layer 3 dense backward takes 86% of the step, 24x its fp32 time" in growth["fake"].citation
+    assert growth["other"].rows == []  # no layer grew: said, not invented
     html = render("_profile.html.j2", profile=section)
     assert 'id="profile"' in html and 'data-chart="profile"' in html
     assert "<td>3 dense</td><td>backward</td>" in html and "24x" in html
 
 
 def test_cast_map_shows_what_ran_and_marks_where_frameworks_differ():
-    maps = {m["precision"]: m for m in profile_section(PROFILES).entries[0]["cast_maps"]}
-    assert maps["fp32"]["uniform"] == "float32"  # one sentence, not a table of float32
+    maps = {m.precision: m for m in profile_section(PROFILES).entries[0].cast_maps}
+    assert maps["fp32"].uniform == "float32"  # one sentence, not a table of float32
     amp16 = maps["amp_fp16"]
-    assert amp16["columns"] == ["fake", "other"] and amp16["uniform"] is None
-    rows = {row["label"]: row for row in amp16["rows"]}
-    assert rows["3 dense"] == {"label": "3 dense", "cells": ["float16", "float32"], "differs": True}
-    assert rows["0 dense"]["differs"] is False and "2 dropout" not in rows  # no op ran: no row
+    assert amp16.columns == ["fake", "other"] and amp16.uniform is None
+    rows = {row.label: row for row in amp16.rows}
+    assert rows["3 dense"] == CastRow("3 dense", ["float16", "float32"], True)
+    assert rows["0 dense"].differs is False and "2 dropout" not in rows  # no op ran: no row
     html = render("_profile.html.j2", profile=profile_section(PROFILES))
     assert '<tr class="flag"><td><strong>3 dense</strong></td><td>float16</td><td>float32</td></tr>' in html
     assert "every layer with an op computed in float32 in fake, other" in html
@@ -109,9 +115,9 @@ def test_report_cli_reads_profiles_beside_results(timed, tmp_path):
 def test_edited_profiles_are_left_out_not_a_traceback():
     broken = [{**PROFILES[0], "profile": {**PROFILES[0]["profile"], "layers": "x"}},
               {**PROFILES[1], "profile": {**PROFILES[1]["profile"], "step_mean_ms": float("nan")}},
-              {**PROFILES[2], "profile": None}, {**PROFILES[3], "status": "failed"}]
+              {**PROFILES[2], "profile": None}, {**PROFILES[3], "status": "failed", "run_id": "failed"}]
     assert profile_section(broken) == ProfileSection([], {}, [])
-    assert len(profile_section(broken + PROFILES[2:]).entries[0]["bars"]) == 2
+    assert len(profile_section(broken + PROFILES[2:]).entries[0].bars) == 2
 
 
 def test_a_16_bit_profile_is_compared_with_the_fp32_profile_of_its_own_setting_only():
@@ -119,13 +125,14 @@ def test_a_16_bit_profile_is_compared_with_the_fp32_profile_of_its_own_setting_o
     other_batch = [profile_record("fake", "fp32", (2, 3), "float32", batch=256),
                    profile_record("fake", "amp_fp16", (2, 72), "float16", batch=16)]
     (entry,) = profile_section(other_batch).entries
-    assert entry["growth"] == [] and profile_section(other_batch).citations == {}
-    assert [b["label"] for b in entry["bars"]] == ["fake [batch 16] amp_fp16", "fake [batch 256] fp32"]
+    assert entry.growth == [] and profile_section(other_batch).citations == {}
+    assert [b.label for b in entry.bars] == ["fake [batch 16] amp_fp16", "fake [batch 256] fp32"]
     # two nodes: each 16-bit profile against its own node's fp32, labelled by node
-    on = [{**r, "env": {"hostname": node}} for node, fp32_ms in (("a", 3), ("b", 72)) for r in
+    on = [{**r, "env": {"hostname": node}, "run_id": f"{r['run_id']}-{node}"}
+          for node, fp32_ms in (("a", 3), ("b", 72)) for r in
           (profile_record("fake", "fp32", (2, fp32_ms), "float32"),
            profile_record("fake", "amp_fp16", (2, 72), "float16"))]
-    growth = {g["framework"]: g for g in profile_section(on).entries[0]["growth"]}
+    growth = {g.framework: g for g in profile_section(on).entries[0].growth}
     assert set(growth) == {"fake [node a]", "fake [node b]"}
-    assert growth["fake [node a]"]["rows"][0]["factor"] == pytest.approx(24.0)
-    assert growth["fake [node b]"]["rows"] == []  # the same time as its own fp32
+    assert growth["fake [node a]"].rows[0].factor == pytest.approx(24.0)
+    assert growth["fake [node b]"].rows == []  # the same time as its own fp32

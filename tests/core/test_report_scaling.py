@@ -115,7 +115,7 @@ def test_a_step_that_runs_near_the_matmul_peak_is_not_said_to_be_dominated_by_fi
 
 def with_matmuls(records: list[dict], share: dict[str, float]) -> list[dict]:
     """Each record with its step's matmuls timed alone: one product of all its FLOPs, whose rate makes it take
-    `share[precision]` of that record's size's step (the geometric mean of its repeats' medians, as a Cell's)."""
+    `share[precision]` of that record's size's step (the geometric mean of its repeats' medians, as a PooledRuns's)."""
     repeats: dict[tuple, list[float]] = {}
     for r in records:
         repeats.setdefault((r["precision"], r["batch_size"]), []).append(statistics.median(r["step_times_ms"]))

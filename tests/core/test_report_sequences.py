@@ -13,6 +13,7 @@ import pytest
 from harness.report import build_view, render, write_report
 from harness.report import format as f
 from harness.report.pure16 import pure16_view
+from tests.core.read_as import read_as
 from harness.report.render import render_markdown
 from harness.results import empty_record
 
@@ -173,15 +174,15 @@ def test_pure16_judges_a_next_token_model_by_its_loss_and_shows_perplexity():
     records = (cell("tiny_gpt", "fp32", 20.0, FP32_LOSS, (0.40,) * 3)
                + cell("tiny_gpt", "bf16", 12.0, [x + 0.9 for x in FP32_LOSS], (0.45,) * 3)
                + cell("tiny_gpt", "bf16_sr", 12.0, [x + 0.001 for x in FP32_LOSS], (0.30,) * 3))
-    (entry,) = pure16_view(records)
-    sentence = entry["sentence"]
+    (entry,) = pure16_view(read_as(records))
+    sentence = entry.sentence
     assert ("bf16 with nearest rounding falls behind (loss 3.0100, perplexity 20.29 vs fp32 over 3 seeds: loss "
             "2.1000-2.1200, perplexity 8.17-8.33)") in sentence
     assert "stochastic rounding (bf16_sr) nearly recovers loss 2.1110, perplexity 8.26" in sentence
     view = build_view(records)
     (shown,) = view.pure16.shown
-    assert shown["header"][2:6] == ("eval loss (mean)", "perplexity", "over seeds", "vs fp32 (paired by seed)")
-    assert shown["rows"][1][:6] == ["bf16", "3/3", "3.0100", "20.29", "loss 3.0000-3.0200, perplexity 20.09-20.49",
+    assert shown.header[2:6] == ("eval loss (mean)", "perplexity", "over seeds", "vs fp32 (paired by seed)")
+    assert shown.rows[1][:6] == ["bf16", "3/3", "3.0100", "20.29", "loss 3.0000-3.0200, perplexity 20.09-20.49",
                                     "+0.9000 nats (higher)"]
     assert "| eval loss (mean) | perplexity |" in render_markdown(view)
 
@@ -194,7 +195,7 @@ def test_a_loss_scale_study_of_a_next_token_model_shows_perplexity():
     view = build_view(fp32 + study)
     (s,) = view.studies
     assert s.next_token
-    assert [p["perplexity"] for p in s.rows] == [f.number(math.exp(2.3), 2), f.number(math.exp(2.2), 2)]
+    assert [p.perplexity for p in s.rows] == [f.number(math.exp(2.3), 2), f.number(math.exp(2.2), 2)]
     page = render(view)
     table = page[page.index('class="study-table'):page.index("</table>", page.index('class="study-table'))]
     assert "<th>perplexity</th>" in table and f.number(math.exp(2.2), 2) in table and "eval accuracy" not in table

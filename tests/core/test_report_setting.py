@@ -60,4 +60,4 @@ def test_a_loss_scale_study_is_held_against_the_fp32_of_its_own_setting():
               "loss_scale": {"settings": {"mode": "fixed", "initial": 2.0 ** k}}} for k, r in
              enumerate(on("b", cell("torch", "amp_fp16", 10.0, repeats=2)))]
     (s,) = build_view(fp32 + study).studies
-    assert {p["fp32_accuracy"] for p in s.rows} == {0.5}
+    assert {p.fp32_accuracy for p in s.rows} == {0.5}

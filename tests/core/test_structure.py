@@ -1,5 +1,6 @@
-"""The tree's layering: no import cycle in harness/ or the built-in adapters, counting every import that runs
-(top-level or inside a function; `if TYPE_CHECKING:` blocks never run)."""
+"""The tree's layering: no import cycle in harness/ or the built-in adapters, counting every import statement:
+top-level, inside a function, and under `if TYPE_CHECKING:` (an import that only a type checker runs still makes
+the two modules each other's dependency: a reader has to know both to know either)."""
 from __future__ import annotations
 
 import ast
@@ -18,14 +19,11 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _runtime_imports(tree: ast.AST) -> list[str]:
-    """The modules an import statement names, outside `if TYPE_CHECKING:` blocks."""
+def _imports(tree: ast.AST) -> list[str]:
+    """The modules the import statements name, wherever they stand."""
     names, todo = [], [tree]
     while todo:
         node = todo.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            todo += node.orelse
-            continue
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -39,7 +37,7 @@ def import_graph() -> dict[str, set[str]]:
     graph = {}
     for name, f in modules.items():
         graph[name] = set()
-        for target in _runtime_imports(ast.parse(f.read_text())):
+        for target in _imports(ast.parse(f.read_text())):
             while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name and not name.startswith(target + "."):  # a package's own __init__
@@ -90,6 +88,11 @@ def test_no_module_imports_one_that_imports_it_back():
     assert {"harness.run.runner", "harness.run.process", "amp_harness_mxnet.profile"} <= set(graph)
     assert "harness.run.process" in graph["harness.run.executors.local"]  # the graph sees imports inside functions
     assert cycles(graph) == []
+
+
+def test_an_import_only_a_type_checker_runs_counts():
+    found = _imports(ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a.b import C\n"))
+    assert {"a.b", "a.b.C"} <= set(found)
 
 
 def test_the_cycle_finder_finds_a_cycle():
