@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from harness import export
 from harness.errors import HarnessError, clip
@@ -23,6 +23,10 @@ from harness.results import NO_RESULT
 from harness.run import compare
 from harness.run.executors import add_executor_arguments
 from harness.stats import MIN_REPEATS
+
+if TYPE_CHECKING:  # for annotations only
+    from harness.run.modes import Mode, PlanRequest
+    from harness.run.plan import Plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -245,7 +249,7 @@ def cmd_adapters(args) -> int:
     for name in sorted(found):
         # one framework per process: describe each adapter in its own subprocess (and each precision's capability
         # probe in one of its own, harness.run.capability)
-        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "describe", name],
+        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "adapter", name],
                              capture_output=True, text=True, timeout=1800)
         try:
             info = json.loads(out.stdout.strip().splitlines()[-1])
@@ -270,21 +274,37 @@ def cmd_adapters(args) -> int:
     return 0
 
 
-def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
-                loss_scales: list[str | None] | None = None, budget: float | None = None, **extra) -> list[dict]:
+def plan_request(args, mode: Mode) -> PlanRequest:
+    """The typed request of a command that trains (harness.run.modes.PlanRequest), from its parsed options; an
+    option its parser does not have is not given."""
+    from harness.run.executors import ExecutorOptions
+    from harness.run.modes import PlanRequest
+
+    return PlanRequest(mode=mode, framework=args.framework, models=args.model, matrix=getattr(args, "matrix", None),
+                       precisions=args.precision, steps=args.steps, batch_size=args.batch_size,
+                       input_size=args.input_size, loss_scale=args.loss_scale, growth_interval=args.growth_interval,
+                       variants=args.variant, device=args.device, threads=args.threads,
+                       warmup=getattr(args, "warmup", None), repeats=getattr(args, "repeats", None),
+                       budget=getattr(args, "budget", None), every=getattr(args, "every", PlanRequest.every),
+                       scales=getattr(args, "scales", None), batch_sizes=getattr(args, "batch_sizes", None),
+                       widths=getattr(args, "widths", None), seq_lens=getattr(args, "seq_lens", None), out=args.out,
+                       resume=args.resume, force=args.force, executor=ExecutorOptions.from_args(args))
+
+
+def _run_mode(args, mode: Mode) -> tuple[list[dict], Plan]:
     """Plan the command's runs (harness.run.plan: every error before a worker starts), run them
-    (harness.run.runner.execute), and say what came of them."""
+    (harness.run.runner.execute), and say what came of them; its records and its Plan."""
     from harness.run.plan import plan
     from harness.run.runner import execute, summary_line
 
-    runs = plan(args, mode, repeats, warmup, filename, loss_scales, budget, **extra)
+    planned = plan(plan_request(args, mode))
     show = sys.stderr.isatty() and not args.no_progress
-    outcome = execute(runs, args.timeout, show)
+    outcome = execute(planned, args.timeout, show)
     records = outcome.records
     if show:
         for r in records:
             print(summary_line(r))
-    print(f"{len(records)} records appended to {runs.out / filename}")
+    print(f"{len(records)} records appended to {planned.out / planned.filename}")
     if outcome.until is not None:
         for line in outcome.until.outcomes():
             print(line)
@@ -296,7 +316,7 @@ def _run_matrix(args, mode: str, repeats: int | str | None, warmup: int, filenam
     if broken:
         print(f"{len(broken)} of {len(records)} runs failed or timed out (each record says why); run the same "
               f"command plus --resume to run them again", file=sys.stderr)
-    return records
+    return records, planned
 
 
 def _exit_code(records: list[dict]) -> int:
@@ -304,37 +324,31 @@ def _exit_code(records: list[dict]) -> int:
 
 
 def cmd_run(args) -> int:
-    from harness.results import RESULTS_FILE
+    from harness.run.modes import RUN
 
-    warmup = args.warmup if args.matrix or args.warmup is not None else 5
-    return _exit_code(_run_matrix(args, "run", args.repeats, warmup, RESULTS_FILE, budget=args.budget))
+    return _exit_code(_run_mode(args, RUN)[0])
 
 
 def cmd_fingerprint(args) -> int:
-    from harness.results import FINGERPRINTS_FILE
+    from harness.run.modes import FINGERPRINT
 
-    return _exit_code(_run_matrix(args, "fingerprint", 1, 0, FINGERPRINTS_FILE))
+    return _exit_code(_run_mode(args, FINGERPRINT)[0])
 
 
 def cmd_diagnose(args) -> int:
     from harness.fp8 import verdicts as fp8_verdicts
-    from harness.results import DIAGNOSES_FILE, RESULTS_FILE
+    from harness.run.modes import DIAGNOSE, NONFINITE
     from harness.run.nonfinite import describe
 
     if args.nonfinite:  # ordinary runs in the 16-bit precisions, each locating its first non-finite value
-        args.precision = args.precision or ["amp_fp16", "fp16"]
-        records = _run_matrix(args, "run", 1, 0, RESULTS_FILE, nonfinite=True)
+        records, _ = _run_mode(args, NONFINITE)
         for r in records:
             found = r.get("nonfinite")
             line = describe(found) if found else (
                 f"no non-finite value in {len(r.get('loss') or [])} steps" if r["status"] == "ok" else r.get("reason"))
             print(f"{r['framework']} {r['model']} {r['precision']}: {r['status']}: {line}")
         return _exit_code(records)
-    if args.precision:
-        raise HarnessError("diagnose trains in strict float32 (what each 16-bit format would do is derived from it): "
-                           "--precision goes with --nonfinite")
-    args.precision = ["fp32"]  # strict float32: what each 16-bit format would do is derived from it
-    records = _run_matrix(args, "diagnose", 1, 0, DIAGNOSES_FILE, every=args.every)
+    records, _ = _run_mode(args, DIAGNOSE)  # strict float32: what each 16-bit format would do is derived from it
     for r in records:
         diagnosis = r.get("diagnosis") or {}
         if r["status"] != "ok" or not diagnosis.get("available"):
@@ -351,17 +365,15 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from harness.results import PROFILES_FILE
-    from harness.run.profile import COVERAGE_TOLERANCE
+    from harness.run.modes import PROFILE
+    from harness.run.profile import COVERAGE_TOLERANCE, table
 
-    args.steps = args.steps or 5
-    args.precision = args.precision or ["fp32", "amp_fp16", "amp_bf16"]
-    records = _run_matrix(args, "profile", 1, args.steps, PROFILES_FILE)  # as many warm-up steps as profiled
+    records, _ = _run_mode(args, PROFILE)
     for r in records:
         if r["status"] != "ok":
             print(f"{r['framework']} {r['model']} {r['precision']}: {r['status']}: {r.get('reason')}")
             continue
-        print(profile_table(r))
+        print(table(r))
         coverage = r["profile"]["coverage"]
         if coverage is None or abs(coverage - 1) > COVERAGE_TOLERANCE:
             print(f"  warning: layers and parts account for {coverage:.0%} of the profiled step, beyond the "
@@ -369,70 +381,15 @@ def cmd_profile(args) -> int:
     return _exit_code(records)
 
 
-def profile_table(r: dict) -> str:
-    """One profile as text: a line per layer, then the parts apart from layers."""
-    p = r["profile"]
-    step = p["step_mean_ms"]
-    width = max(len(layer["label"]) for layer in p["layers"]) + 2
-    lines = [f"{r['framework']} {r['model']} {r['precision']}: {step:.2f} ms per profiled step (mean of "
-             f"{p['steps']}; {p['tool']})",
-             f"  {'':<{width}}{'forward ms':>11}{'backward ms':>12}{'share':>7}  computed in"]
-    for layer in p["layers"]:
-        total = layer["forward_ms"] + layer["backward_ms"]
-        lines.append(f"  {layer['label']:<{width}}{layer['forward_ms']:>11.3f}{layer['backward_ms']:>12.3f}"
-                     f"{total / step:>7.1%}  {layer.get('compute') or '-'}")
-    for name, ms in p["parts"].items():
-        if name != "unattributed":
-            lines.append(f"  {name:<{width}}{ms:>23.3f}{ms / step:>7.1%}")
-    return "\n".join(lines)
-
-
 def cmd_study(args) -> int:
-    import time
+    """`study loss-scale` (a sweep of loss scales) or `study scaling` (a grid of sizes: --batch-sizes, --widths,
+    --seq-lens): ordinary runs tied by one study id, which the report reads."""
+    from harness.run.modes import MODES, STUDY_SCALING
 
-    from harness.results import RESULTS_FILE
-
-    if args.kind == "scaling":
-        return _scaling_study(args)
-    for option in ("batch_sizes", "widths", "seq_lens"):
-        if getattr(args, option) is not None:
-            raise HarnessError(f"--{option.replace('_', '-')}: only `study scaling` varies sizes")
-    if not args.scales:
-        raise HarnessError("study loss-scale: --scales is required, e.g. --scales none,2^8,2^16,dynamic")
-    study = f"loss-scale-{time.strftime('%Y%m%dT%H%M%S')}"
-    records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, loss_scales=args.scales, study=study)
-    print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows them")
-    return _exit_code(records)
-
-
-def _scaling_study(args) -> int:
-    """`study scaling`: one cell per combination of --batch-sizes, --widths and --seq-lens, each an ordinary run
-    of every --precision (fp32 first: the speed-ups are over it), tied by one study id
-    (harness.report.scaling reads them)."""
-    import itertools
-    import time
-
-    from harness.identity import SCALING_STUDY
-    from harness.results import RESULTS_FILE
-
-    if args.scales:
-        raise HarnessError("--scales: the loss-scale study's; `study scaling` runs each precision's default scaling")
-    for option, instead in (("batch_size", "--batch-sizes"), ("input_size", None)):
-        if getattr(args, option) is not None:
-            raise HarnessError(f"--{option.replace('_', '-')}: `study scaling` takes "
-                               + (f"{instead} (a list)" if instead else "the spec's input size"))
-    if not (args.batch_sizes or args.widths or args.seq_lens):
-        raise HarnessError("study scaling: give the sizes to vary: --batch-sizes, --widths and/or --seq-lens")
-    args.precision = args.precision or ["fp32", "amp_bf16", "amp_fp16"]
-    if "fp32" not in args.precision:
-        raise HarnessError("study scaling: --precision must hold fp32, the baseline every speed-up is over")
-    args.precision = ["fp32", *[p for p in args.precision if p != "fp32"]]
-    grid = [{"batch_size": b, "width": w, "seq_len": t}
-            for b, w, t in itertools.product(args.batch_sizes or [None], args.widths or [None],
-                                             args.seq_lens or [None])]
-    study = f"{SCALING_STUDY}{time.strftime('%Y%m%dT%H%M%S')}"
-    records = _run_matrix(args, "run", args.repeats, args.warmup, RESULTS_FILE, grid=grid, study=study)
-    print(f"study {study}: {len(records)} runs; `amp-harness report {args.out}` shows the crossover")
+    mode = MODES[f"study {args.kind}"]
+    records, planned = _run_mode(args, mode)
+    shows = "the crossover" if mode is STUDY_SCALING else "them"
+    print(f"study {planned.study}: {len(records)} runs; `amp-harness report {args.out or mode.out}` shows {shows}")
     return _exit_code(records)
 
 
@@ -555,13 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("kind", choices=["loss-scale", "scaling"])
     for p in (run, fingerprint, diagnose, study, profile):
         _add_matrix_options(p)
-    profile.set_defaults(func=cmd_profile, out="profiles")
+    profile.set_defaults(func=cmd_profile)
     diagnose.add_argument("--every", type=_STEPS, default=10, help="capture after every K steps (and the last)")
     diagnose.add_argument("--nonfinite", action="store_true",
                           help="instead: train in --precision (default amp_fp16,fp16) and name the first non-finite "
                                "value: the layer, pass and tensor of a divergence or of the first step the loss "
                                "scaler skipped, or the update that made a weight non-finite (results.jsonl)")
-    diagnose.set_defaults(func=cmd_diagnose, out="diagnoses")
+    diagnose.set_defaults(func=cmd_diagnose)
     study.add_argument("--scales", type=_csv,
                        help="loss-scale: the scales to sweep, e.g. none,1,2^4,2^8,2^16,2^24,2^32,dynamic")
     study.add_argument("--batch-sizes", type=_list_of(_positive, "batch sizes"),
@@ -573,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="scaling, models of token ids only: sequence lengths, e.g. 64,128,256")
     study.add_argument("--warmup", type=_WARMUP, default=5)
     study.add_argument("--repeats", type=_REPEATS, default=MIN_REPEATS)
-    study.set_defaults(func=cmd_study, out="results")
+    study.set_defaults(func=cmd_study)
     for p in (run, fingerprint, diagnose, profile):
         p.add_argument("--matrix", help="a matrix file (models with overrides, precisions, loss scales, variants, "
                        "repeats), e.g. benchmarks/compare.yaml (fingerprint takes its models, sizes, precisions, loss "
@@ -587,8 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "budget is spent")
     run.add_argument("--budget", type=_SECONDS, help="seconds for --repeats auto's repeats after each cell's first "
                      "run (default 600)")
-    run.set_defaults(func=cmd_run, out="results")
-    fingerprint.set_defaults(func=cmd_fingerprint, out="parity")
+    run.set_defaults(func=cmd_run)
+    fingerprint.set_defaults(func=cmd_fingerprint)
     conformance = sub.add_parser("conformance", help="check an adapter against the contract and the golden "
                                  "fingerprints (the conformance kit); exit 1 on a failure")
     conformance.add_argument("--framework", required=True)

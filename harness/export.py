@@ -4,7 +4,7 @@ training script for one framework and precision, which a user runs without amp-h
 The core owns the rules: it validates the spec, refuses in one line (exit 2) what the exporter does not cover
 (a layer, an optimizer, a schedule, clipping, a precision, a framework without a template), writes the canonical
 initial weights and the first K training batches beside the script (`DIR/<model>_data.npz`, exactly what a
-fingerprint of K steps trains on: harness.run.worker._fingerprint) and renders the framework's script from the
+fingerprint of K steps trains on: harness.run.fingerprint) and renders the framework's script from the
 template its adapter package holds, found by a naming convention: `amp_harness_<framework>/export_template.py`,
 a complete Python script that imports only numpy and its framework, with two marker lines the core replaces:
 

@@ -1,5 +1,6 @@
-"""The run pipeline's first stage: the CLI's parsed options (and a matrix file) become a Plan, the resolved
-requests of every run and how to run them; harness.run.runner.execute runs it.
+"""The run pipeline's first stage: a command's options (a PlanRequest, and a matrix file) become a Plan, the
+resolved requests of every run and how to run them; harness.run.runner.execute runs it. What differs between the
+commands is the request's Mode (harness.run.modes).
 
 Everything that can be known wrong is found here, in this process, before a worker starts (one line, exit 2):
 the options, the matrix file, each spec (loaded and resolved once, with its overrides: batch size, input size,
@@ -8,6 +9,7 @@ its resolved spec (RunRequest.spec), so the worker, a failure record and --resum
 file again, and an executor ships no spec file to a node."""
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -18,8 +20,9 @@ from harness.limits import MAX_MODELS, MAX_RUNS, usable_cpus
 from harness.model.graph import Graph, infer
 from harness.model.spec import ModelSpec, load_spec, spec_path
 from harness.precision import parse_loss_scale, parse_precision
-from harness.run.executors import Executor, executor_from_args
-from harness.run.worker import RunRequest
+from harness.run.executors import Executor, make_executor
+from harness.run.modes import DEFAULT_WARMUP, PlanRequest
+from harness.run.request import RunRequest
 from harness.stats import MIN_REPEATS
 
 AUTO = "auto"  # --repeats auto
@@ -46,8 +49,8 @@ def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
 
 
 @dataclass(frozen=True)
-class Cell:
-    """A model of the matrix, resolved: its spec with the cell's overrides, and a matrix file's own precisions, loss
+class ResolvedModel:
+    """A model of the matrix, resolved: its spec with its entry's overrides, and a matrix file's own precisions, loss
     scales and variants for it (None: the command's)."""
     model: str  # as the user named it
     spec: ModelSpec
@@ -57,13 +60,11 @@ class Cell:
     variants: tuple[str, ...] | None = None
 
 
-SIZES = ("batch_size", "steps", "input_size", "width", "seq_len")  # the overrides a cell may give its spec
-SIZES_AND_ARMS = ("batch_size", "input_size", "steps", "precisions", "loss_scales", "variants")  # a matrix model's
-FINGERPRINT_STEPS = 20  # fingerprint's steps where neither --steps nor a matrix file gives them
+SIZES = ("batch_size", "steps", "input_size", "width", "seq_len")  # the overrides an entry may give its spec
 
 
-def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
-    """(model, overrides) -> Cells; a model named in many entries is loaded once."""
+def resolve_models(entries: list[tuple[str, dict]]) -> list[ResolvedModel]:
+    """(model, overrides) -> ResolvedModels; a model named in many entries is loaded once."""
     loaded: dict[str, tuple[ModelSpec, Graph]] = {}
     out = []
     for model, overrides in entries:
@@ -75,12 +76,12 @@ def cells(entries: list[tuple[str, dict]]) -> list[Cell]:
             spec = spec.with_overrides(**sizes)
             graph = infer(spec, spec.name)
         own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales", "variants")]
-        out.append(Cell(model, spec, graph, *own))
+        out.append(ResolvedModel(model, spec, graph, *own))
     return out
 
 
 def size_label(spec: ModelSpec) -> str:
-    """"batch 64, width 2, seq_len 128": the sizes a scaling study varies, as its lines name a cell."""
+    """"batch 64, width 2, seq_len 128": the sizes a scaling study varies, as its lines name a model at them."""
     parts = [f"batch {spec.batch_size}"]
     if spec.width is not None:
         parts.append(f"width {spec.width:g}")
@@ -89,29 +90,29 @@ def size_label(spec: ModelSpec) -> str:
     return ", ".join(parts)
 
 
-def matrix(framework: str, cells: list[Cell], precisions: list[str], repeats: int, variants: list[str],
+def matrix(framework: str, models: list[ResolvedModel], precisions: list[str], repeats: int, variants: list[str],
            loss_scales: list[str | None] = (None,), **common) -> list[RunRequest]:
-    """Requests for every cell x repeat x variant x loss scale x precision, in that order: the precisions, scales
+    """Requests for every model x repeat x variant x loss scale x precision, in that order: the precisions, scales
     and variants of a model take turns (fp32, amp_bf16, amp_fp16, fp32, ...), so that a drift of the machine
     during the matrix spreads over all of them instead of falling on one.
 
-    A cell's own loss scales (a matrix file's) replace `loss_scales` for the precisions that scale the loss by
-    default (amp_fp16); the others run once, unscaled. A cell's own precisions replace `precisions`, its own
+    A model's own loss scales (a matrix file's) replace `loss_scales` for the precisions that scale the loss by
+    default (amp_fp16); the others run once, unscaled. A model's own precisions replace `precisions`, its own
     variants (resolved: adapter names) `variants`."""
     stamp = stamp_now()
     requests = []
-    for cell, r, v in ((c, r, v) for c in cells for r in range(repeats) for v in c.variants or variants):
-        spec = cell.spec.model_dump(mode="json")
-        for i, scale in enumerate(cell.loss_scales or loss_scales):
-            for p in cell.precisions or precisions:
+    for model, r, v in ((m, r, v) for m in models for r in range(repeats) for v in m.variants or variants):
+        spec = model.spec.model_dump(mode="json")
+        for i, scale in enumerate(model.loss_scales or loss_scales):
+            for p in model.precisions or precisions:
                 s = scale
-                if cell.loss_scales is not None and parse_precision(p).default_loss_scale == "none":
+                if model.loss_scales is not None and parse_precision(p).default_loss_scale == "none":
                     if i:
                         continue
                     s = None
-                requests.append(RunRequest(framework=framework, model=cell.model, spec=spec, precision=p, repeat=r,
+                requests.append(RunRequest(framework=framework, model=model.model, spec=spec, precision=p, repeat=r,
                                            variant=v, loss_scale=s,
-                                           run_id=run_id(framework, cell.model, p, v, s, r, stamp), **common))
+                                           run_id=run_id(framework, model.model, p, v, s, r, stamp), **common))
     return requests
 
 
@@ -134,123 +135,139 @@ class Plan:
     executor: Executor
     budget_s: float | None = None  # --repeats auto: seconds for the repeats after each cell's first; None: fixed
     resume: bool = False
+    study: str | None = None  # the id tying a study's runs together
 
 
-def plan(args, mode: str, repeats: int | str | None, warmup: int, filename: str,
-         loss_scales: list[str | None] | None = None, budget: float | None = None,
-         grid: list[dict] | None = None, **extra) -> Plan:
-    """The Plan of `run`, `study`, `fingerprint`, `diagnose` or `profile` (`mode`) from its parsed options `args`.
-    `repeats` "auto": MIN_REPEATS, then more until decided or `budget` seconds are spent (runner.UntilDecided);
-    None: a matrix file's, else MIN_REPEATS. `extra`: fields of every request (a study's id, diagnose's every).
-    `grid` (a scaling study): the size overrides of each cell of every model (batch_size, width, seq_len); a
-    cell the memory guard refuses is skipped with one line on stdout instead of stopping the command."""
+def plan(request: PlanRequest) -> Plan:
+    """The Plan of a command (`request.mode`: harness.run.modes) from its options. Repeats "auto": MIN_REPEATS,
+    then more until decided or the budget is spent (runner.UntilDecided); not given: a matrix file's, else
+    MIN_REPEATS. A scaling study's sizes (batch sizes, widths, sequence lengths) make a grid of cells of every
+    model; a cell the memory guard refuses is skipped with one line on stdout instead of stopping the command."""
     from harness.adapter import discover, load_adapter
     from harness.model import data, memory
     from harness.results import prove_writable
     from harness.run.worker import run_seed
 
-    if args.executor == "local" and args.threads > usable_cpus():  # a cluster's nodes have CPUs of their own
+    mode = request.mode
+    if mode.rules is not None:
+        request = mode.rules(request)
+    study = f"{mode.study}{stamp_now()}" if mode.study else None
+    if request.executor.executor == "local" and request.threads > usable_cpus():  # a cluster's nodes have their own
         cpus = usable_cpus()
-        raise HarnessError(f"--threads {args.threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''} "
+        raise HarnessError(f"--threads {request.threads}: this process may use {cpus} CPU{'s' if cpus > 1 else ''} "
                            f"(os.sched_getaffinity); more threads only contend, and too many exhaust the machine")
-    if args.framework not in discover():
-        load_adapter(args.framework)  # raises the "not installed" error
-    precisions = args.precision or ["fp32"]
-    steps = FINGERPRINT_STEPS if mode == "fingerprint" and args.steps is None else args.steps
-    if getattr(args, "matrix", None):
-        entries, precisions, warmup, repeats, budget = _from_matrix_file(args, mode, precisions, warmup, repeats,
-                                                                         budget, steps)
-    elif args.model:
-        sizes = {"batch_size": args.batch_size, "input_size": args.input_size, "steps": steps}
+    if request.framework not in discover():
+        load_adapter(request.framework)  # raises the "not installed" error
+    precisions = request.precisions or list(mode.precisions)
+    steps = request.steps if request.steps is not None else mode.steps
+    warmup, budget = request.warmup, request.budget
+    repeats = mode.repeats if mode.repeats is not None else request.repeats
+    grid = _grid(request)
+    if request.matrix:
+        entries, settings = _from_matrix_file(request, steps)
+        precisions = settings.get("precisions") or precisions
+        warmup = settings.get("warmup", warmup)  # beside the file, --warmup is refused
+        repeats = repeats if repeats is not None else settings.get("repeats")
+        budget = budget if budget is not None else settings.get("budget")
+    elif request.models:
+        sizes = {"batch_size": request.batch_size, "input_size": request.input_size, "steps": steps}
         entries = [(model, {**sizes, **{k: v for k, v in point.items() if v is not None}})
-                   for model in args.model for point in grid or [{}]]
+                   for model in request.models for point in grid or [{}]]
     else:
         raise HarnessError("--model (or, for run, --matrix) is required")
+    if mode.warmup_as_steps:
+        warmup = steps
+    elif mode.warmup is not None:
+        warmup = mode.warmup
+    elif warmup is None:
+        warmup = DEFAULT_WARMUP
     if len(entries) > MAX_MODELS:
         raise HarnessError(f"{len(entries)} models: more than {MAX_MODELS} in one command (harness.limits.MAX_MODELS);"
                            f" split them")
     if budget is not None and repeats != AUTO:
         raise HarnessError("--budget: only with --repeats auto (it bounds the repeats that auto adds)")
     auto, repeats = repeats == AUTO, MIN_REPEATS if repeats in (None, AUTO) else repeats
-    loss_scales = loss_scales or [args.loss_scale]
+    loss_scales = request.scales or [request.loss_scale]
     for name in precisions:
         for loss_scale in loss_scales:
             parse_loss_scale(loss_scale, parse_precision(name))
     _check_runs(entries, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
-    resolved, fitting, refused = cells(entries), [], None
-    for cell in resolved:  # every error certain before a worker starts: the spec, its data, its memory
-        run_seed(cell.spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
+    resolved, fitting, refused = resolve_models(entries), [], None
+    for model in resolved:  # every error certain before a worker starts: the spec, its data, its memory
+        run_seed(model.spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
         try:
-            data.check(cell.spec, cell.model)  # a batch larger than the training split, say
-            if not args.force:
-                memory.check_fits(cell.spec, cell.graph, [parse_precision(p) for p in cell.precisions or precisions],
-                                  args.device, cell.model)
+            data.check(model.spec, model.model)  # a batch larger than the training split, say
+            if not request.force:
+                memory.check_fits(model.spec, model.graph,
+                                  [parse_precision(p) for p in model.precisions or precisions], request.device,
+                                  model.model)
         except HarnessError as exc:
             if grid is None:
                 raise
             refused = exc  # a study's size that cannot run here: skipped, said in one line, the rest run
-            print(f"skipped {cell.model} at {size_label(cell.spec)}: {str(exc).split('; use a smaller')[0]}")
+            print(f"skipped {model.model} at {size_label(model.spec)}: {str(exc).split('; use a smaller')[0]}")
             continue
-        fitting.append(cell)
+        fitting.append(model)
     if not fitting:
         raise HarnessError(f"no size of the study can run here (each skipped above); the last: {refused}")
     resolved = fitting
-    adapter, timed = load_adapter(args.framework), mode == "run" and not extra.get("nonfinite")
-    variants = _variants(adapter, args.variant, timed)
-    resolved = [replace(c, variants=tuple(_variants(adapter, list(c.variants), timed, f"{args.matrix}: {c.model}: "
-                                                                                      f"variants"))) if c.variants else c
-                for c in resolved]
-    _check_runs(entries, precisions, repeats, max(len(v) for v in [variants, *(c.variants or () for c in resolved)]),
+    adapter, fastest = load_adapter(request.framework), mode.fastest_variant
+    variants = _variants(adapter, request.variants, fastest)
+    resolved = [replace(m, variants=tuple(_variants(adapter, list(m.variants), fastest,
+                                                    f"{request.matrix}: {m.model}: variants"))) if m.variants else m
+                for m in resolved]
+    _check_runs(entries, precisions, repeats, max(len(v) for v in [variants, *(m.variants or () for m in resolved)]),
                 loss_scales)
-    requests = matrix(args.framework, resolved, precisions, repeats, variants, loss_scales, warmup=warmup,
-                      growth_interval=args.growth_interval, device=args.device, threads=args.threads, mode=mode,
-                      force=args.force, **extra)
-    executor = executor_from_args(args, mode)
-    out = Path(args.out)
-    prove_writable(out, filename)  # before the first run: a run's record must not be lost to a read-only --out
-    return Plan(requests, out, filename, executor, (budget or DEFAULT_BUDGET_S) if auto else None, args.resume)
+    requests = matrix(request.framework, resolved, precisions, repeats, variants, loss_scales, warmup=warmup,
+                      growth_interval=request.growth_interval, device=request.device, threads=request.threads,
+                      mode=mode.work.name, force=request.force, every=request.every, study=study,
+                      nonfinite=mode.nonfinite)
+    executor = make_executor(request.executor, request.framework, mode.work.timed)
+    out = Path(request.out or mode.out)
+    prove_writable(out, mode.filename)  # before the first run: a run's record must not be lost to a read-only --out
+    return Plan(requests, out, mode.filename, executor, (budget or DEFAULT_BUDGET_S) if auto else None,
+                request.resume, study)
 
 
-def _from_matrix_file(args, mode: str, precisions, warmup, repeats, budget, steps: int | None) -> tuple:
-    """The entries (model, overrides) a matrix file gives `mode`, for `run` and `fingerprint` its precisions, and
-    for `run` its warm-up, repeats and budget (the options win where the file leaves them out). `steps`: the
-    command's, for the models the file gives none (--steps is refused beside a file that sets steps)."""
+def _grid(request: PlanRequest) -> list[dict] | None:
+    """A scaling study's cells: the size overrides (batch_size, width, seq_len) of every combination of the sizes
+    it varies; None where it varies none."""
+    if not (request.batch_sizes or request.widths or request.seq_lens):
+        return None
+    return [{"batch_size": b, "width": w, "seq_len": t}
+            for b, w, t in itertools.product(request.batch_sizes or [None], request.widths or [None],
+                                             request.seq_lens or [None])]
+
+
+def _from_matrix_file(request: PlanRequest, steps: int | None) -> tuple[list[tuple[str, dict]], dict]:
+    """The entries (model, overrides) a matrix file gives the request's mode, and the settings of the file's top
+    level the mode takes (Mode.from_matrix: precisions, warmup, repeats, budget). `steps`: the command's, for the
+    models the file gives none. An option the file sets is refused beside it, not silently overridden."""
     from harness.run.matrix import load_matrix
 
-    if args.model:
+    mode, takes = request.mode, request.mode.from_matrix
+    if mode.matrix is None:
+        raise HarnessError(f"--matrix: {mode.command} takes its models from --model")
+    if request.models:
         raise HarnessError("give either --model or --matrix, not both")
-    file = load_matrix(args.matrix)
-    sets_steps = file.steps is not None or any(m.steps is not None for m in file.models if mode in m.commands)
-    beside = [name for name, value in (("--steps", args.steps if mode != "profile" and sets_steps else None),
-                                       ("--batch-size", args.batch_size), ("--input-size", args.input_size))
-              if value is not None]
-    if mode in ("run", "fingerprint"):  # the matrix file sets these; diagnose and profile take its models and sizes
-        beside += [name for name, value in (("--precision", args.precision),) if value is not None]
-    if mode == "run":
-        beside += [name for name, value in (("--warmup", warmup),
-                                            ("--repeats", "repeats" in file.model_fields_set and repeats),
-                                            ("--budget", "budget" in file.model_fields_set and budget))
-                   if value is not None and value is not False]
+    file = load_matrix(request.matrix)
+    sets_steps = file.steps is not None or any(m.steps is not None for m in file.models if mode.matrix in m.commands)
+    given = [("--steps", request.steps if "steps" in takes and sets_steps else None),
+             ("--batch-size", request.batch_size), ("--input-size", request.input_size),
+             ("--precision", request.precisions if "precisions" in takes else None),
+             ("--warmup", request.warmup if "warmup" in takes else None),
+             ("--repeats", request.repeats if "repeats" in takes and "repeats" in file.model_fields_set else None),
+             ("--budget", request.budget if "budget" in takes and "budget" in file.model_fields_set else None)]
+    beside = [name for name, value in given if value is not None]
     if beside:
-        raise HarnessError(f"{', '.join(beside)}: the matrix file {args.matrix} sets this; give it there, "
+        raise HarnessError(f"{', '.join(beside)}: the matrix file {request.matrix} sets this; give it there, "
                            f"not beside --matrix")
-    # run and fingerprint take a model's precisions, loss scales and variants too; diagnose trains in fp32
-    own = {"run": SIZES_AND_ARMS, "fingerprint": SIZES_AND_ARMS, "diagnose": ("batch_size", "input_size", "steps"),
-           "profile": ("batch_size", "input_size")}[mode]
-    entries = [(m.model, {"steps": file.steps if file.steps is not None else steps,
-                          **{k: v for k, v in m.overrides().items() if v is not None and k in own}})
-               for m in file.models if mode in m.commands]
+    entries = [(m.model, {"steps": file.steps if "steps" in takes and file.steps is not None else steps,
+                          **{k: v for k, v in m.overrides().items() if v is not None and k in takes}})
+               for m in file.models if mode.matrix in m.commands]
     if not entries:
-        raise HarnessError(f"{args.matrix}: no model is for {mode} (each model's `commands` leave it out)")
-    if mode == "profile":  # its own steps: as many profiled as warm-up, not the matrix's timed steps
-        entries = [(m, {**o, "steps": args.steps}) for m, o in entries]
-    if mode in ("run", "fingerprint"):
-        precisions = file.precisions
-    if mode == "run":
-        warmup = file.warmup
-        repeats = repeats if repeats is not None else file.repeats
-        budget = budget if budget is not None else file.budget
-    return entries, precisions, warmup, repeats, budget
+        raise HarnessError(f"{request.matrix}: no model is for {mode.matrix} (each model's `commands` leave it out)")
+    return entries, {k: getattr(file, k) for k in ("precisions", "warmup", "repeats", "budget") if k in takes}
 
 
 def _check_runs(entries: list[tuple[str, dict]], precisions: list[str], repeats: int, variants: int,
@@ -264,16 +281,17 @@ def _check_runs(entries: list[tuple[str, dict]], precisions: list[str], repeats:
                            f"{MAX_RUNS:,} in one command (harness.limits.MAX_RUNS); fewer repeats or a smaller matrix")
 
 
-def _variants(adapter, asked: list[str] | None, timed: bool, where: str = "--variant") -> list[str]:
-    """The variants to run, by name. None asked for, or "auto": for timed runs of an adapter with more than one,
-    "auto" (the worker runs the fastest here: harness.run.variants), else the adapter's first; "all": every one,
-    the default first. `where`: what asked, as the error names it."""
+def _variants(adapter, asked: list[str] | None, fastest: bool, where: str = "--variant") -> list[str]:
+    """The variants to run, by name. None asked for, or "auto": where the mode runs the fastest
+    (Mode.fastest_variant) and the adapter has more than one, "auto" (the worker runs the fastest here:
+    harness.run.variants), else the adapter's first; "all": every one, the default first. `where`: what asked, as
+    the error names it."""
     from harness.run.variants import AUTO as VARIANT_AUTO
 
     if asked == ["all"]:
         return list(adapter.variants)
     if not asked or asked == [VARIANT_AUTO]:
-        return [VARIANT_AUTO] if timed and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
+        return [VARIANT_AUTO] if fastest and len(adapter.variants) > 1 else [next(iter(adapter.variants))]
     unknown = [v for v in asked if v not in adapter.variants]
     if unknown:
         raise HarnessError(f"{where} {unknown[0]}: {adapter.name} has the variants "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness import results
 from harness.precision import parse_loss_scale, parse_precision
-from harness.run.worker import RunRequest
+from harness.run.request import RunRequest
 
 STDERR_TAIL_LINES = 8
 

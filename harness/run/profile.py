@@ -5,7 +5,8 @@ The worker runs K untimed warm-up steps, moves K more batches to the device, the
 steps under the framework's own profiler (Trainer.profile), timing each step itself. The adapter returns every op
 that ran with the scopes it ran in (harness.adapter.OpTime); this module maps scopes to the spec's layers and
 parts, once for every framework. Profiles go to their own file (profiles.jsonl): a profiled step carries the
-profiler's overhead, so it is never compared with a timed run's step.
+profiler's overhead, so it is never compared with a timed run's step. `table` shows a profile as the command
+prints it.
 """
 from __future__ import annotations
 
@@ -150,3 +151,21 @@ def compute_dtype(op: OpTime) -> str | None:
     if not op.inputs:
         return op.outputs[0] if op.outputs else None
     return Counter(op.inputs).most_common(1)[0][0]
+
+
+def table(record: dict) -> str:
+    """A profile record as text (`amp-harness profile`): a line per layer, then the parts apart from layers."""
+    p = record["profile"]
+    step = p["step_mean_ms"]
+    width = max(len(layer["label"]) for layer in p["layers"]) + 2
+    lines = [f"{record['framework']} {record['model']} {record['precision']}: {step:.2f} ms per profiled step (mean "
+             f"of {p['steps']}; {p['tool']})",
+             f"  {'':<{width}}{'forward ms':>11}{'backward ms':>12}{'share':>7}  computed in"]
+    for layer in p["layers"]:
+        total = layer["forward_ms"] + layer["backward_ms"]
+        lines.append(f"  {layer['label']:<{width}}{layer['forward_ms']:>11.3f}{layer['backward_ms']:>12.3f}"
+                     f"{total / step:>7.1%}  {layer.get('compute') or '-'}")
+    for name, ms in p["parts"].items():
+        if name != "unattributed":
+            lines.append(f"  {name:<{width}}{ms:>23.3f}{ms / step:>7.1%}")
+    return "\n".join(lines)

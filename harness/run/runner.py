@@ -18,8 +18,9 @@ from pathlib import Path
 from harness import results, stats
 from harness.identity import request_key, run_key
 from harness.run.executors import Executor, LocalExecutor
+from harness.run.modes import work
 from harness.run.plan import Plan, run_id, stamp_now
-from harness.run.worker import RunRequest
+from harness.run.request import RunRequest
 
 AUTO = "auto"  # the variant `--variant auto` asks for (harness.run.variants.AUTO)
 DECIDED = stats.DECIDED  # the decisions that stop --repeats auto
@@ -361,16 +362,13 @@ def run_until_decided(plan: UntilDecided, out_dir: Path, timeout_s: float, show_
     return records, interrupted
 
 
-UNTIMED = ("fingerprint", "diagnose")  # modes whose runs of one precision may share a process
-
-
 def _batches(requests: list[RunRequest]) -> list[list[RunRequest]]:
-    """Timed runs alone, in the matrix's interleaved order, but for the repeats of a cell that share a process
-    (RunRequest.shares_process); untimed runs grouped by everything that is set process-wide (framework, precision,
-    device, threads, variant), so each group shares one process."""
+    """Timed runs (harness.run.modes.Work.timed) alone, in the matrix's interleaved order, but for the repeats of a
+    cell that share a process (RunRequest.shares_process); untimed runs grouped by everything that is set
+    process-wide (framework, precision, device, threads, variant), so each group shares one process."""
     batches: dict[tuple, list[RunRequest]] = {}
     for i, q in enumerate(requests):
-        if q.mode in UNTIMED:
+        if not work(q.mode).timed:
             key = (q.mode, q.framework, q.precision, q.device, q.threads, q.variant)
         else:
             key = (i,) if q.shares_process is None else (request_key(q)[:-1], q.shares_process)

@@ -87,9 +87,9 @@ def test_append_cuts_back_a_torn_last_line_and_keeps_a_whole_one(tmp_path):
 def test_a_record_that_cannot_be_kept_stops_the_group_and_its_worker(tmp_path):
     """on_record runs in the progress reader's thread: its exception must reach the caller, not die there."""
     from harness.run.process import run_group
-    from harness.run.plan import cells, matrix
+    from harness.run.plan import matrix, resolve_models
 
-    requests = matrix("fake", cells([(SPEC, {"steps": 2})]), ["fp32"], 3, ["default"], warmup=0, mode="fingerprint")
+    requests = matrix("fake", resolve_models([(SPEC, {"steps": 2})]), ["fp32"], 3, ["default"], warmup=0, mode="fingerprint")
     seen = []
 
     def on_record(record):

@@ -10,7 +10,7 @@ from harness.precision import PRECISIONS
 from harness.records import MatmulCurve, RunRecord
 from harness.report import build_view, render
 from harness.report.scaling import curve_sentence
-from harness.run import peak, worker
+from harness.run import peak, train
 from tests.core.test_report_scaling import STUDY, size
 from tests.fake_adapter.fake_adapter import FakeAdapter
 
@@ -79,17 +79,17 @@ def test_a_scaling_study_s_run_holds_the_curve_measured_once_per_machine_an_ordi
     adapter = RateAdapter(clock, {"float32": 1e12, "bfloat16": 2e12})
     device, fp32 = adapter.device("cpu"), PRECISIONS["fp32"]
     ordinary = {"achieved_gflops": 1.0, "study": None}
-    worker._efficiency(adapter, device, fp32, 1, ordinary)
+    train.efficiency(adapter, device, fp32, 1, ordinary)
     assert "matmul_curve" not in ordinary and not any(n == 64 for _, n in adapter.asked)
     study = {"achieved_gflops": 1.0, "study": STUDY}
-    worker._efficiency(adapter, device, fp32, 1, study)
+    train.efficiency(adapter, device, fp32, 1, study)
     curve = study["matmul_curve"]
     assert curve["float16"] is None and curve["bfloat16"]["gflops"] == pytest.approx([2000.0] * 7)
     RunRecord.model_validate({"run_id": "r", "framework": "fake", "precision": "fp32", "status": "failed",
                               "matmul_curve": curve})  # what the record holds reads back
     asked = len(adapter.asked)
     again = {"achieved_gflops": 1.0, "study": STUDY}
-    worker._efficiency(adapter, device, fp32, 1, again)  # another run of the study, the same machine
+    train.efficiency(adapter, device, fp32, 1, again)  # another run of the study, the same machine
     assert again["matmul_curve"] == curve and len(adapter.asked) == asked, "the cached curve was measured again"
 
 
@@ -210,7 +210,7 @@ def test_a_scaling_study_s_run_holds_its_step_s_matmuls_timed_alone(clock, monke
     adapter = RateAdapter(clock, {"float32": 1e12, "bfloat16": 2e12})
     matmuls = step_matmuls(infer(load_spec("mnist_mlp")), 16)
     record = {"achieved_gflops": 1.0, "study": STUDY}
-    worker._efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, record, matmuls)
+    train.efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, record, matmuls)
     shapes = record["matmul_shapes"]
     assert shapes["dtype"] == "bfloat16" and len(shapes["products"]) == 6
     assert shapes["products"][0] == {"layer": "1", "type": "dense", "pass": "forward", "m": 16, "k": 784, "n": 512,
@@ -218,5 +218,5 @@ def test_a_scaling_study_s_run_holds_its_step_s_matmuls_timed_alone(clock, monke
     RunRecord.model_validate({"run_id": "r", "framework": "fake", "precision": "amp_bf16", "status": "failed",
                               "matmul_shapes": shapes})
     ordinary = {"achieved_gflops": 1.0, "study": None}
-    worker._efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, ordinary, matmuls)
+    train.efficiency(adapter, adapter.device("cpu"), PRECISIONS["amp_bf16"], 1, ordinary, matmuls)
     assert "matmul_shapes" not in ordinary

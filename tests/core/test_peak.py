@@ -3,7 +3,7 @@ never read against the strict-fp32 peak, nor the other way round."""
 from __future__ import annotations
 
 from harness.precision import PRECISIONS
-from harness.run import peak, worker
+from harness.run import peak, train
 from tests.fake_adapter.fake_adapter import FakeAdapter
 
 
@@ -25,7 +25,7 @@ def efficiency_peak(adapter, precision: str) -> dict:
     adapter.ran.clear()
     adapter.build(None, None, None, PRECISIONS[precision], None, None, None)
     record = {"achieved_gflops": 1.0}
-    worker._efficiency(adapter, adapter.device("cpu"), PRECISIONS[precision], 1, record)
+    train.efficiency(adapter, adapter.device("cpu"), PRECISIONS[precision], 1, record)
     return record["device_peak_gflops"]
 
 

@@ -10,11 +10,12 @@ import types
 
 import pytest
 
-from harness import adapter, results
-from harness.cli import build_parser
+from harness import adapter
+from harness.cli import build_parser, plan_request
 from harness.errors import HarnessError, SpecError
 from harness.run.executors import Executor, LocalExecutor
 from harness.run.executors.ray_cluster import RayExecutor, _run_batch
+from harness.run.modes import DIAGNOSE, FINGERPRINT, RUN
 from harness.run.plan import plan, resolve
 from harness.run.process import failure_record
 from harness.run.runner import execute
@@ -41,7 +42,7 @@ def _spec_file(tmp_path):
 def _plan(tmp_path, *options):
     args = build_parser().parse_args(["run", "--framework", "fake", "--precision", "fp32", "--repeats", "1",
                                       "--warmup", "0", "--out", str(tmp_path / "out"), "--no-progress", *options])
-    return plan(args, "run", args.repeats, args.warmup, results.RESULTS_FILE)
+    return plan(plan_request(args, RUN))
 
 
 def test_the_spec_is_resolved_once_in_the_plan_and_never_read_again(fake, tmp_path):
@@ -66,7 +67,7 @@ def test_a_matrix_files_overrides_travel_in_the_requests_spec(fake, tmp_path):
                       f"models:\n  - {{model: {path}, batch_size: 16}}\n  - {{model: {path}, steps: 2}}\n")
     args = build_parser().parse_args(["run", "--framework", "fake", "--matrix", str(matrix), "--out",
                                       str(tmp_path / "out")])
-    requests = plan(args, "run", args.repeats, args.warmup, results.RESULTS_FILE).requests
+    requests = plan(plan_request(args, RUN)).requests
     base = resolve(str(path))[0]
     assert [(q.spec["batch_size"], q.spec["steps"]) for q in requests] == [(16, 4), (base.batch_size, 2)]
 
@@ -115,7 +116,7 @@ def test_a_matrix_file_gives_fingerprint_each_model_s_precisions_loss_scales_and
     def requests(*argv):
         args = build_parser().parse_args([*argv, "--framework", "fake", "--matrix", str(matrix),
                                           "--out", str(tmp_path / "out")])
-        return plan(args, "fingerprint" if argv[0] == "fingerprint" else "diagnose", 1, 0, results.FINGERPRINTS_FILE)
+        return plan(plan_request(args, FINGERPRINT if argv[0] == "fingerprint" else DIAGNOSE))
 
     got = {(q.model, q.precision, q.variant, q.loss_scale, q.resolved_spec().batch_size, q.resolved_spec().steps)
            for q in requests("fingerprint").requests}

@@ -21,7 +21,7 @@ import pytest
 from harness import identity, results
 from harness.cli import main
 from harness.records import OLDEST_SCHEMA, SCHEMA_VERSION, RunRecord
-from harness.run.plan import cells, matrix
+from harness.run.plan import matrix, resolve_models
 from harness.run.runner import pending
 from tests.core.test_runner import amp
 
@@ -129,9 +129,9 @@ def test_the_requests_of_recorded_runs_are_not_run_again_by_resume(tmp_path):
     variant auto chose, as "auto"); another repeat or loss scale does not."""
     shutil.copy(SCHEMA4 / results.RESULTS_FILE, tmp_path)
     common = dict(warmup=1, device="auto", threads=1)
-    recorded = matrix("torch", cells([("mnist_mlp", {"steps": 3})]), ["fp32", "amp_fp16"], 1, ["auto"], ["dynamic"], **common)
+    recorded = matrix("torch", resolve_models([("mnist_mlp", {"steps": 3})]), ["fp32", "amp_fp16"], 1, ["auto"], ["dynamic"], **common)
     assert pending(recorded, tmp_path, results.RESULTS_FILE) == []
-    others = matrix("torch", cells([("mnist_mlp", {"steps": 3})]), ["amp_fp16"], 2, ["auto"], ["dynamic:1024", "dynamic"], **common)
+    others = matrix("torch", resolve_models([("mnist_mlp", {"steps": 3})]), ["amp_fp16"], 2, ["auto"], ["dynamic:1024", "dynamic"], **common)
     assert [(q.loss_scale, q.repeat) for q in pending(others, tmp_path, results.RESULTS_FILE)] == [
         ("dynamic:1024", 0), ("dynamic:1024", 1), ("dynamic", 1)]
 

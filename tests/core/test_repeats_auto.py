@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 
 from harness import results, stats
 from harness.run.process import failure_record
-from harness.run.plan import DEFAULT_BUDGET_S, cells, matrix
+from harness.run.plan import DEFAULT_BUDGET_S, matrix, resolve_models
 from harness.run.runner import UntilDecided
 from tests.core.test_runner import amp
 
@@ -74,7 +74,7 @@ def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_p
 
 
 def _plan(budget_s: float, clock) -> tuple[UntilDecided, list]:
-    requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16", "amp_fp16"], 3, ["default"])
+    requests = matrix("fake", resolve_models([("mnist_mlp", {})]), ["fp32", "amp_bf16", "amp_fp16"], 3, ["default"])
     return UntilDecided(requests, budget_s, clock=clock), requests
 
 
@@ -185,7 +185,7 @@ def test_repeats_auto_beside_a_matrix_file_without_repeats_is_taken(tmp_path):
 
 def test_cells_with_fewest_repeats_go_first_and_a_first_runs_measurement_is_not_counted_again():
     now = [0.0]
-    requests = matrix("fake", cells([("mnist_mlp", {}), ("resnet8", {})]), ["fp32", "amp_bf16"], 3, ["auto"])
+    requests = matrix("fake", resolve_models([("mnist_mlp", {}), ("resnet8", {})]), ["fp32", "amp_bf16"], 3, ["auto"])
     plan = UntilDecided(requests, 6.5, clock=lambda: now[0])
     first = [_ran(q, 10.0, wall_s=1.0) for q in plan.first_round()]
     first[3].update(wall_s=61.0, variant_choice={"chosen": "default", "cached": False, "measure_s": 60.0})
@@ -248,7 +248,7 @@ def simulated_run(speed_up: float, seed: int, budget_s: float = DEFAULT_BUDGET_S
     UntilDecided runs 3 repeats in a process after the first round), amp_bf16 `speed_up` times faster, on a simulated
     clock."""
     rng, now = np.random.default_rng(seed), [0.0]
-    requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 3, ["default"])
+    requests = matrix("fake", resolve_models([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 3, ["default"])
     plan = UntilDecided(requests, budget_s, clock=lambda: now[0])
     records = {q.precision: _ran(q, 0.0, wall_s=RUN_S) for q in requests}  # built once: a record is slow to build
 

@@ -135,18 +135,18 @@ def test_only_the_step_is_timed(tmp_path):
 
 
 def test_repeats_take_turns_across_precisions_and_variants():
-    from harness.run.plan import cells, matrix
+    from harness.run.plan import matrix, resolve_models
 
-    requests = matrix("fake", cells([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 2, ["a", "b"])
+    requests = matrix("fake", resolve_models([("mnist_mlp", {})]), ["fp32", "amp_bf16"], 2, ["a", "b"])
     assert [(q.repeat, q.variant, q.precision) for q in requests] == [
         (0, "a", "fp32"), (0, "a", "amp_bf16"), (0, "b", "fp32"), (0, "b", "amp_bf16"),
         (1, "a", "fp32"), (1, "a", "amp_bf16"), (1, "b", "fp32"), (1, "b", "amp_bf16")]
 
 
 def test_a_matrix_models_own_loss_scales_apply_to_the_precisions_that_scale(tmp_path):
-    from harness.run.plan import cells, matrix
+    from harness.run.plan import matrix, resolve_models
 
-    requests = matrix("fake", cells([("mnist_mlp", {"loss_scales": ["none", "dynamic"], "steps": 4})]),
+    requests = matrix("fake", resolve_models([("mnist_mlp", {"loss_scales": ["none", "dynamic"], "steps": 4})]),
                       ["fp32", "amp_fp16"], 1, ["a"])
     assert [(q.precision, q.loss_scale, q.spec["steps"]) for q in requests] == [
         ("fp32", None, 4), ("amp_fp16", "none", 4), ("amp_fp16", "dynamic", 4)]

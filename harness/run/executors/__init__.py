@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
@@ -19,9 +20,9 @@ from harness.errors import HarnessError
 from harness.run.executors.local import LocalExecutor
 
 if TYPE_CHECKING:
-    from harness.run.worker import RunRequest
+    from harness.run.request import RunRequest
 
-__all__ = ["Executor", "LocalExecutor", "add_executor_arguments", "executor_from_args"]
+__all__ = ["Executor", "ExecutorOptions", "LocalExecutor", "add_executor_arguments", "make_executor"]
 
 
 @runtime_checkable
@@ -94,32 +95,48 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
                             f"{DEFAULT_RETRIES}); then it is recorded failed with the Ray error")
 
 
-def executor_from_args(args: argparse.Namespace, mode: str) -> Executor:
-    """The executor the options ask for; `mode` (run, profile, fingerprint, diagnose) tells whether timing matters."""
-    if args.jobs > 1 and (args.executor != "local" or mode not in ("fingerprint", "diagnose")):
-        raise HarnessError(f"--jobs {args.jobs}: only for fingerprint and diagnose with the local executor (a timed "
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """The executor options as given (add_executor_arguments)."""
+    executor: str = "local"
+    address: str | None = None
+    python: list[tuple[str, str]] | None = None  # (framework, interpreter) pairs
+    pack: bool = False
+    jobs: int = 1
+    retries: int | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ExecutorOptions:
+        return cls(args.executor, args.address, args.python, args.pack, args.jobs, args.retries)
+
+
+def make_executor(options: ExecutorOptions, framework: str, timed: bool) -> Executor:
+    """The executor the options ask for, for runs of `framework`; `timed`: their step times are a result
+    (harness.run.modes.Work.timed), so they never share the machine."""
+    if options.jobs > 1 and (options.executor != "local" or timed):
+        raise HarnessError(f"--jobs {options.jobs}: only for fingerprint and diagnose with the local executor (a timed "
                            f"run has the machine to itself; on a cluster, --pack)")
-    if args.executor == "local":
-        given = [name for name, value in (("--address", args.address), ("--python", args.python),
-                                          ("--pack", args.pack), ("--retries", args.retries))
+    if options.executor == "local":
+        given = [name for name, value in (("--address", options.address), ("--python", options.python),
+                                          ("--pack", options.pack), ("--retries", options.retries))
                  if value is not None and value is not False]  # 0 retries is given too
         if given:
             raise HarnessError(f"{', '.join(given)}: only with --executor ray")
-        return LocalExecutor(args.jobs)
+        return LocalExecutor(options.jobs)
     if importlib.util.find_spec("ray") is None:
         raise HarnessError("--executor ray: Ray is not installed in this environment (pip install -e '.[ray]', "
                            "see docs/cluster.md)")
-    pythons = dict(args.python or [])
-    python = pythons.get(args.framework, str(TOX_DIR / args.framework / "bin" / "python"))
+    pythons = dict(options.python or [])
+    python = pythons.get(framework, str(TOX_DIR / framework / "bin" / "python"))
     if not Path(python).is_absolute():
-        raise HarnessError(f"--python {args.framework}={python}: give an absolute path (the same on every node)")
-    if args.address is None and not Path(python).exists():  # the cluster is this machine: check it now
-        raise HarnessError(f"--executor ray: no interpreter for {args.framework} at {python} (build it with "
-                           f"`tox -e {args.framework}` or give --python {args.framework}=PATH)")
-    if args.pack and mode in ("run", "profile"):
+        raise HarnessError(f"--python {framework}={python}: give an absolute path (the same on every node)")
+    if options.address is None and not Path(python).exists():  # the cluster is this machine: check it now
+        raise HarnessError(f"--executor ray: no interpreter for {framework} at {python} (build it with "
+                           f"`tox -e {framework}` or give --python {framework}=PATH)")
+    if options.pack and timed:
         print("note: --pack: runs share nodes, so their step times are disturbed by each other; the records say "
               "placement 'packed'", file=sys.stderr)
     from harness.run.executors.ray_cluster import RayExecutor
 
-    return RayExecutor(address=args.address, python=python, pack=args.pack,
-                       retries=DEFAULT_RETRIES if args.retries is None else args.retries)
+    return RayExecutor(address=options.address, python=python, pack=options.pack,
+                       retries=DEFAULT_RETRIES if options.retries is None else options.retries)

@@ -12,7 +12,7 @@ from harness.limits import slot_cpus
 
 class LocalExecutor:
     """Each batch of requests in a subprocess of this machine (harness.run.process.run_group): one at a time, or
-    `jobs` at a time, each job on CPUs of its own (untimed runs only: harness.run.executors.executor_from_args
+    `jobs` at a time, each job on CPUs of its own (untimed runs only: harness.run.executors.make_executor
     refuses more for timed ones)."""
 
     name = "local"

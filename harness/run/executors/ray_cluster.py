@@ -36,7 +36,7 @@ def _run_batch(requests: list[dict], python: str, timeout_s: float) -> dict:
     import ray
 
     from harness.run.process import run_group
-    from harness.run.worker import RunRequest
+    from harness.run.request import RunRequest
 
     node_id = ray.get_runtime_context().get_node_id()
     where = {"node": f"{platform.node()} {ray.util.get_node_ip_address()} (ray node {node_id[:12]})",
