@@ -155,7 +155,7 @@ class Diagnosis(_Strict):
 
 
 class Fingerprint(_Strict):
-    """What a fingerprint run writes (harness.run.worker._fingerprint) and `parity` compares."""
+    """What a fingerprint run writes (harness.run.fingerprint.fingerprint) and `parity` compares."""
     initial_outputs: Rows
     final_outputs: Rows
     skipped_steps: list[Count] | None = None
@@ -216,7 +216,7 @@ class LossScaleSettings(_Strict):
 
 
 class LossScale(_Strict):
-    """The settings a run asked for, and what its scaler did (harness.run.worker._train)."""
+    """The settings a run asked for, and what its scaler did (harness.run.train.train)."""
     settings: LossScaleSettings | None = None
     initial: Number | None = None
     final: Number | None = None
