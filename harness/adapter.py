@@ -147,8 +147,11 @@ def as_output(value: np.ndarray) -> np.ndarray:
 class Trainer(ABC):
     """One network, built for one precision on one device.
 
-    The bookkeeping every framework shares is here, written once; a trainer calls ``start_memory`` first in its
-    build, ``start_rounding`` before it builds its optimizer, and supplies the primitives they read."""
+    The build sequence every framework shares is here, written once (``__init__``, the template): the adapter's
+    trainer supplies the hooks it calls (``configure``, ``build_network``, ``attention_mask``, ``build_optimizer``,
+    ``build_rounded_optimizer``, ``build_step``, ``framework_options``) and the primitives the core's bookkeeping
+    reads (``_memory_in_use``, ``_loss_scale_now``, ``_numpy``...); no adapter writes the sequence, so none can
+    skip a step of it."""
 
     #: settings that change what is measured (memory format, compilation, TF32...), recorded in the result
     options: dict[str, Any]
@@ -167,6 +170,66 @@ class Trainer(ABC):
     attention_masks: dict[str, dict[str, dict[str, str]]] | None = None
     _memory_start: int | None = None  # bytes in use when the build began (a GPU only)
     _memory_sampled: int = 0
+
+    # -- the build sequence (the template) -----------------------------------------------------------------
+    def __init__(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
+                 loss_scale: LossScale, device: Device, variant: str):
+        """Build the network for one run, in the order every adapter follows: the framework's process-wide
+        switches, the memory baseline, the network, its attention masks' table, the rounding (and FP8) policy,
+        the spec's optimizer (plain, or computing its update in float32 and writing the weights by the
+        rounding's rule) with all its state, the schedule, the loss scale, the step, and the options every
+        record carries."""
+        self.spec = spec
+        self.configure(spec, precision, device, variant)
+        self.start_memory(device.kind == "gpu")
+        self.build_network(spec, graph, weights, precision, device, variant)
+        self.declare_attention_masks(graph, self.attention_mask, device.kind)
+        self.start_rounding(precision)
+        if self.rounding is None:
+            self.build_optimizer(spec.optimizer)
+        else:
+            self.build_rounded_optimizer(spec.optimizer)
+        self.start_optimizer(spec)
+        self.start_loss_scale(loss_scale)
+        self.build_step(spec, precision, loss_scale, variant)
+        self.options = {**self.framework_options(precision, variant), **self.rounding_options()}
+
+    # -- the adapter's hooks for it --------------------------------------------------------------------------
+    def configure(self, spec: ModelSpec, precision: Precision, device: Device, variant: str) -> None:
+        """First: the framework's process-wide switches for this precision (TF32, a dtype policy, float64, the
+        seed) and its handle on `device`, before anything is allocated there."""
+
+    @abstractmethod
+    def build_network(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
+                      device: Device, variant: str) -> None:
+        """The network, holding the core's `weights` in the precision's dtypes on the device."""
+
+    def attention_mask(self, info, precision: Precision, device_kind: str):
+        """What a causal attention layer's mask leaves in the scores it masks (the network module's
+        attention_mask: a harness.numerics.AttentionMask, or None where it is not known on that kind of device);
+        declare_attention_masks asks it for every causal layer and 16-bit precision. None: not declared."""
+        return None
+
+    @abstractmethod
+    def build_optimizer(self, optimizer) -> None:
+        """The spec's optimizer (`optimizer`, the spec's section) over the trainable weights, all its state created
+        now."""
+
+    def build_rounded_optimizer(self, optimizer) -> None:
+        """A precision with a rounding (self.rounding, self.rounding_seed): the spec's optimizer computing its
+        update in float32 and writing the weights by the core's rule (harness.rounding), all its state created now.
+        Only adapters with rounding ops (Adapter.rounding_ops) are given these precisions."""
+        raise HarnessError(f"{type(self).__name__} has no rounded optimizer (build_rounded_optimizer)")
+
+    @abstractmethod
+    def build_step(self, spec: ModelSpec, precision: Precision, loss_scale: LossScale, variant: str) -> None:
+        """Last: the framework's loss scaler (or the core's rules, harness.precision.LossScaler) and the training
+        step, compiled where the variant compiles it."""
+
+    @abstractmethod
+    def framework_options(self, precision: Precision, variant: str) -> dict[str, Any]:
+        """The settings that change what is measured (memory format, compilation, TF32, the loss scaler...), for
+        the record's `options`; the core adds the rounding's and FP8's."""
 
     # -- the core's bookkeeping, written once --------------------------------------------------------------
     def start_memory(self, on_gpu: bool) -> None:
@@ -347,6 +410,11 @@ class Capabilities:
     #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
     #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
     no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
+    #: None where the framework's dynamic loss scaler follows any growth and back-off factor of the core's rules
+    #: (harness.precision.LossScale); else the (growth, back-off) pair it is fixed to, and what fixes it
+    dynamic_scale_factors: tuple[float, float, str] | None = None
+    #: None where dynamic loss scaling runs in every precision; else why it needs a mixed one (AMP)
+    dynamic_scale_needs_mixed: str | None = None
 
 
 class Adapter(ABC):
@@ -377,6 +445,20 @@ class Adapter(ABC):
             if (refusal.precision, refusal.device_kind) == (precision.name, device.kind):
                 return refusal.reason
         return device_limits(precision, device)
+
+    def unsupported_loss_scale(self, precision: Precision, loss_scale: LossScale) -> str | None:
+        """A one-line reason why this adapter's loss scaler cannot follow the run's loss-scale settings, or None:
+        the core reads it from the adapter's capabilities (an adapter does not override it)."""
+        capabilities = self.capabilities
+        if loss_scale.mode != "dynamic":
+            return None
+        if capabilities.dynamic_scale_needs_mixed and not precision.mixed:
+            return f"{self.name} {capabilities.dynamic_scale_needs_mixed}"
+        factors = capabilities.dynamic_scale_factors
+        if factors and (loss_scale.growth_factor, loss_scale.backoff_factor) != factors[:2]:
+            return (f"{self.name}: {factors[2]} grows the loss scale by {factors[0]:g} and backs off by "
+                    f"{factors[1]:g} only (asked: {loss_scale.growth_factor:g} and {loss_scale.backoff_factor:g})")
+        return None
 
     def explain_probe_failure(self, precision: Precision, device: Device, error: str) -> str | None:
         """Optional: what the framework's error (one line) from the capability probe's step means on this device

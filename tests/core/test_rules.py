@@ -9,8 +9,10 @@ from harness.model.dropout import DropoutMasks
 from harness.model.graph import avgpool_divisors, infer, window_padding
 from harness.model.spec import load_spec, validate
 from harness.model.weights import initial_weights
-from harness.precision import LossScale, LossScaler
+from harness.adapter import Capabilities
+from harness.precision import LossScale, LossScaler, parse_precision
 from tests.conftest import SPECS
+from tests.fake_adapter.fake_adapter import FakeAdapter
 
 
 def test_dropout_masks_are_a_function_of_seed_layer_and_step_alone():
@@ -74,3 +76,36 @@ def test_loss_scale_rules_back_off_at_once_and_grow_after_the_interval():
     assert trace == [(False, 8.0), (True, 4.0), (False, 4.0), (False, 4.0), (False, 8.0), (False, 8.0), (True, 4.0)]
     fixed = LossScaler(LossScale("fixed", initial=1e30))
     assert [fixed.update(f) for f in (False, True)] == [True, False] and fixed.scale == 1e30
+
+
+class FixedScalerAdapter(FakeAdapter):
+    """An adapter whose own dynamic loss scaler grows by 2 and backs off by 0.5 only, and needs AMP."""
+
+    name = "fake_fixed_scaler"
+    capabilities = Capabilities(dynamic_scale_factors=(2.0, 0.5, "its AMP scaler"),
+                                dynamic_scale_needs_mixed="scales the loss dynamically with AMP only")
+
+
+def _run(monkeypatch, precision: str, loss_scale: str, growth: int = 2000) -> dict:
+    from harness.run import worker
+    from harness.run.plan import resolve
+
+    monkeypatch.setattr(worker, "load_adapter", lambda name: FixedScalerAdapter())
+    spec = resolve(str(SPECS / "pitfall_dropout_adam.yaml"), steps=2)[0].model_dump(mode="json")
+    return worker.run(worker.RunRequest(framework="fake", model="m", spec=spec, precision=precision, repeat=0,
+                                        run_id="r", warmup=1, mode="fingerprint", loss_scale=loss_scale,
+                                        growth_interval=growth, measure_peak=False))
+
+
+def test_a_loss_scale_rule_the_adapters_scaler_cannot_follow_is_unsupported_with_the_reason(monkeypatch):
+    ok = _run(monkeypatch, "amp_fp16", "dynamic")
+    assert ok["status"] == "ok", ok["reason"]
+    adapter, precision = FixedScalerAdapter(), parse_precision("amp_fp16")
+    other = LossScale("dynamic", growth_factor=4.0)
+    assert adapter.unsupported_loss_scale(precision, other) == \
+        "fake_fixed_scaler: its AMP scaler grows the loss scale by 2 and backs off by 0.5 only (asked: 4 and 0.5)"
+    assert adapter.unsupported_loss_scale(precision, LossScale("fixed", growth_factor=4.0)) is None
+    pure = _run(monkeypatch, "fp16", "dynamic")
+    assert (pure["status"], pure["reason"]) == \
+        ("unsupported", "fake_fixed_scaler scales the loss dynamically with AMP only")
+    assert _run(monkeypatch, "fp16", "1024")["status"] == "ok"  # a fixed scale needs no scaler of its own
