@@ -28,28 +28,37 @@ Rules:
   docstring says).
 - A float64 (``fp64``) run computes entirely in float64, constants and hyper-parameters included: the parity
   check holds float64 fingerprints to 1e-9.
-- ``build`` creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
+- The build creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
   timed step allocates state lazily, and the memory figure holds the same things in every framework.
 - Nothing but the step runs in ``train_step``: conversions belong in ``to_device``, bookkeeping in
   ``after_step``, imports in ``build``.
 - A precision with a ``rounding`` (``bf16_sr``, ``fp16_sr``, ``bf16_kahan``, ``fixed16_sr``, ``fixed16_rn``)
-  computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``),
+  computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``:
+  ``rounded_update`` in the trainer's ``build_rounded_optimizer``),
   drawing stochastic rounding's bits on the device in timed runs and taking the core's bits in fingerprint runs
   (``Trainer.set_rounding_noise``). The rules are written once in the core against a table of the framework's
   primitives, which the adapter supplies (``Adapter.rounding_ops``, a ``harness.rounding.RoundingOps``); the
   core's ``Adapter.write_weights`` runs the same rules on them for the kit's statistical test. An adapter
   without the table, or a framework that cannot bit-cast (``Capabilities.no_bitcast``), has these precisions
   ``unsupported`` with the core's reason.
-- What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons.
+- What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons; a loss-scale setting
+  the framework's own scaler cannot follow too (``Capabilities.dynamic_scale_factors``,
+  ``dynamic_scale_needs_mixed``; ``Adapter.unsupported_loss_scale``): never raise from a build hook for it.
 - What a causal attention's mask leaves in the scores it masks is data too: the network module's
   ``attention_mask(info, precision, device_kind)`` returns a ``harness.numerics.AttentionMask`` (the value, the
   dtype the masked scores are in, the softmax's dtype and rule), or None where it is not known on that kind of
-  device, and the trainer's build hands it to ``Trainer.declare_attention_masks``; diagnose records the table and
-  the core says what a fully masked row gives.
-- The core's ``Trainer`` does the bookkeeping every framework shares: the memory baseline and peak
-  (``start_memory``; the adapter supplies ``_memory_in_use`` / ``_memory_peak``), the loss-scale state
-  (``loss_scale_state`` from the adapter's ``_loss_scale_now``), the rounding set-up (``start_rounding``)
-  and outputs as float32 unless float64 (``output``, from the adapter's ``_numpy``).
+  device, and the trainer's ``attention_mask`` hook returns it; diagnose records the table and the core says what
+  a fully masked row gives.
+- The core's ``Trainer`` is the build sequence's template (``Trainer.__init__``): the framework's switches, the
+  memory baseline, the network, the attention masks' table, the rounding and FP8 policy, the plain or rounded
+  optimizer, the schedule, the loss scale, the step and the options every record carries, in that order; the
+  adapter's trainer supplies the hooks it calls (``configure``, ``build_network``, ``attention_mask``,
+  ``build_optimizer``, ``build_rounded_optimizer``, ``build_step``, ``framework_options``). It also does the
+  bookkeeping every framework shares: the memory peak (the adapter supplies ``_memory_in_use`` /
+  ``_memory_peak``), the loss-scale state (``loss_scale_state`` from the adapter's ``_loss_scale_now``) and
+  outputs as float32 unless float64 (``output``, from the adapter's ``_numpy``).
+- The losses and global-norm clipping are written once too (``harness.model.training``, against the adapter's
+  ``LossOps`` and ``ClipOps``), as the rounded update is (``harness.rounding.rounded_update``).
 - ``Trainer.profile`` (optional) runs the core's steps under the framework's own profiler and returns every op that
   ran (``OpTime``), with the scopes it ran in. The network names a scope per layer with ``layer_scope(path)``
   (torch ``record_function``, ``tf.name_scope``, ...) and wraps the loss, the optimizer's update and the loss
@@ -233,8 +242,9 @@ class Trainer(ABC):
 
     # -- the core's bookkeeping, written once --------------------------------------------------------------
     def start_memory(self, on_gpu: bool) -> None:
-        """The memory baseline, first thing in the build: on a GPU, the allocator's peak is reset and its use now
-        is the level the peak is measured above (on a CPU the core measures resident memory itself)."""
+        """The memory baseline, before anything of the network is allocated: on a GPU, the allocator's peak is reset
+        and its use now is the level the peak is measured above (on a CPU the core measures resident memory
+        itself)."""
         if on_gpu:
             self._reset_memory_peak()
             self._memory_start = self._memory_sampled = self._memory_in_use()
