@@ -28,28 +28,37 @@ Rules:
   docstring says).
 - A float64 (``fp64``) run computes entirely in float64, constants and hyper-parameters included: the parity
   check holds float64 fingerprints to 1e-9.
-- ``build`` creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
+- The build creates every piece of optimizer state (Adam's moments, momentum buffers) before it returns: no
   timed step allocates state lazily, and the memory figure holds the same things in every framework.
 - Nothing but the step runs in ``train_step``: conversions belong in ``to_device``, bookkeeping in
   ``after_step``, imports in ``build``.
 - A precision with a ``rounding`` (``bf16_sr``, ``fp16_sr``, ``bf16_kahan``, ``fixed16_sr``, ``fixed16_rn``)
-  computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``),
+  computes the optimizer's update in float32 and writes the weights by the core's rule (``harness.rounding``:
+  ``rounded_update`` in the trainer's ``build_rounded_optimizer``),
   drawing stochastic rounding's bits on the device in timed runs and taking the core's bits in fingerprint runs
   (``Trainer.set_rounding_noise``). The rules are written once in the core against a table of the framework's
   primitives, which the adapter supplies (``Adapter.rounding_ops``, a ``harness.rounding.RoundingOps``); the
   core's ``Adapter.write_weights`` runs the same rules on them for the kit's statistical test. An adapter
   without the table, or a framework that cannot bit-cast (``Capabilities.no_bitcast``), has these precisions
   ``unsupported`` with the core's reason.
-- What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons.
+- What an adapter cannot do is data (``Adapter.capabilities``), and the core words the reasons; a loss-scale setting
+  the framework's own scaler cannot follow too (``Capabilities.dynamic_scale_factors``,
+  ``dynamic_scale_needs_mixed``; ``Adapter.unsupported_loss_scale``): never raise from a build hook for it.
 - What a causal attention's mask leaves in the scores it masks is data too: the network module's
   ``attention_mask(info, precision, device_kind)`` returns a ``harness.numerics.AttentionMask`` (the value, the
   dtype the masked scores are in, the softmax's dtype and rule), or None where it is not known on that kind of
-  device, and the trainer's build hands it to ``Trainer.declare_attention_masks``; diagnose records the table and
-  the core says what a fully masked row gives.
-- The core's ``Trainer`` does the bookkeeping every framework shares: the memory baseline and peak
-  (``start_memory``; the adapter supplies ``_memory_in_use`` / ``_memory_peak``), the loss-scale state
-  (``loss_scale_state`` from the adapter's ``_loss_scale_now``), the rounding set-up (``start_rounding``)
-  and outputs as float32 unless float64 (``output``, from the adapter's ``_numpy``).
+  device, and the trainer's ``attention_mask`` hook returns it; diagnose records the table and the core says what
+  a fully masked row gives.
+- The core's ``Trainer`` is the build sequence's template (``Trainer.__init__``): the framework's switches, the
+  memory baseline, the network, the attention masks' table, the rounding and FP8 policy, the plain or rounded
+  optimizer, the schedule, the loss scale, the step and the options every record carries, in that order; the
+  adapter's trainer supplies the hooks it calls (``configure``, ``build_network``, ``attention_mask``,
+  ``build_optimizer``, ``build_rounded_optimizer``, ``build_step``, ``framework_options``). It also does the
+  bookkeeping every framework shares: the memory peak (the adapter supplies ``_memory_in_use`` /
+  ``_memory_peak``), the loss-scale state (``loss_scale_state`` from the adapter's ``_loss_scale_now``) and
+  outputs as float32 unless float64 (``output``, from the adapter's ``_numpy``).
+- The losses and global-norm clipping are written once too (``harness.model.training``, against the adapter's
+  ``LossOps`` and ``ClipOps``), as the rounded update is (``harness.rounding.rounded_update``).
 - ``Trainer.profile`` (optional) runs the core's steps under the framework's own profiler and returns every op that
   ran (``OpTime``), with the scopes it ran in. The network names a scope per layer with ``layer_scope(path)``
   (torch ``record_function``, ``tf.name_scope``, ...) and wraps the loss, the optimizer's update and the loss
@@ -147,8 +156,11 @@ def as_output(value: np.ndarray) -> np.ndarray:
 class Trainer(ABC):
     """One network, built for one precision on one device.
 
-    The bookkeeping every framework shares is here, written once; a trainer calls ``start_memory`` first in its
-    build, ``start_rounding`` before it builds its optimizer, and supplies the primitives they read."""
+    The build sequence every framework shares is here, written once (``__init__``, the template): the adapter's
+    trainer supplies the hooks it calls (``configure``, ``build_network``, ``attention_mask``, ``build_optimizer``,
+    ``build_rounded_optimizer``, ``build_step``, ``framework_options``) and the primitives the core's bookkeeping
+    reads (``_memory_in_use``, ``_loss_scale_now``, ``_numpy``...); no adapter writes the sequence, so none can
+    skip a step of it."""
 
     #: settings that change what is measured (memory format, compilation, TF32...), recorded in the result
     options: dict[str, Any]
@@ -168,10 +180,71 @@ class Trainer(ABC):
     _memory_start: int | None = None  # bytes in use when the build began (a GPU only)
     _memory_sampled: int = 0
 
+    # -- the build sequence (the template) -----------------------------------------------------------------
+    def __init__(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
+                 loss_scale: LossScale, device: Device, variant: str):
+        """Build the network for one run, in the order every adapter follows: the framework's process-wide
+        switches, the memory baseline, the network, its attention masks' table, the rounding (and FP8) policy,
+        the spec's optimizer (plain, or computing its update in float32 and writing the weights by the
+        rounding's rule) with all its state, the schedule, the loss scale, the step, and the options every
+        record carries."""
+        self.spec = spec
+        self.configure(spec, precision, device, variant)
+        self.start_memory(device.kind == "gpu")
+        self.build_network(spec, graph, weights, precision, device, variant)
+        self.declare_attention_masks(graph, self.attention_mask, device.kind)
+        self.start_rounding(precision)
+        if self.rounding is None:
+            self.build_optimizer(spec.optimizer)
+        else:
+            self.build_rounded_optimizer(spec.optimizer)
+        self.start_optimizer(spec)
+        self.start_loss_scale(loss_scale)
+        self.build_step(spec, precision, loss_scale, variant)
+        self.options = {**self.framework_options(precision, variant), **self.rounding_options()}
+
+    # -- the adapter's hooks for it --------------------------------------------------------------------------
+    def configure(self, spec: ModelSpec, precision: Precision, device: Device, variant: str) -> None:
+        """First: the framework's process-wide switches for this precision (TF32, a dtype policy, float64, the
+        seed) and its handle on `device`, before anything is allocated there."""
+
+    @abstractmethod
+    def build_network(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
+                      device: Device, variant: str) -> None:
+        """The network, holding the core's `weights` in the precision's dtypes on the device."""
+
+    def attention_mask(self, info, precision: Precision, device_kind: str):
+        """What a causal attention layer's mask leaves in the scores it masks (the network module's
+        attention_mask: a harness.numerics.AttentionMask, or None where it is not known on that kind of device);
+        declare_attention_masks asks it for every causal layer and 16-bit precision. None: not declared."""
+        return None
+
+    @abstractmethod
+    def build_optimizer(self, optimizer) -> None:
+        """The spec's optimizer (`optimizer`, the spec's section) over the trainable weights, all its state created
+        now."""
+
+    def build_rounded_optimizer(self, optimizer) -> None:
+        """A precision with a rounding (self.rounding, self.rounding_seed): the spec's optimizer computing its
+        update in float32 and writing the weights by the core's rule (harness.rounding), all its state created now.
+        Only adapters with rounding ops (Adapter.rounding_ops) are given these precisions."""
+        raise HarnessError(f"{type(self).__name__} has no rounded optimizer (build_rounded_optimizer)")
+
+    @abstractmethod
+    def build_step(self, spec: ModelSpec, precision: Precision, loss_scale: LossScale, variant: str) -> None:
+        """Last: the framework's loss scaler (or the core's rules, harness.precision.LossScaler) and the training
+        step, compiled where the variant compiles it."""
+
+    @abstractmethod
+    def framework_options(self, precision: Precision, variant: str) -> dict[str, Any]:
+        """The settings that change what is measured (memory format, compilation, TF32, the loss scaler...), for
+        the record's `options`; the core adds the rounding's and FP8's."""
+
     # -- the core's bookkeeping, written once --------------------------------------------------------------
     def start_memory(self, on_gpu: bool) -> None:
-        """The memory baseline, first thing in the build: on a GPU, the allocator's peak is reset and its use now
-        is the level the peak is measured above (on a CPU the core measures resident memory itself)."""
+        """The memory baseline, before anything of the network is allocated: on a GPU, the allocator's peak is reset
+        and its use now is the level the peak is measured above (on a CPU the core measures resident memory
+        itself)."""
         if on_gpu:
             self._reset_memory_peak()
             self._memory_start = self._memory_sampled = self._memory_in_use()
@@ -347,6 +420,11 @@ class Capabilities:
     #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
     #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
     no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
+    #: None where the framework's dynamic loss scaler follows any growth and back-off factor of the core's rules
+    #: (harness.precision.LossScale); else the (growth, back-off) pair it is fixed to, and what fixes it
+    dynamic_scale_factors: tuple[float, float, str] | None = None
+    #: None where dynamic loss scaling runs in every precision; else why it needs a mixed one (AMP)
+    dynamic_scale_needs_mixed: str | None = None
 
 
 class Adapter(ABC):
@@ -377,6 +455,20 @@ class Adapter(ABC):
             if (refusal.precision, refusal.device_kind) == (precision.name, device.kind):
                 return refusal.reason
         return device_limits(precision, device)
+
+    def unsupported_loss_scale(self, precision: Precision, loss_scale: LossScale) -> str | None:
+        """A one-line reason why this adapter's loss scaler cannot follow the run's loss-scale settings, or None:
+        the core reads it from the adapter's capabilities (an adapter does not override it)."""
+        capabilities = self.capabilities
+        if loss_scale.mode != "dynamic":
+            return None
+        if capabilities.dynamic_scale_needs_mixed and not precision.mixed:
+            return f"{self.name} {capabilities.dynamic_scale_needs_mixed}"
+        factors = capabilities.dynamic_scale_factors
+        if factors and (loss_scale.growth_factor, loss_scale.backoff_factor) != factors[:2]:
+            return (f"{self.name}: {factors[2]} grows the loss scale by {factors[0]:g} and backs off by "
+                    f"{factors[1]:g} only (asked: {loss_scale.growth_factor:g} and {loss_scale.backoff_factor:g})")
+        return None
 
     def explain_probe_failure(self, precision: Precision, device: Device, error: str) -> str | None:
         """Optional: what the framework's error (one line) from the capability probe's step means on this device

@@ -225,6 +225,12 @@ class RoundingOps:
     to_numpy: Callable  # tensor -> numpy array
     draw_bits: Callable  # (shape, seed, Device) -> int32 tensor of 16 random bits per value, drawn on the device
     on_device: Callable  # (function, Device) -> the function as the framework runs it there (compiled, placed)
+    # the optimizer's update (rounded_update)
+    sqrt: Callable  # float32 x -> its square root
+    # (fn, lr, t) -> fn(lr, t, sqrt)'s values as the update's float32 scalars, computed from the step's learning
+    # rate and count as the framework holds them (Python numbers, or tensors of a compiled step) in float64 where
+    # the framework can (JAX without x64: float32); fn is written with + - * / ** and the sqrt it is given
+    scalars: Callable
 
 
 def storage_dtype(rounding: Rounding) -> str:
@@ -284,6 +290,50 @@ def write_with(ops: RoundingOps, rounding: Rounding, w, x, compensation=None, bi
     return round_stochastic_with(ops, x, bits, rounding), None
 
 
+def rounded_slots(optimizer, rounding: Rounding) -> tuple[str, ...]:
+    """The state rounded_update keeps per weight, each in the weights' storage dtype and zero at the start: SGD's
+    momentum buffer, Adam's (AdamW's) moments m and v, RMSprop's square_avg, and Kahan's compensation."""
+    kept = {"sgd": ("momentum",) if getattr(optimizer, "momentum", 0) else (), "adam": ("m", "v"), "adamw": ("m", "v"),
+            "rmsprop": ("square_avg",)}[optimizer.type]
+    return kept + (("compensation",) if rounding.mode == "kahan" else ())
+
+
+def rounded_update(ops: RoundingOps, optimizer, rounding: Rounding, w, g, slots: dict, lr, t, decay: float,
+                   bits=None) -> tuple[Any, dict]:
+    """One weight's step of the spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW,
+    RMSprop, in their spec forms: harness.model.spec) computed in float32, the new weight written by the
+    rounding's rule (write_with). `w` and `g` the weight and its (clipped, unscaled) gradient in float32; `slots`
+    its state by rounded_slots' names, in the storage dtype; `lr` and `t` the step's learning rate and count (1
+    at the first step) as the framework holds them, read through ops.scalars; `decay` AdamW's decoupled decay of
+    this weight (harness.model.optimizer.weight_decay), applied to the weight before the update; `bits` the
+    stochastic rounding's. Returns (the new weight in the storage dtype, the new state by slot: float32 values
+    the adapter stores with nearest rounding, the compensation already in its dtype)."""
+    kept, f32 = {}, ops.to_float32
+    if optimizer.type in ("adam", "adamw"):
+        b1, b2 = optimizer.beta_1, optimizer.beta_2
+        m = kept["m"] = b1 * f32(slots["m"]) + (1 - b1) * g
+        v = kept["v"] = b2 * f32(slots["v"]) + (1 - b2) * g * g
+        step_size, root = ops.scalars(lambda lr, t, sqrt: (lr / (1 - b1 ** t), sqrt(1 - b2 ** t)), lr, t)
+        start = w * ops.scalars(lambda lr, t, sqrt: (1 - lr * decay,), lr, t)[0] if decay else w
+        new = start - step_size * (m / (ops.sqrt(v) / root + optimizer.epsilon))
+    else:
+        rate, = ops.scalars(lambda lr, t, sqrt: (lr,), lr, t)
+        if optimizer.type == "sgd":
+            direction = g
+            if optimizer.momentum:
+                buf = kept["momentum"] = optimizer.momentum * f32(slots["momentum"]) + g
+                direction = g + optimizer.momentum * buf if optimizer.nesterov else buf
+        else:
+            v = kept["square_avg"] = optimizer.rho * f32(slots["square_avg"]) + (1 - optimizer.rho) * g * g
+            eps = optimizer.epsilon
+            direction = g / (ops.sqrt(v + eps) if optimizer.epsilon_placement == "inside" else ops.sqrt(v) + eps)
+        new = w - rate * direction
+    weights, compensation = write_with(ops, rounding, w, new, slots.get("compensation"), bits)
+    if compensation is not None:
+        kept["compensation"] = compensation
+    return weights, kept
+
+
 def _numpy_cast(x, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":  # numpy has no bfloat16: its values as float32, by the reference's bit rule
         return round_nearest(x, Rounding("nearest", "bfloat16"))
@@ -316,6 +366,8 @@ NUMPY_OPS = RoundingOps(
     to_numpy=np.asarray,
     draw_bits=lambda shape, seed, device: np.random.default_rng(seed).integers(0, NOISE_RANGE, shape, np.int32),
     on_device=lambda fn, device: _quiet(fn),
+    sqrt=np.sqrt,
+    scalars=lambda fn, lr, t: tuple(np.float32(x) for x in fn(lr, t, math.sqrt)),
 )
 
 

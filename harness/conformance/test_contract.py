@@ -195,6 +195,26 @@ def test_dynamic_scaling_backs_off_and_grows_by_the_core_rules(adapter, unsuppor
         f"the scale never backed off far enough to grow again in 24 steps: {reported}")
 
 
+def test_dynamic_factors_the_scaler_cannot_follow_are_declared_not_trained_otherwise(adapter, unsupported):
+    """Growth and back-off factors other than 2 and 0.5: the adapter's scaler follows them, or its capabilities
+    say it cannot (Capabilities.dynamic_scale_factors), so that the run is recorded unsupported with the reason
+    instead of training by other rules or failing in build."""
+    settings = LossScale(mode="dynamic", initial=2.0**32, growth_interval=2, growth_factor=4.0, backoff_factor=0.25)
+    reason = adapter.unsupported_loss_scale(parse_precision("amp_fp16"), settings)
+    if reason:
+        assert "\n" not in reason, f"unsupported_loss_scale's reason must be one line: {reason!r}"
+        pytest.skip(f"declared: {reason}")
+    reported, rules = _loss_scaling_run(adapter, unsupported, settings, 16)
+    expected = []
+    for _, skipped in reported:
+        rules.update(finite=not skipped)
+        expected.append((rules.scale, skipped))
+    assert reported == expected, (
+        f"(scale, skipped) after each step with growth factor 4 and back-off 0.25: the adapter reported {reported}; "
+        f"the core's rules give {expected}. A scaler fixed to other factors declares them "
+        f"(Capabilities.dynamic_scale_factors)")
+
+
 # ---- timing ---------------------------------------------------------------------------------------------
 def test_train_step_waits_for_the_device(adapter):
     """A step of known work cannot take less time than the device's own fastest matrix multiply allows: an

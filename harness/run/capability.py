@@ -76,10 +76,11 @@ def key(adapter, precision, device) -> str:
                        hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16], PROBES_HASH, precision.name])
 
 
-def unsupported(adapter, precision, device, in_process: bool = False) -> str | None:
+def unsupported(adapter, precision, device, in_process: bool = False, loss_scale=None) -> str | None:
     """Why `precision` cannot run on `device` with this adapter, or None where it can: the adapter's own limits,
     then the probe (cached; on a miss it runs here with `in_process`, the worker's case, else in a child
-    process, since a precision may change a framework's process-wide state). FP8 first, whatever the adapter's
+    process, since a precision may change a framework's process-wide state); with `loss_scale`, whether the
+    adapter's loss scaler can follow it (Adapter.unsupported_loss_scale). FP8 first, whatever the adapter's
     own unsupported() says: an adapter that does not declare its emulation would train it as plain float32."""
     no_fp8 = adapter.capabilities.no_fp8 or (None if adapter.rounding_ops() else
                                              "has no rounding ops (Adapter.rounding_ops) for the FP8 casts")
@@ -87,7 +88,8 @@ def unsupported(adapter, precision, device, in_process: bool = False) -> str | N
         return f"{adapter.name} {no_fp8}"
     if precision.fp8 is not None and precision.fp8.native and adapter.capabilities.no_fp8_native:
         return f"{adapter.name} {adapter.capabilities.no_fp8_native}"
-    reason = adapter.unsupported(precision, device)
+    reason = adapter.unsupported(precision, device) or \
+        (adapter.unsupported_loss_scale(precision, loss_scale) if loss_scale is not None else None)
     if reason:
         return reason
     k = key(adapter, precision, device)

@@ -80,7 +80,7 @@ def run(req: RunRequest, progress=None) -> dict:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
         record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
-        reason = capability.unsupported(adapter, precision, device, in_process=True) or \
+        reason = capability.unsupported(adapter, precision, device, in_process=True, loss_scale=loss_scale) or \
             (work.refusal(adapter, device) if work.refusal is not None else None)
         if reason:
             record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen

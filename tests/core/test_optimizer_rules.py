@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -109,3 +110,51 @@ def test_check_prints_the_optimizer_its_schedule_decay_and_clipping(tmp_path, ca
             in capsys.readouterr().out)
     assert main(["check", "tiny_gpt"]) == 0
     assert "  optimizer adam, learning rate 0.002\n" in capsys.readouterr().out
+
+
+def _spec_step(o, w, g, state, lr, t, decay):
+    """The spec's optimizer step in float64, written out plainly (harness.model.spec's docstring)."""
+    if o.type == "sgd":
+        state["momentum"] = o.momentum * state.get("momentum", 0) + g
+        direction = g + o.momentum * state["momentum"] if o.nesterov else state["momentum"]
+        return w - lr * direction
+    if o.type == "rmsprop":
+        state["square_avg"] = o.rho * state.get("square_avg", 0) + (1 - o.rho) * g * g
+        v = state["square_avg"]
+        return w - lr * g / (np.sqrt(v + o.epsilon) if o.epsilon_placement == "inside" else np.sqrt(v) + o.epsilon)
+    state["m"] = o.beta_1 * state.get("m", 0) + (1 - o.beta_1) * g
+    state["v"] = o.beta_2 * state.get("v", 0) + (1 - o.beta_2) * g * g
+    m_hat, v_hat = state["m"] / (1 - o.beta_1 ** t), state["v"] / (1 - o.beta_2 ** t)
+    return w * (1 - lr * decay) - lr * m_hat / (np.sqrt(v_hat) + o.epsilon)
+
+
+@pytest.mark.parametrize("optimizer", [
+    {"type": "sgd", "learning_rate": 0.05, "momentum": 0.9, "nesterov": True},
+    {"type": "sgd", "learning_rate": 0.05, "momentum": 0.0, "nesterov": False},
+    {"type": "adam", "learning_rate": 0.05, "beta_1": 0.9, "beta_2": 0.99, "epsilon": 0.1},
+    {"type": "adamw", "learning_rate": 0.05, "beta_1": 0.9, "beta_2": 0.99, "epsilon": 0.1, "weight_decay": 0.5},
+    {"type": "rmsprop", "learning_rate": 0.05, "rho": 0.9, "epsilon": 0.1, "epsilon_placement": "inside"},
+    {"type": "rmsprop", "learning_rate": 0.05, "rho": 0.9, "epsilon": 0.1, "epsilon_placement": "outside"},
+])
+def test_the_rounded_update_is_the_specs_optimizer_in_float32_written_by_the_rounding(optimizer):
+    """harness.rounding.rounded_update, the rule every adapter's rounded optimizer runs on its primitives, here on
+    numpy's: three steps of each optimizer stay within float16's nearest rounding of the float64 spec math."""
+    from harness.rounding import NUMPY_OPS, Rounding, gap, rounded_slots, rounded_update
+
+    o = validate({**copy.deepcopy(GPT), "optimizer": optimizer}, "tiny_gpt").optimizer
+    rounding = Rounding("nearest", "float16")
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 1.0, 64).astype(np.float16)
+    slots = {slot: np.zeros(64, np.float16) for slot in rounded_slots(o, rounding)}
+    reference, state = w.astype(np.float64), {}
+    decay = weight_decay(o, "0.kernel")
+    for t in (1, 2, 3):
+        g = rng.standard_normal(64).astype(np.float32)
+        new, kept = rounded_update(NUMPY_OPS, o, rounding, w.astype(np.float32), g, slots, o.learning_rate, t, decay)
+        assert set(kept) == set(slots) and new.dtype == np.float16
+        slots = {slot: value.astype(np.float16) for slot, value in kept.items()}
+        reference = _spec_step(o, w.astype(np.float64), g.astype(np.float64), state, o.learning_rate, t, decay)
+        # state rounded to float16 each step on one side only: a few float16 gaps apart at most
+        assert np.all(np.abs(new.astype(np.float64) - reference) <= 4 * gap(reference.astype(np.float32), rounding))
+        assert np.any(new != w)  # the update is many gaps: the test sees its math
+        w = new

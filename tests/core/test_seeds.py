@@ -21,9 +21,7 @@ class ReferenceTrainer(FakeTrainer):
     """Its loss is the spec's, from the numpy reference on the weights, batch and masks it was given; it keeps
     the first step's batch and masks."""
 
-    def __init__(self, spec, graph, weights, precision, loss_scale):
-        super().__init__(graph, weights, precision, loss_scale)
-        self.spec, self.first = spec, None
+    first = None
 
     def to_device(self, x, y, masks):
         return x.copy(), y.copy(), {path: m.copy() for path, m in masks.items()}
@@ -40,7 +38,7 @@ class ReferenceAdapter(FakeAdapter):
         self.built: list[ReferenceTrainer] = []
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
-        self.built.append(ReferenceTrainer(spec, graph, weights, precision, loss_scale))
+        self.built.append(ReferenceTrainer(spec, graph, weights, precision, loss_scale, device, variant))
         return self.built[-1]
 
 

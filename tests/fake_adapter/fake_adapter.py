@@ -52,16 +52,27 @@ def _fault(precision: str, model: str) -> str:
 
 
 class FakeTrainer(Trainer):
+    """The smallest trainer on the core's template (docs/plugins.md): its hooks build a "network" that outputs
+    a uniform distribution and keeps the core's weights as given, no optimizer, and the core's loss-scale rules
+    as its scaler."""
     overflows = (2,)  # the steps (counted from 1) whose gradients overflow
 
-    def __init__(self, graph, weights, precision, loss_scale, model="", variant=""):
+    def build_network(self, spec, graph, weights, precision, device, variant):
         self.graph, self.weights, self.out_shape = graph, weights, graph.output_shape
-        self.fault, self.steps = _fault(precision.name, model), 0
+        self.fault, self.steps = _fault(precision.name, spec.name), 0
         self.variant_s, self.noisy_s = VARIANT_STEP_S if variant == "slowed" else 0.0, 0.0
-        self.start_loss_scale(loss_scale)
+
+    def build_optimizer(self, optimizer):
+        pass  # the fake's weights never change: an optimizer without state
+
+    build_rounded_optimizer = build_optimizer
+
+    def build_step(self, spec, precision, loss_scale, variant):
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped, self.profiling = False, False
-        self.options = {"fake": True}
+
+    def framework_options(self, precision, variant):
+        return {"fake": True}
 
     def to_device(self, x, y, masks):
         if self.fault == "slow":
@@ -157,7 +168,7 @@ class FakeAdapter(Adapter):
         pass
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
-        return FakeTrainer(graph, weights, precision, loss_scale, spec.name, variant)
+        return FakeTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
 
 class SkippingTrainer(FakeTrainer):
@@ -171,4 +182,4 @@ class SkippingAdapter(FakeAdapter):
     name = "fake_skipping"
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant):
-        return SkippingTrainer(graph, weights, precision, loss_scale)
+        return SkippingTrainer(spec, graph, weights, precision, loss_scale, device, variant)

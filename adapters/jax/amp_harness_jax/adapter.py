@@ -122,59 +122,74 @@ class JaxAdapter(Adapter):
 
 
 class JaxTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
+    def configure(self, spec, precision, device, variant):
         import jax
-        import jax.numpy as jnp
 
-        from amp_harness_jax.network import Network, attention_mask
-        from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn, make_optimizer
-        from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
-        from harness.model.optimizer import scheduled
-
-        self.jax, self.spec = jax, spec
+        self.jax = jax
         # process-wide switches, set for every build (the contract tests build several precisions in one process)
         jax.config.update("jax_enable_x64", precision.param_dtype == "float64")
         # float32 matmuls and convolutions: strict unless the precision asks for TF32 (JAX's GPU default);
         # other dtypes keep JAX's default
-        matmul_precision = "tensorfloat32" if precision.tf32 else \
+        self.matmul_precision = "tensorfloat32" if precision.tf32 else \
             "highest" if precision.compute_dtype == "float32" else None
-        jax.config.update("jax_default_matmul_precision", matmul_precision)
+        jax.config.update("jax_default_matmul_precision", self.matmul_precision)
         self.device = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
         self.is_gpu = device.kind == "gpu"
-        self.start_memory(self.is_gpu)
+
+    def build_network(self, spec, graph, weights, precision, device, variant):
+        import jax.numpy as jnp
+
+        from amp_harness_jax.network import Network
+
+        jax = self.jax
         # images, vectors and masks arrive in the weights' dtype (dense and conv layers cast them to the compute
         # dtype); token ids stay integers, int32 (JAX's index dtype without x64): a 16-bit float rounds ids above 256
         self.param_dtype = jnp.dtype(precision.param_dtype)
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
-        loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
         self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8)
-        self.declare_attention_masks(graph, attention_mask, device.kind)
         put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
                              for n in names}
         self.params, self.statistics = put(net.trainable), {**put(net.statistics), **net.fp8_histories()}
-        self.start_rounding(precision)
-        rounding = self.rounding
-        if rounding is None:
-            optimizer = make_optimizer(spec.optimizer, self.params)
-        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_jax.rounding import OPS, make_rounded_optimizer
-            from harness.rounding import round_nearest_with
-
-            if rounding.format == "fixed16":  # the initial weights onto the grid
-                self.params = {n: round_nearest_with(OPS, p, rounding) for n, p in self.params.items()}
-            optimizer = make_rounded_optimizer(spec.optimizer, self.params, rounding, self.rounding_seed)
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
+
+    def attention_mask(self, info, precision, device_kind):
+        from amp_harness_jax.network import attention_mask
+
+        return attention_mask(info, precision, device_kind)
+
+    def build_optimizer(self, optimizer):
+        from amp_harness_jax.optimizers import make_optimizer
+
+        self._place_state(make_optimizer(optimizer, self.params))
+
+    def build_rounded_optimizer(self, optimizer):
+        from amp_harness_jax.rounding import OPS, make_rounded_optimizer
+        from harness.rounding import round_nearest_with
+
+        if self.rounding.format == "fixed16":  # the initial weights onto the grid
+            self.params = {n: round_nearest_with(OPS, p, self.rounding) for n, p in self.params.items()}
+        self._place_state(make_rounded_optimizer(optimizer, self.params, self.rounding, self.rounding_seed))
+
+    def _place_state(self, optimizer) -> None:
         # every slot, created now; on the device, as the step returns them: arrays left uncommitted to it would make
         # the second step compile again (a different placement is a different executable)
-        self.opt_state = jax.device_put(optimizer.state, self.device)
-        self.statistics = jax.device_put(self.statistics, self.device)
+        self.optimizer = optimizer
+        self.opt_state = self.jax.device_put(optimizer.state, self.device)
+        self.statistics = self.jax.device_put(self.statistics, self.device)
 
-        self.start_loss_scale(loss_scale)
+    def build_step(self, spec, precision, loss_scale, variant):
+        import jax.numpy as jnp
+
+        from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn
+        from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
+        from harness.model.optimizer import scheduled
+
+        jax, net, optimizer, rounding = self.jax, self.net, self.optimizer, self.rounding
+        loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped = False
         self._scale = self._device_scale = None
         scaling = self.scaler is not None
-        self.start_optimizer(spec)
         # a scheduled rate arrives in the dtype its update computes it in: float32 at least (the rounded optimizer's,
         # and Adam's bias corrections of 16-bit weights), float64 in a float64 run
         self._rate_dtype = np.dtype(jnp.float32) if rounding else jnp.promote_types(self.param_dtype, jnp.float32)
@@ -240,13 +255,13 @@ class JaxTrainer(Trainer):
         if scaling:
             self._scale_dtype = loss_dtype
             self._set_scale()
-        self.options = {"jit": True, "donated_buffers": True, "tf32": precision.tf32, "x64": loss_dtype == jnp.float64,
-                        "compute_dtype": precision.compute_dtype, "param_dtype": precision.param_dtype,
-                        "matmul_precision": matmul_precision,
-                        "loss_scaler": "harness (manual, in the jitted step)" if scaling else None,
-                        **self.rounding_options(),
-                        "attention": dict(net.attention),
-                        "inter_op_threads": NO_INTER_OP}
+
+    def framework_options(self, precision, variant):
+        return {"jit": True, "donated_buffers": True, "tf32": precision.tf32,
+                "x64": precision.param_dtype == "float64", "compute_dtype": precision.compute_dtype,
+                "param_dtype": precision.param_dtype, "matmul_precision": self.matmul_precision,
+                "loss_scaler": "harness (manual, in the jitted step)" if self.scaler is not None else None,
+                "attention": dict(self.net.attention), "inter_op_threads": NO_INTER_OP}
 
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step

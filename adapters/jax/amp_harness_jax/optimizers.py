@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from harness.model.optimizer import weight_decay
-from harness.model.spec import PROB_EPSILON
+from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class Optimizer(NamedTuple):
@@ -91,31 +91,30 @@ def _spec_optimizer(spec) -> tuple[Callable, Callable]:
 
 
 def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
-    """The spec's clip_norm c: every gradient times c / max(n, c), n the global norm of all of them (no epsilon),
-    taken in float32 for 16-bit gradients (float64 in a float64 run). `finite`: the loss scaler's verdict; a step
-    it skips is left unclipped (its update is discarded). The clipped gradients in `dtype` (default their own)."""
+    """The gradients times the spec's clipping factor (harness.model.training), their global norm taken in float32
+    for 16-bit gradients (float64 in a float64 run). `finite`: the loss scaler's verdict; a step it skips is left
+    unclipped (its update is discarded). The clipped gradients in `dtype` (default their own)."""
     leaves = jax.tree.leaves(grads)
     acc = jnp.promote_types(leaves[0].dtype, jnp.float32)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(acc))) for g in leaves))
-    factor = clip_norm / jnp.maximum(norm, clip_norm)
-    if finite is not None:  # a non-finite norm would make the factor NaN: keep the gradients as they are
-        factor = jnp.where(finite, factor, jnp.ones_like(factor))
+    factor = clip_factor_with(CLIP_OPS, norm, clip_norm, finite)
     return _map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
 
 
+def _nll(logp, labels):
+    return -jnp.take_along_axis(logp, labels[..., None], axis=-1).mean()
+
+
+# harness.model.training's primitives
+LOSS_OPS = LossOps(
+    upcast=lambda x: x if x.dtype == jnp.float64 else x.astype(jnp.float32),
+    softmax_cross_entropy=lambda out, labels: _nll(jax.nn.log_softmax(out, axis=-1), labels),
+    normalized=lambda x: x / x.sum(axis=-1, keepdims=True), nll=_nll,
+    first_column=lambda x: x[:, 0], labels_like=lambda labels, out: labels.astype(out.dtype),
+    clip=jnp.clip, log=jnp.log, log1p=jnp.log1p, exp=jnp.exp, abs=jnp.abs, relu=jax.nn.relu, mean=jnp.mean,
+)
+CLIP_OPS = ClipOps(full_like=jnp.full_like, maximum=jnp.maximum, where=jnp.where, ones_like=jnp.ones_like)
+
+
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype. Sparse categorical
-    cross-entropy takes class ids [N] for outputs [N, classes], or next-token ids [N, T] for outputs [N, T, vocab]:
-    then the mean over every token of the batch (N * T)."""
-    out = outputs if outputs.dtype == jnp.float64 else outputs.astype(jnp.float32)
-    if spec.type == "sparse_categorical_crossentropy":
-        if spec.from_logits:
-            logp = jax.nn.log_softmax(out, axis=-1)
-        else:
-            logp = jnp.log(jnp.clip(out / out.sum(axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
-        return -jnp.take_along_axis(logp, labels[..., None], axis=-1).mean()
-    z, y = out[:, 0], labels.astype(out.dtype)
-    if spec.from_logits:
-        return (jax.nn.relu(z) - z * y + jnp.log1p(jnp.exp(-jnp.abs(z)))).mean()
-    p = jnp.clip(z, PROB_EPSILON, 1 - PROB_EPSILON)
-    return -(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)).mean()
+    return loss_with(LOSS_OPS, spec, outputs, labels)

@@ -72,7 +72,10 @@ class MXNetAdapter(Adapter):
         # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid pointer) or
         # failed with "Unknown type enum 12"; bfloat16 works inside AMP only
         refused=(Refusal("bf16", "cpu", "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network "
-                                        "cast to it crashes"),))
+                                        "cast to it crashes"),),
+        dynamic_scale_needs_mixed="scales the loss dynamically only with AMP (contrib.amp's LossScaler): use "
+                                  "amp_fp16, or a fixed loss scale",
+        dynamic_scale_factors=(2.0, 0.5, "MXNet's AMP loss scaler"))
 
     def explain_probe_failure(self, precision, device, error) -> str | None:
         dtype = precision.compute_dtype
@@ -130,29 +133,26 @@ def cpu_workers() -> int:
 
 
 class MXNetTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
+    def configure(self, spec, precision, device, variant):
         import mxnet as mx
         from mxnet.contrib import amp
-        from mxnet.contrib.amp.loss_scaler import LossScaler
-
-        from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation, attention_mask
-        from amp_harness_mxnet.optimizers import make_optimizer
-        from harness.model.optimizer import scheduled
 
         self.mx = mx
         self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
         self.is_gpu = device.kind == "gpu"
-        self.start_memory(self.is_gpu)
         if precision.tf32:
             os.environ["NVIDIA_TF32_OVERRIDE"] = "1"
         mx.random.seed(spec.seed)
         self.amp_on = precision.mixed
         if self.amp_on:  # before the network is built: amp patches the operators it will use
             amp.init(target_dtype=precision.compute_dtype)
+
+    def build_network(self, spec, graph, weights, precision, device, variant):
+        from amp_harness_mxnet.network import Network, TrainingLoss, attention_implementation
+
         self.dtype = precision.param_dtype
         self.label_dtype = "float64" if self.dtype == "float64" else "float32"  # the loss's dtype
         self.net = Network(spec, graph, self.dtype)
-        self.declare_attention_masks(graph, attention_mask, device.kind)
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
         # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few
@@ -164,18 +164,28 @@ class MXNetTrainer(Trainer):
         self.trainable_names = [name for name, p in self.net.handles.items() if p.grad_req != "null"]
         self.params = [self.net.handles[name] for name in self.trainable_names]
         self.grads = [p.grad(self.ctx) for p in self.params]
-        self.optimizer = make_optimizer(spec.optimizer, self.params, self.trainable_names)
-        self.start_optimizer(spec)
+        self.attention = {info.path: attention_implementation(info) for info in graph.layers
+                          if info.type == "attention"}
+
+    def attention_mask(self, info, precision, device_kind):
+        from amp_harness_mxnet.network import attention_mask
+
+        return attention_mask(info, precision, device_kind)
+
+    def build_optimizer(self, optimizer):
+        from amp_harness_mxnet.optimizers import make_optimizer
+        from harness.model.optimizer import scheduled
+
+        self.optimizer = make_optimizer(optimizer, self.params, self.trainable_names)
         # a constant rate is the spec's: no schedule to evaluate in each step
-        self.scheduled, self.constant_rate = scheduled(spec.optimizer), spec.optimizer.learning_rate
-        self.start_loss_scale(loss_scale)
+        self.scheduled, self.constant_rate = scheduled(optimizer), optimizer.learning_rate
+
+    def build_step(self, spec, precision, loss_scale, variant):
+        from mxnet.contrib.amp.loss_scaler import LossScaler
+
         self.fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
         self.scaler = None
-        if loss_scale.mode == "dynamic":
-            if not self.amp_on:
-                raise HarnessError("MXNet's dynamic loss scaler works only with AMP (amp_fp16)")
-            if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
-                raise HarnessError("MXNet's AMP loss scaler grows by 2 and backs off by 0.5 only")
+        if loss_scale.mode == "dynamic":  # with AMP only, growing by 2 and backing off by 0.5 (Capabilities)
             # contrib.amp's scaler, driven here as gluon.Trainer drives it (amp.init_trainer) without the Trainer
             self.scaler = LossScaler()
             self.scaler._loss_scale = self.scaler._next_loss_scale = loss_scale.initial  # no public setters
@@ -183,13 +193,13 @@ class MXNetTrainer(Trainer):
             self.scaler._max_loss_scale = float("inf")  # MXNet's cap of 2^24 is not in the core's rules
         self.skipped = False
         self._range = self.no_range  # profile.py's ranges while profiling
-        self.options = {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
-                        "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
-                        if self.scaler else (None if loss_scale.mode == "none" else "harness (fixed)"),
-                        "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32,
-                        "inter_op_threads": cpu_workers(),
-                        "attention": {info.path: attention_implementation(info) for info in graph.layers
-                                      if info.type == "attention"}}
+
+    def framework_options(self, precision, variant):
+        return {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
+                "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
+                if self.scaler else (None if self.loss_scale.mode == "none" else "harness (fixed)"),
+                "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32,
+                "inter_op_threads": cpu_workers(), "attention": self.attention}
 
     def _array(self, a: np.ndarray, dtype: str | None = None, image: bool = False):
         """`a` on the device in `dtype` (default: the weights'); an `image` [N, H, W, C] as NCHW."""

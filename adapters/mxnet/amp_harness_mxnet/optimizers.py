@@ -17,13 +17,14 @@ are ~2x slower on a large tensor (784x512: 1.7 against 0.8 ms for SGD), and no f
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from mxnet import nd
 
 from harness.model.optimizer import scheduled, weight_decay
-from harness.model.spec import PROB_EPSILON
+from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class SpecOptimizer:
@@ -38,9 +39,8 @@ class SpecOptimizer:
     def step(self, rescale_grad: float, learning_rate: float) -> None:
         """One update with gradients `rescale_grad` times the true (unscaled) ones, at the step's rate."""
         if self.clip_norm is not None:
-            # the spec's clip, c / max(n, c) of the unscaled gradients' global norm n, folded into the rescale
-            norm = self.global_norm() * rescale_grad
-            rescale_grad *= self.clip_norm / max(norm, self.clip_norm)
+            # the spec's clip (harness.model.training) of the unscaled gradients' global norm, folded into the rescale
+            rescale_grad *= clip_factor_with(HOST_CLIP_OPS, self.global_norm() * rescale_grad, self.clip_norm)
         self.update(rescale_grad, learning_rate)
 
     def global_norm(self) -> float:
@@ -152,20 +152,28 @@ def make_optimizer(spec, params: list, names: list[str]) -> SpecOptimizer:
     return RMSprop(weights, grads, clip, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
 
 
+# the clipping factor on the host, in Python floats (the fused operators take it as an attribute); a step the
+# scaler skips never reaches it, so it needs no where
+HOST_CLIP_OPS = ClipOps(full_like=lambda norm, value: value, maximum=max, where=None, ones_like=None)
+
+
+@functools.lru_cache(maxsize=None)
+def loss_ops(F, cast: bool) -> LossOps:
+    """harness.model.training's primitives in F (nd or sym) operators: the loss runs inside the hybridized training
+    graph. `cast`: the outputs are float16 or bfloat16 (amp_cast leaves float32 and float64 alone)."""
+    def nll(logp, labels):
+        return -F.mean(F.pick(logp, labels, axis=-1))
+
+    return LossOps(
+        upcast=lambda x: F.amp_cast(x, dtype="float32") if cast else x,
+        softmax_cross_entropy=lambda out, labels: nll(F.log_softmax(out, axis=-1), labels),
+        normalized=lambda x: F.broadcast_div(x, F.sum(x, axis=-1, keepdims=True)), nll=nll,
+        first_column=lambda x: F.reshape(F.slice_axis(x, axis=1, begin=0, end=1), shape=(-1,)),
+        labels_like=lambda labels, out: labels,  # float32, or float64 in float64 runs, as the trainer gives them
+        clip=F.clip, log=F.log, log1p=F.log1p, exp=F.exp, abs=F.abs, relu=F.relu, mean=F.mean)
+
+
 def loss_fn(F, spec, outputs, labels, cast: bool):
     """Batch-mean loss of `outputs` against `labels` (float32, or float64 in float64 runs), in float32 or wider
-    (not Gluon's per-sample losses). In F (nd or sym) operators: it runs inside the hybridized training graph.
-    `cast`: the outputs are float16 or bfloat16 (amp_cast leaves float32 and float64 alone)."""
-    out = F.amp_cast(outputs, dtype="float32") if cast else outputs
-    if spec.type == "sparse_categorical_crossentropy":
-        if spec.from_logits:
-            logp = F.log_softmax(out, axis=-1)
-        else:
-            logp = F.log(F.clip(F.broadcast_div(out, F.sum(out, axis=-1, keepdims=True)), PROB_EPSILON,
-                                1 - PROB_EPSILON))
-        return -F.mean(F.pick(logp, labels, axis=-1))
-    z = F.reshape(F.slice_axis(out, axis=1, begin=0, end=1), shape=(-1,))
-    if spec.from_logits:
-        return F.mean(F.relu(z) - z * labels + F.log1p(F.exp(-F.abs(z))))
-    p = F.clip(z, PROB_EPSILON, 1 - PROB_EPSILON)
-    return -F.mean(labels * F.log(p) + (1 - labels) * F.log(1 - p))
+    (not Gluon's per-sample losses), in F (nd or sym) operators."""
+    return loss_with(loss_ops(F, cast), spec, outputs, labels)

@@ -40,7 +40,8 @@ class TensorFlowAdapter(Adapter):
                                               "dtype policy) scales by its delayed recipe, not harness.fp8's, so its "
                                               "runs would not be this precision (not built)",
                                 no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
-                                               "device planes are not read")
+                                               "device planes are not read",
+                                dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 
     def framework_version(self) -> str:
         import keras
@@ -111,59 +112,68 @@ def _dense(gradient):
 
 
 class TensorFlowTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
+    def configure(self, spec, precision, device, variant):
         import keras
         import tensorflow as tf
 
-        from amp_harness_tensorflow.network import Network, attention_mask
-        from amp_harness_tensorflow.optimizers import loss_fn, make_optimizer
+        from amp_harness_tensorflow.optimizers import loss_fn
 
-        self.tf, self.spec, self.loss_fn = tf, spec, loss_fn
+        self.tf, self.loss_fn = tf, loss_fn
         self.is_gpu = device.kind == "gpu"
-        self.start_memory(self.is_gpu)
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
-        policy, floatx = keras_policy(precision)
+        self.policy, self.floatx = keras_policy(precision)
         # global, process-wide state: set before building (the runner gives each precision its own process)
-        keras.config.set_floatx(floatx)
-        keras.mixed_precision.set_global_policy(policy)
+        keras.config.set_floatx(self.floatx)
+        keras.mixed_precision.set_global_policy(self.policy)
         keras.utils.set_random_seed(spec.seed)
-        self.net = Network(spec, graph, weights, floatx, precision.fp8)
-        self.declare_attention_masks(graph, attention_mask, device.kind)
-        self.input_dtype, self.mask_dtype = self.net.input_dtype, floatx  # token ids stay integer
-        model = self.net.train_model
-        self.start_rounding(precision)
-        self.rounded = None
-        weight_names = [self.net.name_of[id(v)] for v in model.trainable_variables]
-        if self.rounding is None:
-            optimizer = make_optimizer(spec.optimizer, model.trainable_variables, weight_names)
-        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
-            from harness.rounding import round_nearest_with
 
-            if self.rounding.format == "fixed16":  # the initial weights onto the grid
-                for variable in model.trainable_variables:
-                    variable.assign(round_nearest_with(OPS, variable, self.rounding))
-            optimizer = self.rounded = make_rounded_optimizer(spec.optimizer, model.trainable_variables,
-                                                              weight_names, self.rounding, self.rounding_seed)
-        # the spec's optimizer, inside the loss-scale wrapper if there is one: a schedule's rate is set on it
-        self.spec_optimizer = optimizer
-        self.start_optimizer(spec)
-        self.start_loss_scale(loss_scale)
-        self.scaler = None
+    def build_network(self, spec, graph, weights, precision, device, variant):
+        from amp_harness_tensorflow.network import Network
+
+        self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
+        self.input_dtype, self.mask_dtype = self.net.input_dtype, self.floatx  # token ids stay integer
+        self.trainable = self.net.train_model.trainable_variables
+        self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
+        self.rounded = None
+
+    def attention_mask(self, info, precision, device_kind):
+        from amp_harness_tensorflow.network import attention_mask
+
+        return attention_mask(info, precision, device_kind)
+
+    def build_optimizer(self, optimizer):
+        from amp_harness_tensorflow.optimizers import make_optimizer
+
+        self.spec_optimizer = make_optimizer(optimizer, self.trainable, self._trainable_names)
+
+    def build_rounded_optimizer(self, optimizer):
+        from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
+        from harness.rounding import round_nearest_with
+
+        if self.rounding.format == "fixed16":  # the initial weights onto the grid
+            for variable in self.trainable:
+                variable.assign(round_nearest_with(OPS, variable, self.rounding))
+        self.spec_optimizer = self.rounded = make_rounded_optimizer(optimizer, self.trainable, self._trainable_names,
+                                                                    self.rounding, self.rounding_seed)
+
+    def build_step(self, spec, precision, loss_scale, variant):
+        import keras
+
+        tf, loss_fn, model, variables = self.tf, self.loss_fn, self.net.train_model, self.trainable
+        # the spec's optimizer (spec_optimizer, whose schedule's rate the step sets) inside the loss-scale wrapper
+        # if there is one
+        optimizer, self.scaler = self.spec_optimizer, None
         if loss_scale.mode == "dynamic":
-            if (loss_scale.growth_factor, loss_scale.backoff_factor) != (2.0, 0.5):
-                raise HarnessError("Keras' LossScaleOptimizer grows by 2 and backs off by 0.5 only")
             optimizer = keras.mixed_precision.LossScaleOptimizer(
                 optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
             self.scaler = "LossScaleOptimizer"
         elif loss_scale.mode == "fixed":
             self.scaler = "harness (fixed)"
-        optimizer.build(model.trainable_variables)  # the loss-scale wrapper's own state (the inner one is built)
+        optimizer.build(variables)  # the loss-scale wrapper's own state (the inner one is built)
         self.optimizer = optimizer
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
         self.xla = variant == "xla"
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
-        variables = model.trainable_variables
 
         def step(x, y, *masks, capture=False):
             """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update.
@@ -196,13 +206,14 @@ class TensorFlowTrainer(Trainer):
         self._step = tf.function(step, jit_compile=self.xla)
         # diagnose and fingerprint runs (traced on first use): the same step, also returning the gradients
         self._captured = tf.function(lambda *batch: step(*batch, capture=True), jit_compile=self.xla)
-        self._trainable_names = weight_names
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
-        self.options = {"xla": self.xla, "tf32": precision.tf32, "policy": policy, "floatx": floatx,
-                        "loss_scaler": self.scaler, "train_step": "tf.function",
-                        **({"attention": dict(self.net.attention)} if self.net.attention else {}),
-                        **self.rounding_options(),
-                        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+
+    def framework_options(self, precision, variant):
+        tf = self.tf
+        return {"xla": self.xla, "tf32": precision.tf32, "policy": self.policy, "floatx": self.floatx,
+                "loss_scaler": self.scaler, "train_step": "tf.function",
+                **({"attention": dict(self.net.attention)} if self.net.attention else {}),
+                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):

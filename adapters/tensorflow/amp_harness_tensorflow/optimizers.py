@@ -14,7 +14,7 @@ from keras import ops
 
 from harness.adapter import UPDATE_SCOPE
 from harness.model.optimizer import scheduled, weight_decay
-from harness.model.spec import PROB_EPSILON
+from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
@@ -63,13 +63,12 @@ class SpecOptimizer(keras.optimizers.Optimizer):
 
 
 def clip_by_global_norm(grads, clip_norm: float):
-    """Every gradient times c / max(n, c), n the global norm of them all (the spec's clipping, no epsilon), in
-    float32 for 16-bit gradients and float64 for float64 ones: the update casts them to its own dtype."""
+    """Every gradient times the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients
+    and float64 for float64 ones: the update casts them to its own dtype."""
     dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
     grads = [tf.cast(g, dtype) for g in grads]
     norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
-    c = tf.constant(clip_norm, dtype)
-    scale = c / tf.maximum(norm, c)
+    scale = clip_factor_with(CLIP_OPS, norm, clip_norm)
     return [g * scale for g in grads]
 
 
@@ -152,19 +151,25 @@ def make_optimizer(spec, variables, weight_names) -> keras.optimizers.Optimizer:
     return optimizer
 
 
+def _nll(logp, labels):
+    # one gather, not take_along_axis (a dozen index-building operations): each label's class, on the last axis
+    rank = len(labels.shape)
+    return -ops.mean(tf.gather(logp, labels, axis=rank, batch_dims=rank))
+
+
+# harness.model.training's primitives: Keras ops, and TensorFlow's fused softmax cross-entropy (one kernel:
+# log-softmax and pick, and its gradient softmax - onehot)
+LOSS_OPS = LossOps(
+    upcast=lambda x: x if x.dtype == "float64" else ops.cast(x, "float32"),
+    softmax_cross_entropy=lambda out, labels: tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out)),
+    normalized=lambda x: x / ops.sum(x, axis=-1, keepdims=True), nll=_nll,
+    first_column=lambda x: x[:, 0], labels_like=lambda labels, out: ops.cast(labels, out.dtype),
+    clip=ops.clip, log=ops.log, log1p=ops.log1p, exp=ops.exp, abs=ops.abs, relu=ops.relu, mean=ops.mean,
+)
+CLIP_OPS = ClipOps(full_like=lambda norm, value: tf.constant(value, norm.dtype), maximum=tf.maximum, where=tf.where,
+                   ones_like=tf.ones_like)
+
+
 def loss_fn(spec, outputs, labels):
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype. Next-token labels
-    [N, T] with outputs [N, T, vocab]: the mean over every token of the batch."""
-    out = outputs if outputs.dtype == "float64" else ops.cast(outputs, "float32")
-    if spec.type == "sparse_categorical_crossentropy":
-        if spec.from_logits:  # one fused kernel (log-softmax and pick), and its gradient softmax - onehot
-            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=out))
-        logp = ops.log(ops.clip(out / ops.sum(out, axis=-1, keepdims=True), PROB_EPSILON, 1 - PROB_EPSILON))
-        # one gather, not take_along_axis (a dozen index-building operations): each label's class, on the last axis
-        rank = len(labels.shape)
-        return -ops.mean(tf.gather(logp, labels, axis=rank, batch_dims=rank))
-    z, y = out[:, 0], ops.cast(labels, out.dtype)
-    if spec.from_logits:
-        return ops.mean(ops.relu(z) - z * y + ops.log1p(ops.exp(-ops.abs(z))))
-    p = ops.clip(z, PROB_EPSILON, 1 - PROB_EPSILON)
-    return -ops.mean(y * ops.log(p) + (1 - y) * ops.log(1 - p))
+    return loss_with(LOSS_OPS, spec, outputs, labels)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from amp_harness_tensorflow.optimizers import SpecOptimizer
 from harness.errors import HarnessError
-from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, write_with
+from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, rounded_slots, rounded_update
 
 
 def device_name(device) -> str:
@@ -49,6 +49,10 @@ OPS = RoundingOps(
     draw_bits=lambda shape, seed, device: _placed(
         lambda: draw_bits(shape, tf.random.Generator.from_seed(seed)), device)(),
     on_device=_placed,
+    sqrt=tf.sqrt,
+    # float64, then float32: as the torch adapter's Python floats give them
+    scalars=lambda fn, lr, t: tuple(tf.cast(x, tf.float32) for x in fn(tf.cast(lr, tf.float64), tf.cast(t, tf.float64),
+                                                                       tf.sqrt)),
 )
 
 
@@ -61,16 +65,13 @@ def make_rounded_optimizer(spec, variables, weight_names, rounding: Rounding, se
 
 
 class RoundedOptimizer(SpecOptimizer):
-    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW, RMSprop, in their spec forms)
-    computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
-    nearest rounding, the weights by the precision's rule (harness.rounding). Every slot is created in build."""
+    """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
+    gradients and state stored in 16 bits; every slot is created in build."""
 
     def __init__(self, spec, weight_names, rounding: Rounding, seed: int):
         super().__init__(spec, weight_names, name="spec_rounded")
         self.rounding = rounding
-        self.SLOTS = {"sgd": ("momentum",) if getattr(spec, "momentum", 0) else (), "adam": ("m", "v"),
-                      "adamw": ("m", "v"), "rmsprop": ("square_avg",)}[spec.type] + \
-            (("compensation",) if rounding.mode == "kahan" else ())
+        self.SLOTS = rounded_slots(spec, rounding)
         self.generator = tf.random.Generator.from_seed(seed)
         self.given_bits = False  # fingerprint runs: round with the core's bits (set_bits) instead of drawing
         self.traced_drawing = False
@@ -89,49 +90,16 @@ class RoundedOptimizer(SpecOptimizer):
         self.bits[self._get_variable_index(variable)].assign(value)
 
     def update_step(self, gradient, variable, learning_rate):
-        spec, f32 = self.spec, tf.float32
-        g, w = tf.cast(gradient, f32), tf.cast(variable, f32)
-        lr = self.rate(f32)
-        if spec.type == "sgd":
-            direction = g
-            if spec.momentum:
-                buf = spec.momentum * tf.cast(self.slot("momentum", variable), f32) + g
-                self._keep("momentum", variable, buf)
-                direction = g + spec.momentum * buf if spec.nesterov else buf
-            new = w - lr * direction
-        elif spec.type in ("adam", "adamw"):
-            m = spec.beta_1 * tf.cast(self.slot("m", variable), f32) + (1 - spec.beta_1) * g
-            v = spec.beta_2 * tf.cast(self.slot("v", variable), f32) + (1 - spec.beta_2) * g * g
-            self._keep("m", variable, m)
-            self._keep("v", variable, v)
-            # the bias corrections in float64, then float32, as the torch adapter's Python floats give them
-            t = tf.cast(self.iterations + 1, tf.float64)
-            step_size = tf.cast(self.rate(tf.float64) / (1 - tf.pow(tf.constant(spec.beta_1, tf.float64), t)), f32)
-            root = tf.cast(tf.sqrt(1 - tf.pow(tf.constant(spec.beta_2, tf.float64), t)), f32)
-            # AdamW's decoupled decay, of the weight before the update: p*(1 - lr*wd), the factor in float64 first
-            decay = self.decay_of(variable)
-            start = w * tf.cast(1 - self.rate(tf.float64) * decay, f32) if decay else w
-            new = start - step_size * (m / (tf.sqrt(v) / root + spec.epsilon))
-        else:
-            v = spec.rho * tf.cast(self.slot("square_avg", variable), f32) + (1 - spec.rho) * g * g
-            self._keep("square_avg", variable, v)
-            denom = tf.sqrt(v + spec.epsilon) if spec.epsilon_placement == "inside" else tf.sqrt(v) + spec.epsilon
-            new = w - lr * (g / denom)
-        variable.assign(self._write(variable, w, new))
-
-    def _keep(self, slot, variable, value) -> None:
-        state = self.slot(slot, variable)
-        state.assign(tf.cast(value, state.dtype))
-
-    def _write(self, variable, w, new):
         bits = None
         if self.rounding.stochastic and self.given_bits:
             bits = self.bits[self._get_variable_index(variable)]
         elif self.rounding.stochastic:
             self.traced_drawing = True
             bits = draw_bits(variable.shape, self.generator)
-        compensation = self.slot("compensation", variable) if self.rounding.mode == "kahan" else None
-        weights, new_compensation = write_with(OPS, self.rounding, w, new, compensation, bits)
-        if new_compensation is not None:
-            compensation.assign(new_compensation)
-        return weights
+        slots = {slot: self.slot(slot, variable) for slot in self.SLOTS}
+        weights, kept = rounded_update(OPS, self.spec, self.rounding, tf.cast(variable, tf.float32),
+                                       tf.cast(gradient, tf.float32), slots, self.rate(tf.float64),
+                                       self.iterations + 1, self.decay_of(variable), bits)
+        for slot, value in kept.items():
+            slots[slot].assign(tf.cast(value, slots[slot].dtype))
+        variable.assign(weights)

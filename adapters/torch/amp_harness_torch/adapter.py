@@ -101,55 +101,66 @@ class TorchAdapter(Adapter):
 
 
 class TorchTrainer(Trainer):
-    def __init__(self, spec, graph, weights, precision, loss_scale, device, variant):
+    def configure(self, spec, precision, device, variant):
         import torch
 
-        from amp_harness_torch.network import Network, attention_mask
-        from amp_harness_torch.optimizers import clip_factor, loss_fn, make_optimizer
-        from harness.model.optimizer import scheduled
+        from amp_harness_torch.optimizers import clip_factor, loss_fn
 
         self.torch, self.loss_fn, self.clip_factor = torch, loss_fn, clip_factor
-        self.spec = spec
         self.device = torch.device(device.name)
         self.is_cuda = self.device.type == "cuda"
-        self.start_memory(self.is_cuda)
         # strict fp32 unless the precision asks for TF32 (both default to TF32 for convolutions)
         torch.backends.cuda.matmul.allow_tf32 = precision.tf32
         torch.backends.cudnn.allow_tf32 = precision.tf32
         torch.manual_seed(spec.seed)
+
+    def build_network(self, spec, graph, weights, precision, device, variant):
+        from amp_harness_torch.network import Network
+
+        torch = self.torch
         self.images = len(spec.input.shape) == 3
         self.channels_last = self.images and variant in ("channels_last", "compile")
         self.param_dtype = getattr(torch, precision.param_dtype)
         self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
-
         net = Network(spec.layers, graph, weights, precision.fp8).to(self.device, dtype=self.param_dtype)
-        self.declare_attention_masks(graph, attention_mask, device.kind)
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
-        self.start_rounding(precision)
-        params = net.canonical_parameters()
-        if self.rounding is None:
-            self.optimizer = make_optimizer(spec.optimizer, params)
-        else:  # the update in float32, the weights written by the core's rule (harness.rounding)
-            from amp_harness_torch.rounding import OPS, make_rounded_optimizer
-            from harness.rounding import round_nearest_with
+        self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
 
-            if self.rounding.format == "fixed16":  # the initial weights onto the grid
-                with torch.no_grad():
-                    for p in net.parameters():
-                        p.copy_(round_nearest_with(OPS, p, self.rounding))
-            self.optimizer = make_rounded_optimizer(spec.optimizer, params, self.rounding, self.rounding_seed)
-        self.params = list(params.values())
+    def attention_mask(self, info, precision, device_kind):
+        from amp_harness_torch.network import attention_mask
+
+        return attention_mask(info, precision, device_kind)
+
+    def build_optimizer(self, optimizer):
+        from amp_harness_torch.optimizers import make_optimizer
+
+        self.optimizer = make_optimizer(optimizer, self.net.canonical_parameters())
+
+    def build_rounded_optimizer(self, optimizer):
+        from amp_harness_torch.rounding import OPS, make_rounded_optimizer
+        from harness.rounding import round_nearest_with
+
+        if self.rounding.format == "fixed16":  # the initial weights onto the grid
+            with self.torch.no_grad():
+                for p in self.net.parameters():
+                    p.copy_(round_nearest_with(OPS, p, self.rounding))
+        self.optimizer = make_rounded_optimizer(optimizer, self.net.canonical_parameters(), self.rounding,
+                                                self.rounding_seed)
+
+    def build_step(self, spec, precision, loss_scale, variant):
+        from harness.model.optimizer import scheduled
+
+        torch = self.torch
+        self.params = list(self.net.canonical_parameters().values())
         self.scheduled, self.clip_norm = scheduled(spec.optimizer), spec.optimizer.clip_norm
         self.compiled = variant == "compile"
-        self.forward = torch.compile(net) if self.compiled else net
+        self.forward = torch.compile(self.net) if self.compiled else self.net
         self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
         # the module calls around the layers' ranges are the runtime's dispatch; a compiled graph would run its
         # kernels (the layers' work, which it cannot attribute) in that range too
         self.forward_scope = None if self.compiled else RUNTIME_SCOPE
-        self.start_optimizer(spec)
-        self.start_loss_scale(loss_scale)
         self.grad_scaler = None
         self.scaler = LossScaler(loss_scale)  # the core's rules where GradScaler is not used
         self.skipped = False
@@ -158,15 +169,14 @@ class TorchTrainer(Trainer):
             self.grad_scaler = torch.amp.GradScaler(
                 self.device.type, init_scale=loss_scale.initial, growth_factor=loss_scale.growth_factor,
                 backoff_factor=loss_scale.backoff_factor, growth_interval=loss_scale.growth_interval)
-        self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
-        self.options = {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": variant == "compile",
-                        "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
-                        "loss_scaler": "GradScaler" if self.grad_scaler else
-                        (None if loss_scale.mode == "none" else "harness (manual)"),
-                        **self.rounding_options(),
-                        "inter_op_threads": torch.get_num_interop_threads()}
-        if net.attention_kernels:
-            self.options["attention"] = dict(net.attention_kernels)
+
+    def framework_options(self, precision, variant):
+        return {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": self.compiled,
+                "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+                "loss_scaler": "GradScaler" if self.grad_scaler else
+                (None if self.loss_scale.mode == "none" else "harness (manual)"),
+                "inter_op_threads": self.torch.get_num_interop_threads(),
+                **({"attention": dict(self.net.attention_kernels)} if self.net.attention_kernels else {})}
 
     def _input(self, x: np.ndarray):
         t = self.torch.from_numpy(x).to(self.device, non_blocking=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.model.spec import PROB_EPSILON
+from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class RMSprop(torch.optim.Optimizer):
@@ -61,28 +61,27 @@ def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter]) -> torch.o
     return optimizer
 
 
+# harness.model.training's primitives: torch's fused cross-entropies (next-token batches as [N*T, vocab])
+LOSS_OPS = LossOps(
+    upcast=lambda x: x if x.dtype == torch.float64 else x.float(),
+    softmax_cross_entropy=lambda out, labels: F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1)),
+    normalized=lambda x: x / x.sum(dim=-1, keepdim=True),
+    nll=lambda logp, labels: F.nll_loss(logp.reshape(-1, logp.shape[-1]), labels.reshape(-1)),
+    first_column=lambda x: x[:, 0], labels_like=lambda labels, out: labels.to(out.dtype),
+    clip=torch.clamp, log=torch.log, log1p=torch.log1p, exp=torch.exp, abs=torch.abs, relu=torch.relu,
+    mean=torch.mean, sigmoid_cross_entropy=F.binary_cross_entropy_with_logits,
+)
+CLIP_OPS = ClipOps(full_like=torch.full_like, maximum=torch.maximum, where=torch.where, ones_like=torch.ones_like)
+
+
 def clip_factor(grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
-    """clip_norm / max(n, clip_norm) for the global norm n of these (unscaled) gradients, on their device, in
-    float32 (float64 for float64 gradients): 1 where n is not finite, so that a step the loss scaler skips
-    keeps its gradients as they are (and no host sync decides it)."""
+    """The spec's clipping factor (harness.model.training) of these unscaled gradients' global norm, on their
+    device: 1 where the norm is not finite, so that a step the loss scaler skips keeps its gradients as they are
+    (and no host sync decides it)."""
     dtype = torch.float64 if grads[0].dtype == torch.float64 else torch.float32
     norm = torch.stack([g.to(dtype).square().sum() for g in grads]).sum().sqrt()
-    clip = torch.full_like(norm, clip_norm)  # a tensor divided, not `float / tensor` (a reciprocal, then a product)
-    return torch.where(norm.isfinite(), clip / torch.maximum(norm, clip), torch.ones_like(norm))
+    return clip_factor_with(CLIP_OPS, norm, clip_norm, norm.isfinite())
 
 
 def loss_fn(spec, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Batch-mean loss in float32 (or float64 for float64 outputs), whatever the compute dtype; a next-token batch
-    (outputs [N, T, vocab], labels [N, T]) is the mean over all N*T tokens."""
-    out = outputs if outputs.dtype == torch.float64 else outputs.float()
-    if spec.type == "sparse_categorical_crossentropy":
-        out, labels = out.reshape(-1, out.shape[-1]), labels.reshape(-1)
-        if spec.from_logits:
-            return F.cross_entropy(out, labels)
-        probs = (out / out.sum(dim=1, keepdim=True)).clamp(PROB_EPSILON, 1 - PROB_EPSILON)
-        return F.nll_loss(probs.log(), labels)
-    z, y = out[:, 0], labels.to(out.dtype)
-    if spec.from_logits:
-        return F.binary_cross_entropy_with_logits(z, y)
-    p = z.clamp(PROB_EPSILON, 1 - PROB_EPSILON)
-    return -(y * p.log() + (1 - y) * (1 - p).log()).mean()
+    return loss_with(LOSS_OPS, spec, outputs, labels)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, write_with
+from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, rounded_slots, rounded_update
 
 
 def draw_bits(shape, generator: torch.Generator) -> torch.Tensor:
@@ -31,6 +31,8 @@ OPS = RoundingOps(
     to_numpy=lambda t: t.cpu().numpy(),
     draw_bits=lambda shape, seed, device: draw_bits(shape, torch.Generator(device=device.name).manual_seed(seed)),
     on_device=lambda fn, device: fn,  # eager: each op runs where its inputs are
+    sqrt=torch.sqrt,
+    scalars=lambda fn, lr, t: fn(lr, t, math.sqrt),  # Python floats: float64, then float32 in each operation
 )
 
 
@@ -41,23 +43,18 @@ def make_rounded_optimizer(spec, named_params: dict, rounding: Rounding, seed: i
 
 
 class RoundedUpdate(torch.optim.Optimizer):
-    """The spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW, RMSprop, in their spec forms)
-    computed in float32 from weights, gradients and state stored in 16 bits; the state is written back with
-    nearest rounding, the weights by the precision's rule (harness.rounding). Every slot is created here. Its one
-    param group's lr is the step's rate (the trainer sets it under a schedule); the gradients are multiplied by
-    `gradient_factor` (clipping's, set for the next step) in float32."""
+    """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
+    gradients and state stored in 16 bits, every slot created here. Its one param group's lr is the step's rate
+    (the trainer sets it under a schedule); the gradients are multiplied by `gradient_factor` (clipping's, set for
+    the next step) in float32."""
 
     def __init__(self, named_params: dict, spec, rounding: Rounding, device: torch.device, seed: int):
         from harness.model.optimizer import weight_decay
 
         super().__init__(list(named_params.values()), {"lr": spec.learning_rate})
         self.spec, self.rounding = spec, rounding
-        adam = ("exp_avg", "exp_avg_sq")
-        self.slots = {"sgd": ("momentum_buffer",) if getattr(spec, "momentum", 0) else (), "adam": adam,
-                      "adamw": adam, "rmsprop": ("square_avg",)}[spec.type] + \
-            (("compensation",) if rounding.mode == "kahan" else ())
         for p in self.params:
-            self.state[p] = {slot: torch.zeros_like(p) for slot in self.slots}
+            self.state[p] = {slot: torch.zeros_like(p) for slot in rounded_slots(spec, rounding)}
         self.decay = {p: weight_decay(spec, name) for name, p in named_params.items()}  # AdamW's, by parameter
         self.steps = 0
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -71,43 +68,20 @@ class RoundedUpdate(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         self.steps += 1
-        spec, t, lr = self.spec, self.steps, self.param_groups[0]["lr"]
         for p in self.params:
             if p.grad is None:
                 continue
-            state, g, w = self.state[p], p.grad.float(), p.float()
+            g = p.grad.float()
             if self.gradient_factor is not None:
                 g = g * self.gradient_factor
-            if spec.type == "sgd":
-                direction = g
-                if spec.momentum:
-                    buf = spec.momentum * state["momentum_buffer"].float() + g
-                    state["momentum_buffer"].copy_(buf)
-                    direction = g + spec.momentum * buf if spec.nesterov else buf
-                new = w - lr * direction
-            elif spec.type in ("adam", "adamw"):
-                m = spec.beta_1 * state["exp_avg"].float() + (1 - spec.beta_1) * g
-                v = spec.beta_2 * state["exp_avg_sq"].float() + (1 - spec.beta_2) * g * g
-                state["exp_avg"].copy_(m)
-                state["exp_avg_sq"].copy_(v)
-                step_size = lr / (1 - spec.beta_1 ** t)
-                new = w - step_size * (m / (v.sqrt() / math.sqrt(1 - spec.beta_2 ** t) + spec.epsilon))
-                if self.decay[p]:  # decoupled: of the weight before the update
-                    new = new - (lr * self.decay[p]) * w
-            else:
-                v = spec.rho * state["square_avg"].float() + (1 - spec.rho) * g * g
-                state["square_avg"].copy_(v)
-                denom = (v + spec.epsilon).sqrt() if spec.epsilon_placement == "inside" else v.sqrt() + spec.epsilon
-                new = w - lr * (g / denom)
-            p.copy_(self._write(p, w, new, state))
+            bits = None
+            if self.rounding.stochastic:
+                bits = self.given_bits[p] if self.given_bits is not None else draw_bits(p.shape, self.generator)
+            state = self.state[p]
+            weights, kept = rounded_update(OPS, self.spec, self.rounding, p.float(), g, state,
+                                           self.param_groups[0]["lr"], self.steps, self.decay[p], bits)
+            for slot, value in kept.items():
+                state[slot].copy_(value)
+            p.copy_(weights)
         self.given_bits = self.gradient_factor = None
         return None
-
-    def _write(self, p, w, new, state):
-        bits = None
-        if self.rounding.stochastic:
-            bits = self.given_bits[p] if self.given_bits is not None else draw_bits(p.shape, self.generator)
-        weights, compensation = write_with(OPS, self.rounding, w, new, state.get("compensation"), bits)
-        if compensation is not None:
-            state["compensation"].copy_(compensation)
-        return weights
