@@ -60,7 +60,7 @@ def test_a_clear_difference_is_decided_after_three_repeats_from_a_matrix_file(tm
 
 def test_a_noisy_pair_repeats_until_the_budget_runs_out_and_says_too_noisy(tmp_path, monkeypatch):
     monkeypatch.setenv("AMP_FAKE_NOISE_FILE", str(tmp_path / "noise"))
-    out = amp("run", *SHORT, "--model", SPEC, "--precision", "fp32,amp_bf16", "--repeats", "auto", "--budget", "20",
+    out = amp("run", *SHORT, "--model", SPEC, "--precision", "fp32,amp_bf16", "--repeats", "auto", "--budget", "8",
               "--out", str(tmp_path / "out"), faults="fp32=noisy,amp_bf16=noisy")
     assert out.returncode == 0, out.stderr
     line = re.search(r"amp_bf16 against fp32 \(variant default\): budget ran out after (\d+) repeats(?: in \d+ "
@@ -294,6 +294,15 @@ def test_a_true_speed_up_of_1_25x_is_called_faster_within_the_default_budget():
     verdicts = [simulated_verdict(1.25, seed) for seed in range(500)]
     assert verdicts.count("faster") >= 0.8 * len(verdicts), {v: verdicts.count(v) for v in set(verdicts)}
     assert "slower" not in verdicts and "same" not in verdicts
+
+
+def test_a_comparison_undecided_at_its_last_look_stops_there_whatever_the_budget():
+    plan = next(p for p in (simulated_run(1.0, seed, budget_s=100_000) for seed in range(20))
+                if p._ratio(p.pairs()[0]).decision not in stats.DECIDED)
+    (line,) = plan.outcomes()
+    assert f"the sequential test's {stats.MAX_LOOKS} looks spent after " in line and "too noisy here to decide" in line
+    assert max(len(plan._figures(c)) for c in plan.pairs()[0]) == stats.MIN_REPEATS + stats.MAX_LOOKS - 1
+    assert not plan.next_round()
 
 
 def test_the_sequential_test_replayed_from_the_records_is_the_one_the_runner_decided_with():
