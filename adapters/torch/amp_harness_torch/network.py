@@ -5,28 +5,16 @@ NHWC first so that it flattens in the spec's H, W, C order and the canonical den
 Sequences are [N, T, D], the canonical layout (dense, the norms and softmax act on the last axis); token ids
 come in as int64 and go to F.embedding as they are.
 
-Attention: F.scaled_dot_product_attention where the layer has no dropout (on CPU torch 2.13 picks its flash
-kernel for float64, float32, bfloat16 and float16 alike; it matched the unfused math to 3e-16 in float64, forward
-and backward, and to 2e-7 in float32); with dropout the math written out, softmax(q k^T / sqrt(Dh)) with the
-core's mask on the probabilities, because SDPA's dropout draws its own mask.
+Under autocast on CPU (dtypes printed, torch 2.13): the projections and q k^T run in the autocast dtype;
+torch.softmax, F.layer_norm and F.rms_norm keep their input's dtype (CPU autocast casts none of them to float32),
+so a norm after a 16-bit dense gives 16 bits and a norm on the residual stream float32 (a 16-bit branch plus the
+float32 shortcut promotes to float32). F.rms_norm with a 16-bit input and float32 gamma takes torch's composite
+path (it warns once that it cannot use the fused kernel). CUDA autocast's lists cast softmax and layer_norm to
+float32 instead (torch's documentation; not measured here, no GPU). The loss is float32 (optimizers.loss_fn).
 
-Under autocast on CPU (dtypes printed, torch 2.13): the projections and q k^T run in the autocast dtype, and the
-unfused causal mask, masked_fill(-inf) on those 16-bit scores, leaves -inf in bfloat16/float16. torch.softmax,
-F.layer_norm and F.rms_norm keep their input's dtype (CPU autocast casts none of them to float32): softmax of 16-bit
-scores gives 16-bit probabilities; a norm after a 16-bit dense gives 16 bits, a norm on the residual stream float32
-(a 16-bit branch plus the float32 shortcut promotes to float32, so the stream stays float32). F.rms_norm with a
-16-bit input and float32 gamma takes torch's composite path (it warns once that it cannot use the fused kernel).
-SDPA's CPU flash kernel takes and returns 16 bits but keeps its scores, running max and sums in float32 (accum_t,
-the opmath type) with -inf for masked keys (read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, not
-measured). The loss is float32 (optimizers.loss_fn). CUDA autocast's lists cast softmax and layer_norm to
-float32 instead (torch's documentation; not measured here, no GPU).
-
-FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
-recipe: recipe_amax_with) and cast the gradient of the product on its way back (CastGradient), the bias added
-after; the autograd graph passes the forward casts' gradients straight through, so the backward matmuls multiply
-the cast gradient with the cast values the forward saved, as an FP8 matmul's backward does. Each product's casts
-(Fp8Casts) keep the delayed recipe's amax histories as buffers, updated in place in training.
+FP8 (a precision with an fp8 policy: harness.fp8, docs/fp8.md): each matmul layer's product goes through
+matmul_layer, its casts (Fp8Casts) emulated by the core's rule or, where the policy is native, multiplied by
+torch._scaled_mm.
 """
 from __future__ import annotations
 
@@ -36,6 +24,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from amp_harness_torch.rounding import OPS
 from torch import nn
 
 from harness.adapter import layer_scope
@@ -45,7 +34,6 @@ from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_paddi
 from harness.model.layers import LayerBuilders
 from harness.model.weights import from_channels_first, to_channels_first
 from harness.numerics import AttentionMask
-
 
 LAYERS = LayerBuilders("torch")  # each builder: (LayerInfo, Network) -> an nn.Module (here the Layer classes)
 
@@ -64,8 +52,6 @@ class Fp8Casts(nn.Module):
 
     def amax(self, x, role: str):
         """The amax x's cast is scaled by (the recipe's; a delayed history recorded in training)."""
-        from amp_harness_torch.rounding import OPS
-
         amax, history = recipe_amax_with(OPS, x, getattr(self, role))
         if history is not None and self.training:
             getattr(self, role).copy_(history)
@@ -73,23 +59,21 @@ class Fp8Casts(nn.Module):
 
     def cast(self, x, role: str):
         """x as its FP8 cast gives it, in float32 (emulation)."""
-        from amp_harness_torch.rounding import OPS
-
         return fake_quantize_with(OPS, x, self.amax(x, role), self.policy.format(role))
 
     def quantize(self, x, role: str):
         """(x scaled and cast to torch's FP8 dtype, the scale): the same values as cast(), before dequantizing.
         torch's cast rounds to nearest even but gives e4m3fn NaN past 448: the clamp saturates first, as the
         core's rule does (NaN stays NaN)."""
-        from amp_harness_torch.rounding import OPS
-
         fmt = self.policy.format(role)
         scale = scale_with(OPS, self.amax(x, role), fmt)
         return (x * scale).clamp(-fmt.max, fmt.max).to(FP8_DTYPES[fmt.name]), scale
 
 
 class CastInput(torch.autograd.Function):
-    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged."""
+    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged, so the backward matmuls
+    multiply the cast output gradient (CastGradient) with the cast values the forward saved, as an FP8 matmul's
+    backward does."""
 
     @staticmethod
     def forward(ctx, x, casts, role):
@@ -117,10 +101,10 @@ FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 NATIVE_FP8 = "native: torch._scaled_mm (FP8 operands, float32 products)"
 
 
-def _padded(x, multiple=16):
+def _padded(x):
     """A 2D float tensor zero-padded to multiples of 16 in both sizes (CUDA's FP8 GEMMs need them; zeros change
     neither an amax nor a product)."""
-    return F.pad(x, (0, -x.shape[1] % multiple, 0, -x.shape[0] % multiple))
+    return F.pad(x, (0, -x.shape[1] % 16, 0, -x.shape[0] % 16))
 
 
 def scaled_mm(a, b, scale_a, scale_b):
@@ -131,9 +115,8 @@ def scaled_mm(a, b, scale_a, scale_b):
 
 
 class NativeLinear(torch.autograd.Function):
-    """x @ kernel^T with torch's FP8 matmuls (torch._scaled_mm), on the casts Fp8Casts gives: the product of the
-    input and kernel cast forward; back, the output gradient's cast times the saved kernel cast (the input's
-    gradient) and its transpose times the saved input cast (the kernel's), as an FP8 training kernel does."""
+    """x @ kernel^T with torch._scaled_mm on the casts Fp8Casts gives, forward and back (the output gradient's cast
+    times the saved casts), as an FP8 training kernel does."""
 
     @staticmethod
     def forward(ctx, x, kernel, casts):
@@ -195,21 +178,27 @@ class Dense(Layer):
         return matmul_layer(self, F.linear, x, self.kernel, getattr(self, "bias", None))
 
 
-@LAYERS.builder("conv2d")
+@LAYERS.builder("conv2d", "patches")
 class Conv2D(Layer):
+    """conv2d; patches is a conv2d of kernel and stride P whose [N, D, H/P, W/P] output is read as H/P * W/P
+    patches in row-major order."""
+
     PRODUCTS = ("product",)
 
     def __init__(self, info, net):
         super().__init__(info, net)
         spec = info.spec
-        self.stride = spec.strides
-        self.padding = window_padding(info.in_shape, spec.kernel_size, spec.strides, spec.padding)
+        self.patches = info.type == "patches"
+        kernel, self.stride, padding = (spec.size, spec.size, "valid") if self.patches else \
+            (spec.kernel_size, spec.strides, spec.padding)
+        self.padding = window_padding(info.in_shape, kernel, self.stride, padding)
 
     def forward(self, x):
         if self.padding.explicit:
             x = F.pad(x, _pad_arg(self.padding))
-        return matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric), x,
-                            self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
+        y = matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric), x,
+                         self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
+        return y.flatten(2).transpose(1, 2) if self.patches else y
 
 
 def _pad_arg(padding) -> tuple[int, int, int, int]:
@@ -251,6 +240,9 @@ class Flatten(Layer):
         return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
 
 
+ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+
 @LAYERS.builder("relu", "gelu", "tanh", "sigmoid", "softmax")
 class Activation(Layer):
     def __init__(self, info, net):
@@ -258,15 +250,11 @@ class Activation(Layer):
         self.type, self.approximate = info.type, "tanh" if getattr(info.spec, "approximate", False) else "none"
 
     def forward(self, x):
-        if self.type == "relu":
-            return F.relu(x)
         if self.type == "gelu":
             return F.gelu(x, approximate=self.approximate)
-        if self.type == "tanh":
-            return torch.tanh(x)
-        if self.type == "sigmoid":
-            return torch.sigmoid(x)
-        return torch.softmax(x, dim=1 if x.dim() == 4 else -1)  # the channel axis in NCHW, the last otherwise
+        if self.type == "softmax":  # over the channel axis in NCHW, the last otherwise
+            return torch.softmax(x, dim=1 if x.dim() == 4 else -1)
+        return ACTIVATIONS[self.type](x)
 
 
 @LAYERS.builder("batchnorm")
@@ -345,13 +333,13 @@ def attention_kernel(spec) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask | None:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured
-    on a CPU, torch 2.13: docs/diagnose.md, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its
-    float32 scores (the opmath type, for 16-bit inputs too) and gives a row whose every score is -inf zero weights
-    (an output of 0, as its math kernel's _safe_softmax); on a GPU: None, CUDA picks among its kernels (not
-    measured). Unfused: masked_fill(-inf) on the scores in the compute dtype (autocast's, or the weights' in pure
-    16-bit), and torch.softmax in that dtype on a CPU; CUDA autocast runs softmax in float32 (its documented op
-    list; not measured here)."""
+    """What a causal attention layer's mask leaves in the scores it masks (measured on a CPU, torch 2.13:
+    docs/diagnose.md, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its float32 scores
+    (the opmath type, for 16-bit inputs too: read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) and gives a
+    fully masked row zero weights, as its math kernel's _safe_softmax; on a GPU: None, CUDA picks among its kernels
+    (not measured). Unfused: masked_fill(-inf) on the scores in the compute dtype (autocast's, or the weights' in
+    pure 16-bit), and torch.softmax in that dtype on a CPU; CUDA autocast runs softmax in float32 (its documented
+    op list; not measured here)."""
     compute = precision.compute_dtype
     if attention_kernel(info.spec) == SDPA:
         if device_kind != "cpu":
@@ -364,8 +352,9 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask | None:
 @LAYERS.builder("attention")
 class Attention(Layer):
     """Multi-head self-attention. Without dropout: torch's fused F.scaled_dot_product_attention (its math is the
-    spec's; on CPU its flash kernel matched the unfused math to 3e-16 in float64). With dropout: the math written
-    out, because SDPA's dropout draws its own mask and the core's must be applied to the probabilities."""
+    spec's; on CPU torch 2.13 picks its flash kernel in every dtype, which matched the unfused math to 3e-16 in
+    float64, forward and backward, and to 2e-7 in float32). With dropout: the math written out, because SDPA's
+    dropout draws its own mask and the core's must be applied to the probabilities."""
 
     PRODUCTS = ("query", "key", "value", "output")
 
@@ -434,21 +423,6 @@ class SequencePool(Layer):
         return x[:, 0] if self.mode == "first" else x[:, -1]
 
 
-@LAYERS.builder("patches")
-class Patches(Layer):
-    """A conv2d of kernel and stride P; its [N, D, H/P, W/P] output read as H/P * W/P patches in row-major order."""
-
-    PRODUCTS = ("product",)
-
-    def __init__(self, info, net):
-        super().__init__(info, net)
-        self.size = info.spec.size
-
-    def forward(self, x):
-        return matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.size), x, self.kernel, self.bias,
-                            (1, -1, 1, 1)).flatten(2).transpose(1, 2)
-
-
 @LAYERS.builder("residual")
 class Residual(Layer):
     def __init__(self, info, net):
@@ -474,16 +448,16 @@ class Network(nn.Module):
         self.infos, self.weights, self.fp8 = {info.path: info for info in graph.layers}, weights, fp8
         self.layers = self.build(layer_specs, "")
         del self.infos, self.weights
-        self._owners = {f"{m.info.path}.{name}": (m, name) for m in self.modules() if isinstance(m, Layer)
-                        for name in m.info.params}
+        self._layers = [m for m in self.modules() if isinstance(m, Layer)]  # nested ones too, outer first
+        self._owners = {f"{m.info.path}.{name}": (m, name) for m in self._layers for name in m.info.params}
         # the layers that take a dropout mask with each batch: dropout layers, and attention layers' probabilities
-        self._masked = {m.info.path: m for m in self.modules() if isinstance(m, (Dropout, Attention)) and m.rate > 0}
+        self._masked = {m.info.path: m for m in self._layers if isinstance(m, (Dropout, Attention)) and m.rate > 0}
         #: which attention ran in each attention layer, by canonical path (the trainer's options["attention"])
-        self.attention_kernels = {m.info.path: m.kernel for m in self.modules() if isinstance(m, Attention)}
+        self.attention_kernels = {m.info.path: m.kernel for m in self._layers if isinstance(m, Attention)}
         #: how the FP8 products ran where not all emulated (the trainer's options["fp8"]["matmuls"])
         self.fp8_matmuls = None
         if fp8 is not None and fp8.native:
-            convolutions = sorted({m.info.type for m in self.modules() if isinstance(m, (Conv2D, Patches))})
+            convolutions = sorted({m.info.type for m in self._layers if isinstance(m, Conv2D)})
             self.fp8_matmuls = NATIVE_FP8 + (f"; {' and '.join(convolutions)} emulated (torch has no FP8 "
                                              f"convolution)" if convolutions else "")
 
@@ -502,7 +476,6 @@ class Network(nn.Module):
     def scoped(self):
         """Profile mode: every layer's forward runs in a record_function range named layer_scope(path), opened and
         closed by hooks that exist only inside this context (a timed step runs no hook); yields the ranges' names."""
-        layers = [module for module in self.modules() if isinstance(module, Layer)]
         ranges = []  # open ones, innermost last: a residual block's range holds its layers'
 
         def open_range(layer, args):
@@ -511,27 +484,25 @@ class Network(nn.Module):
         def close_range(layer, args, out):
             ranges.pop().__exit__(None, None, None)
 
-        hooks = [hook for layer in layers for hook in (layer.register_forward_pre_hook(open_range),
-                                                       layer.register_forward_hook(close_range, always_call=True))]
+        hooks = [hook for layer in self._layers
+                 for hook in (layer.register_forward_pre_hook(open_range),
+                              layer.register_forward_hook(close_range, always_call=True))]
         try:
-            yield {layer_scope(layer.info.path) for layer in layers}
+            yield {layer_scope(layer.info.path) for layer in self._layers}
         finally:
             for hook in hooks:
                 hook.remove()
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): one forward with hooks."""
-        outputs, hooks = {}, []
-        for module in self.modules():
-            if isinstance(module, Layer):
-                hooks.append(module.register_forward_hook(
-                    lambda m, args, out: outputs.__setitem__(m.info.path, out)))
+        outputs = {}
+        hooks = [layer.register_forward_hook(lambda m, args, out: outputs.__setitem__(m.info.path, out))
+                 for layer in self._layers]
         try:
-            out = self(x)
+            return outputs, self(x)
         finally:
             for hook in hooks:
                 hook.remove()
-        return outputs, out
 
     @staticmethod
     def canonical_activation(t) -> np.ndarray:
