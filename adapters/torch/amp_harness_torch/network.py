@@ -10,7 +10,7 @@ torch.softmax, F.layer_norm and F.rms_norm keep their input's dtype (CPU autocas
 so a norm after a 16-bit dense gives 16 bits and a norm on the residual stream float32 (a 16-bit branch plus the
 float32 shortcut promotes to float32). F.rms_norm with a 16-bit input and float32 gamma takes torch's composite
 path (it warns once that it cannot use the fused kernel). CUDA autocast's lists cast softmax and layer_norm to
-float32 instead (torch's documentation; not measured here, no GPU). The loss is float32 (optimizers.loss_fn).
+float32 instead (torch's documentation; not measured here, no GPU). The loss is float32 (optimizers.LOSS_OPS).
 
 FP8 (a precision with an fp8 policy: harness.fp8, docs/fp8.md): each matmul layer's product goes through
 matmul_layer, its casts (Fp8Casts) emulated by the core's rule or, where the policy is native, multiplied by
@@ -169,6 +169,15 @@ class Layer(nn.Module):
             else:
                 self.register_parameter(name, nn.Parameter(value))
 
+    def dropped(self, x):
+        """A dropout or attention layer's x times the core's mask for this step (self.mask, set by Network.forward),
+        over 1 - self.rate, in training; torch's own RNG is never used."""
+        if not self.training or self.rate == 0:
+            return x
+        if self.mask is None:
+            raise HarnessError(f"{self.info.type} layer {self.info.path}: no dropout mask was given with the batch")
+        return x * self.mask.to(x.dtype) / (1 - self.rate)
+
 
 @LAYERS.builder("dense")
 class Dense(Layer):
@@ -277,13 +286,15 @@ class BatchNorm(Layer):
         return F.batch_norm(x, None, None, self.gamma, self.beta, True, 0.0, self.eps)
 
 
-@LAYERS.builder("layernorm")
-class LayerNorm(Layer):
+@LAYERS.builder("layernorm", "rmsnorm")
+class Norm(Layer):
     def __init__(self, info, net):
         super().__init__(info, net)
-        self.eps, self.channels = info.spec.epsilon, info.in_shape[-1]
+        self.rms, self.eps, self.channels = info.type == "rmsnorm", info.spec.epsilon, info.in_shape[-1]
 
     def forward(self, x):
+        if self.rms:
+            return F.rms_norm(x, (self.channels,), self.gamma, self.eps)  # epsilon inside the root, as the spec's
         if x.dim() == 4:
             y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), self.gamma, self.beta, self.eps)
             return y.permute(0, 3, 1, 2)
@@ -292,19 +303,12 @@ class LayerNorm(Layer):
 
 @LAYERS.builder("dropout")
 class Dropout(Layer):
-    """Applies the core's mask for this step (set by Network.forward); torch's own RNG is never used."""
-
     def __init__(self, info, net):
         super().__init__(info, net)
-        self.rate = info.spec.rate
-        self.mask = None
+        self.rate, self.mask = info.spec.rate, None
 
     def forward(self, x):
-        if not self.training or self.rate == 0:
-            return x
-        if self.mask is None:
-            raise HarnessError(f"dropout layer {self.info.path}: no mask was given with the batch")
-        return x * self.mask.to(x.dtype) / (1 - self.rate)
+        return self.dropped(x)
 
 
 @LAYERS.builder("embedding")
@@ -383,32 +387,10 @@ class Attention(Layer):
         """softmax(q k^T / sqrt(Dh), causal) v per head, with the core's dropout on the probabilities in training."""
         if self.kernel == SDPA:
             return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=1 / math.sqrt(self.head_dim))
-        return self.dropped(self.probabilities(q, k)) @ v
-
-    def probabilities(self, q, k):
-        """The unfused softmax over keys of the scores, scaled before it; future keys (j > i) at -inf if causal."""
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
-        if self.causal:
+        if self.causal:  # the future keys (j > i) at -inf
             scores = scores.masked_fill(self.future, float("-inf"))
-        return torch.softmax(scores, dim=-1)
-
-    def dropped(self, probs):
-        """The core's dropout mask for this step applied to the probabilities (training only)."""
-        if not self.training or self.rate == 0:
-            return probs
-        if self.mask is None:
-            raise HarnessError(f"attention layer {self.info.path}: no dropout mask was given with the batch")
-        return probs * self.mask.to(probs.dtype) / (1 - self.rate)
-
-
-@LAYERS.builder("rmsnorm")
-class RMSNorm(Layer):
-    def __init__(self, info, net):
-        super().__init__(info, net)
-        self.eps, self.channels = info.spec.epsilon, info.in_shape[-1]
-
-    def forward(self, x):
-        return F.rms_norm(x, (self.channels,), self.gamma, self.eps)  # epsilon inside the root, as the spec's
+        return self.dropped(torch.softmax(scores, dim=-1)) @ v
 
 
 @LAYERS.builder("sequence_pool")
@@ -429,16 +411,10 @@ class Residual(Layer):
         super().__init__(info, net)
         spec = info.spec
         self.main = net.build(spec.layers, f"{info.path}.layers.")
-        self.projection = net.build(spec.projection, f"{info.path}.projection.") if spec.projection else None
+        self.projection = net.build(spec.projection or [], f"{info.path}.projection.")  # empty: the identity
 
     def forward(self, x):
-        shortcut = x
-        for layer in self.main:
-            x = layer(x)
-        if self.projection is not None:
-            for layer in self.projection:
-                shortcut = layer(shortcut)
-        return x + shortcut
+        return self.main(x) + self.projection(x)
 
 
 class Network(nn.Module):
@@ -461,16 +437,14 @@ class Network(nn.Module):
             self.fp8_matmuls = NATIVE_FP8 + (f"; {' and '.join(convolutions)} emulated (torch has no FP8 "
                                              f"convolution)" if convolutions else "")
 
-    def build(self, specs, prefix: str) -> nn.ModuleList:
+    def build(self, specs, prefix: str) -> nn.Sequential:
         """The modules of `specs`, the layers at `prefix`0, `prefix`1..."""
-        return nn.ModuleList(LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs)))
+        return nn.Sequential(*(LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs))))
 
     def forward(self, x, masks=None):
         for path, layer in self._masked.items():
             layer.mask = masks.get(path) if masks else None
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        return self.layers(x)
 
     @contextlib.contextmanager
     def scoped(self):
