@@ -1,33 +1,26 @@
-"""PyTorch adapter: torch.autocast for mixed precision, torch.amp.GradScaler for dynamic loss scaling.
-
-Variants (`run --variant`): eager PyTorch with channels-last image activations (the default: the fast layout
-for oneDNN on CPU and for tensor cores), eager with NCHW activations, and torch.compile.
-"""
+"""PyTorch adapter: torch.autocast for mixed precision, torch.amp.GradScaler for dynamic loss scaling."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
-from harness.adapter import (
-    LOSS_SCALE_SCOPE,
-    LOSS_SCOPE,
-    RUNTIME_SCOPE,
-    UPDATE_SCOPE,
-    Adapter,
-    Capabilities,
-    Device,
-    Trainer,
-)
+from harness.adapter import (LOSS_SCALE_SCOPE, LOSS_SCOPE, RUNTIME_SCOPE, UPDATE_SCOPE, Adapter, Capabilities, Device,
+                             Trainer)
 from harness.errors import HarnessError
+from harness.model.optimizer import scheduled
+from harness.model.training import loss_with
+from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
+from harness.rounding import round_nearest_with
 
 NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
 
 
 class TorchAdapter(Adapter):
     name = "torch"
-    variants = {
+    variants = {  # channels-last first: the fast layout for oneDNN on CPU and for tensor cores
         "channels_last": "eager, image activations in channels-last (NHWC) memory",
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
@@ -104,11 +97,10 @@ class TorchTrainer(Trainer):
     def configure(self, spec, precision, device, variant):
         import torch
 
-        from amp_harness_torch.optimizers import clip_factor, loss_fn
+        from amp_harness_torch.optimizers import LOSS_OPS, clip_factor
 
-        self.torch, self.loss_fn, self.clip_factor = torch, loss_fn, clip_factor
+        self.torch, self.loss_fn, self.clip_factor = torch, functools.partial(loss_with, LOSS_OPS), clip_factor
         self.device = torch.device(device.name)
-        self.is_cuda = self.device.type == "cuda"
         # strict fp32 unless the precision asks for TF32 (both default to TF32 for convolutions)
         torch.backends.cuda.matmul.allow_tf32 = precision.tf32
         torch.backends.cudnn.allow_tf32 = precision.tf32
@@ -139,19 +131,15 @@ class TorchTrainer(Trainer):
         self.optimizer = make_optimizer(optimizer, self.net.canonical_parameters())
 
     def build_rounded_optimizer(self, optimizer):
-        from amp_harness_torch.rounding import OPS, make_rounded_optimizer
-        from harness.rounding import round_nearest_with
+        from amp_harness_torch.rounding import OPS, RoundedUpdate
 
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             with self.torch.no_grad():
                 for p in self.net.parameters():
                     p.copy_(round_nearest_with(OPS, p, self.rounding))
-        self.optimizer = make_rounded_optimizer(optimizer, self.net.canonical_parameters(), self.rounding,
-                                                self.rounding_seed)
+        self.optimizer = RoundedUpdate(self.net.canonical_parameters(), optimizer, self.rounding, self.rounding_seed)
 
     def build_step(self, spec, precision, loss_scale, variant):
-        from harness.model.optimizer import scheduled
-
         torch = self.torch
         self.params = list(self.net.canonical_parameters().values())
         self.scheduled, self.clip_norm = scheduled(spec.optimizer), spec.optimizer.clip_norm
@@ -197,22 +185,17 @@ class TorchTrainer(Trainer):
     def to_device(self, x, y, masks):
         batch = self._input(x), self.torch.from_numpy(y).to(self.device), \
             {path: self._mask(path, mask) for path, mask in masks.items()}
-        if self.is_cuda:
+        if self.device.type == "cuda":
             self.torch.cuda.synchronize()
         return batch
 
     def set_rounding_noise(self, bits):
-        from harness.model.weights import to_channels_first
-
-        owners = self.net._owners
-        self.optimizer.given_bits = {
-            getattr(owners[name][0], owners[name][1]):
-                self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value, name))).to(self.device)
-            for name, value in bits.items()}
+        params = self.net.canonical_parameters()
+        self.optimizer.given_bits = {params[name]: self.torch.from_numpy(
+            np.ascontiguousarray(to_channels_first(value, name))).to(self.device) for name, value in bits.items()}
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
-        """One step; with `capture`, the unscaled gradients are copied into it just before the update."""
         x, y, masks = batch
         with self._scope(UPDATE_SCOPE):  # clearing the gradients is the optimizer's bookkeeping
             self.optimizer.zero_grad(set_to_none=True)
@@ -229,22 +212,15 @@ class TorchTrainer(Trainer):
             # calls optimizer.step: the loss scaler's work and the update stay apart in a profile
             with self._scope(LOSS_SCALE_SCOPE):
                 self.grad_scaler.unscale_(self.optimizer)
-            if capture is not None:
-                capture.update(self.net.canonical_gradients())
-            with self._scope(UPDATE_SCOPE):
-                self._prepare_update()  # clip_factor leaves the gradients of a step GradScaler skips as they are
-                self.grad_scaler.step(self.optimizer)
+            # clip_factor leaves the gradients of a step GradScaler skips as they are
+            self._update(capture, self.grad_scaler.step, self.optimizer)
             with self._scope(LOSS_SCALE_SCOPE):
                 self.grad_scaler.update()
         elif self.loss_scale.mode != "none":
             self._manual_scaled_step(loss, capture)
         else:
             self._backward(loss)
-            if capture is not None:
-                capture.update(self.net.canonical_gradients())
-            with self._scope(UPDATE_SCOPE):
-                self._prepare_update()
-                self.optimizer.step()
+            self._update(capture, self.optimizer.step)
         with self._scope(RUNTIME_SCOPE):  # handing the loss back
             return loss.item()  # waits for the device
 
@@ -267,17 +243,21 @@ class TorchTrainer(Trainer):
         with self._scope(LOSS_SCALE_SCOPE):
             torch._foreach_mul_(grads, 1.0 / scale)
             self.skipped = self.scaler.update(finite=bool(torch.stack([g.isfinite().all() for g in grads]).all()))
+        self._update(capture, None if self.skipped else self.optimizer.step)
+
+    def _update(self, capture: dict | None, step, *args) -> None:
+        """The unscaled gradients copied into `capture` (if given), then the update, `step(*args)` (None: the loss
+        scaler skips it)."""
         if capture is not None:
             capture.update(self.net.canonical_gradients())
-        if not self.skipped:
+        if step is not None:
             with self._scope(UPDATE_SCOPE):
                 self._prepare_update()
-                self.optimizer.step()
+                step(*args)
 
     def _prepare_update(self) -> None:
-        """Just before a step's update (one the loss scaler does not skip): the schedule's rate into every param
-        group, and the unscaled gradients clipped to the global norm clip_norm (the core's rules: Trainer,
-        harness.model.spec). Neither costs anything in a spec without them."""
+        """Just before an update: the schedule's rate into every param group, and the unscaled gradients clipped
+        to the global norm clip_norm (the core's rules); neither costs anything in a spec without them."""
         if self.scheduled:
             lr = self.learning_rate()
             for group in self.optimizer.param_groups:

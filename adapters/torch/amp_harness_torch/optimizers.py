@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
+from harness.model.optimizer import weight_decay
+from harness.model.training import ClipOps, LossOps, clip_factor_with
 
 
 class RMSprop(torch.optim.Optimizer):
@@ -28,22 +29,15 @@ class RMSprop(torch.optim.Optimizer):
                 p.addcdiv_(p.grad, denom, value=-lr)
 
 
-def decay_groups(spec, named_params: dict[str, torch.nn.Parameter]) -> list[dict]:
-    """The parameters as torch param groups, one per weight decay the core gives their canonical names
-    (harness.model.optimizer.weight_decay; a single group of decay 0 for every optimizer but AdamW)."""
-    from harness.model.optimizer import weight_decay
-
-    groups: dict[float, list[torch.nn.Parameter]] = {}
-    for name, p in named_params.items():
-        groups.setdefault(weight_decay(spec, name), []).append(p)
-    return [{"params": params, "weight_decay": decay} for decay, params in groups.items()]
-
-
 def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The spec's optimizer over the trainable weights (by canonical name) with all its state created now, not
+    """The spec's optimizer over the trainable weights (by canonical name), one param group per weight decay the
+    core gives them (a single group of decay 0 for every optimizer but AdamW), with all its state created now, not
     lazily in the first step: zero moments and momentum buffers (torch's first step would set a momentum buffer
     to the gradient: 0*momentum + g is the same), so that no timed step allocates state."""
-    params, groups = list(named_params.values()), decay_groups(spec, named_params)
+    by_decay: dict[float, list[torch.nn.Parameter]] = {}
+    for name, p in named_params.items():
+        by_decay.setdefault(weight_decay(spec, name), []).append(p)
+    groups = [{"params": params, "weight_decay": decay} for decay, params in by_decay.items()]
     if spec.type == "sgd":
         optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=spec.momentum, nesterov=spec.nesterov)
         state = (lambda p: {"momentum_buffer": torch.zeros_like(p)}) if spec.momentum else None
@@ -56,7 +50,7 @@ def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter]) -> torch.o
         optimizer = RMSprop(groups, spec.learning_rate, spec.rho, spec.epsilon, spec.epsilon_placement == "inside")
         state = lambda p: {"square_avg": torch.zeros_like(p)}  # noqa: E731
     if state:
-        for p in params:
+        for p in named_params.values():
             optimizer.state[p] = state(p)
     return optimizer
 
@@ -75,13 +69,9 @@ CLIP_OPS = ClipOps(full_like=torch.full_like, maximum=torch.maximum, where=torch
 
 
 def clip_factor(grads: list[torch.Tensor], clip_norm: float) -> torch.Tensor:
-    """The spec's clipping factor (harness.model.training) of these unscaled gradients' global norm, on their
-    device: 1 where the norm is not finite, so that a step the loss scaler skips keeps its gradients as they are
-    (and no host sync decides it)."""
+    """The spec's clipping factor of these unscaled gradients' global norm, on their device: no host sync decides
+    whether the loss scaler skips the step (harness.model.training.clip_factor_with)."""
     dtype = torch.float64 if grads[0].dtype == torch.float64 else torch.float32
     norm = torch.stack([g.to(dtype).square().sum() for g in grads]).sum().sqrt()
     return clip_factor_with(CLIP_OPS, norm, clip_norm, norm.isfinite())
 
-
-def loss_fn(spec, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return loss_with(LOSS_OPS, spec, outputs, labels)

@@ -1,6 +1,5 @@
-"""harness.rounding's primitives in torch (RoundingOps: bit-casts through Tensor.view(dtype)), and the optimizer
-that computes its update in float32 and writes the new weights by the core's rules (the precisions with a
-`rounding`)."""
+"""harness.rounding's primitives in torch (RoundingOps: bit-casts through Tensor.view(dtype)), and the rounding
+precisions' optimizer."""
 from __future__ import annotations
 
 import math
@@ -8,6 +7,7 @@ import math
 import numpy as np
 import torch
 
+from harness.model.optimizer import weight_decay
 from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, rounded_slots, rounded_update
 
 
@@ -36,34 +36,23 @@ OPS = RoundingOps(
 )
 
 
-def make_rounded_optimizer(spec, named_params: dict, rounding: Rounding, seed: int) -> RoundedUpdate:
-    """The spec's optimizer writing the weights by the rounding's rule, over these trainable weights (by canonical
-    name; its noise drawn on their device), with all its state."""
-    return RoundedUpdate(named_params, spec, rounding, next(iter(named_params.values())).device, seed)
-
-
 class RoundedUpdate(torch.optim.Optimizer):
-    """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
-    gradients and state stored in 16 bits, every slot created here. Its one param group's lr is the step's rate
-    (the trainer sets it under a schedule); the gradients are multiplied by `gradient_factor` (clipping's, set for
-    the next step) in float32."""
+    """The spec's optimizer over these trainable weights (by canonical name), computed in float32 by the core's rule
+    (harness.rounding.rounded_update) from weights, gradients and state stored in 16 bits, every slot created here;
+    its noise drawn on the weights' device. Its one param group's lr is the step's rate (the trainer sets it under
+    a schedule); the gradients are multiplied by `gradient_factor` (clipping's, set for the next step) in float32."""
 
-    def __init__(self, named_params: dict, spec, rounding: Rounding, device: torch.device, seed: int):
-        from harness.model.optimizer import weight_decay
-
+    def __init__(self, named_params: dict, spec, rounding: Rounding, seed: int):
         super().__init__(list(named_params.values()), {"lr": spec.learning_rate})
+        self.params = self.param_groups[0]["params"]
         self.spec, self.rounding = spec, rounding
         for p in self.params:
             self.state[p] = {slot: torch.zeros_like(p) for slot in rounded_slots(spec, rounding)}
         self.decay = {p: weight_decay(spec, name) for name, p in named_params.items()}  # AdamW's, by parameter
         self.steps = 0
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.params[0].device).manual_seed(seed)
         self.given_bits: dict | None = None  # fingerprint runs: the core's bits for the next step, by parameter
         self.gradient_factor: torch.Tensor | None = None  # clipping's, for the next step
-
-    @property
-    def params(self):
-        return [p for group in self.param_groups for p in group["params"]]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -84,4 +73,3 @@ class RoundedUpdate(torch.optim.Optimizer):
                 state[slot].copy_(value)
             p.copy_(weights)
         self.given_bits = self.gradient_factor = None
-        return None
