@@ -1,11 +1,10 @@
 """Trainer.profile for torch: the steps under torch.profiler (CPU activities, with input shapes and dtypes), read
 back from its events.
 
-- Scopes: the record_function ranges the adapter opens while profiling, one per layer (Network.scoped; not under
-  torch.compile, see COMPILED_NOTE) and one per part (TorchTrainer._scope; RUNTIME_SCOPE holds the module calls
-  around the layers' ranges, the autograd engine around the backward ops and handing back the loss); an op's
-  scope is those ranges it ran in, outermost first. A range's own self time is the Python (or the engine's C++)
-  running between its ops: an op of its own, named after the range.
+- Scopes: the record_function ranges the trainer opens while profiling (Network.scoped's, per layer, not under
+  torch.compile: COMPILED_NOTE; TorchTrainer._scope's, per part); an op's scope is those it ran in, outermost
+  first. A range's own self time is the Python (or the engine's C++) running between its ops: an op of its own,
+  named after the range.
 - Backward: the autograd engine runs each node as "autograd::engine::evaluate_function: <node>", carrying the
   sequence number of the forward op that created the node (whose own event carries it too, as the last op to
   start with that number): the node and every op under it get that forward op's scope. An AccumulateGrad node
@@ -15,7 +14,6 @@ back from its events.
   aten::copy_ that copies between two floating-point dtypes (copy_'s inputs: destination, source), with the ops
   under it (the destination's allocation); its output dtype is the destination's. Other ops' outputs are not
   recorded.
-- Times: each event's self CPU time, so that nothing counts twice.
 """
 from __future__ import annotations
 
@@ -25,14 +23,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity
 
-from harness.adapter import (
-    LOSS_SCALE_SCOPE,
-    LOSS_SCOPE,
-    RUNTIME_SCOPE,
-    UPDATE_SCOPE,
-    OpTime,
-    ProfiledOps,
-)
+from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, RUNTIME_SCOPE, UPDATE_SCOPE, OpTime, ProfiledOps
 
 PARTS = {LOSS_SCOPE, UPDATE_SCOPE, LOSS_SCALE_SCOPE, RUNTIME_SCOPE}
 BACKWARD = "autograd::engine::evaluate_function: "
@@ -46,10 +37,8 @@ COMPILED_NOTE = ("torch.compile runs the network as one compiled graph whose fus
 
 
 def profile_steps(trainer, run_steps) -> ProfiledOps:
-    """Run the core's steps under the profiler and return every op that ran, with the ranges the trainer opened
-    (the layers' and the parts') as its scope."""
-    compiled = trainer.compiled
-    # torch.compile inlines the layers into one graph: hooks added to them now would not run in it
+    """Run the core's steps under the profiler and return every op that ran, with its scope."""
+    compiled = trainer.compiled  # no layer ranges (COMPILED_NOTE): hooks added to the layers would not run
     with contextlib.nullcontext(set()) if compiled else trainer.net.scoped() as scopes:
         with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             run_steps()
@@ -79,8 +68,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     for event in events:
         cast = _cast(event)
         key = (event.name, "/".join(scope[id(event)]), id(event) in backward, cast is not None,
-               _floats(event.input_dtypes), (cast,) if cast else ())
-        totals[key][0] += event.self_cpu_time_total * 1e-6
+               tuple(FLOATS[d] for d in event.input_dtypes or () if d in FLOATS), (cast,) if cast else ())
+        totals[key][0] += event.self_cpu_time_total * 1e-6  # self times: nothing counts twice
         totals[key][1] += 1
     ops = [OpTime(op=name, scope=where, seconds=seconds, backward=backward, cast=cast, calls=calls, inputs=inputs,
                   outputs=outputs)
@@ -119,7 +108,3 @@ def _cast(event) -> str | None:
                         return dst
         event = event.cpu_parent
     return None
-
-
-def _floats(dtypes) -> tuple[str, ...]:
-    return tuple(FLOATS[d] for d in dtypes or () if d in FLOATS)
