@@ -160,7 +160,7 @@ class TorchTrainer(Trainer):
 
     def framework_options(self, precision, variant):
         return {"channels_last": self.channels_last, "tf32": precision.tf32, "compile": self.compiled,
-                "autocast": str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else None,
+                "autocast": precision.compute_dtype if precision.mixed else None,
                 "loss_scaler": "GradScaler" if self.grad_scaler else
                 (None if self.loss_scale.mode == "none" else "harness (manual)"),
                 "inter_op_threads": self.torch.get_num_interop_threads(),

@@ -337,13 +337,11 @@ def attention_kernel(spec) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask | None:
-    """What a causal attention layer's mask leaves in the scores it masks (measured on a CPU, torch 2.13:
-    docs/diagnose.md, "Masks in 16 bits"). SDPA on a CPU: its flash kernel masks with -inf in its float32 scores
-    (the opmath type, for 16-bit inputs too: read in aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) and gives a
-    fully masked row zero weights, as its math kernel's _safe_softmax; on a GPU: None, CUDA picks among its kernels
-    (not measured). Unfused: masked_fill(-inf) on the scores in the compute dtype (autocast's, or the weights' in
-    pure 16-bit), and torch.softmax in that dtype on a CPU; CUDA autocast runs softmax in float32 (its documented
-    op list; not measured here)."""
+    """What a causal attention layer's mask leaves in the scores it masks, on a CPU as docs/diagnose.md ("Masks in
+    16 bits", torch 2.13) has it: SDPA's flash kernel keeps -inf scores in float32 (the opmath type: read in
+    aten/src/ATen/native/cpu/FlashAttentionKernel.cpp), the unfused math masks in the compute dtype. On a GPU: None
+    for SDPA (CUDA picks among its kernels; not measured); CUDA autocast runs the unfused softmax in float32 (its
+    documented op list; not measured here)."""
     compute = precision.compute_dtype
     if attention_kernel(info.spec) == SDPA:
         if device_kind != "cpu":
