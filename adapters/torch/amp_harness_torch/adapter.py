@@ -191,8 +191,9 @@ class TorchTrainer(Trainer):
 
     def set_rounding_noise(self, bits):
         params = self.net.canonical_parameters()
-        self.optimizer.given_bits = {params[name]: self.torch.from_numpy(
-            np.ascontiguousarray(to_channels_first(value, name))).to(self.device) for name, value in bits.items()}
+        self.optimizer.given_bits = {
+            params[name]: self.torch.from_numpy(np.ascontiguousarray(to_channels_first(value, name))).to(self.device)
+            for name, value in bits.items()}
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
