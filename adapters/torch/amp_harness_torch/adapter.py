@@ -14,6 +14,7 @@ from harness.model.training import loss_with
 from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
+from harness.run.measure import cpu_info
 
 NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
 
@@ -36,8 +37,6 @@ class TorchAdapter(Adapter):
 
     def device(self, requested: str) -> Device:
         import torch
-
-        from harness.run.measure import cpu_info
 
         if requested in ("auto", "gpu") and torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
