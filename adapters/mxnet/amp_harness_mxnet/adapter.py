@@ -267,7 +267,8 @@ class MXNetTrainer(Trainer):
 
     def layer_outputs(self, x, y):
         from amp_harness_mxnet.network import canonical_activation
-        from amp_harness_mxnet.optimizers import loss_fn
+        from amp_harness_mxnet.optimizers import loss_ops
+        from harness.model.training import loss_with
 
         mx, probes = self.mx, {}
 
@@ -284,7 +285,8 @@ class MXNetTrainer(Trainer):
         with mx.autograd.record(train_mode=True):
             out = self.net.layer_outputs(self._input(x), self.ctx, probe)
             out = out[0] if isinstance(out, (list, tuple)) else out
-            loss = loss_fn(mx.nd, self.net.spec.loss, out, self._array(y, self.label_dtype), self.block.cast_outputs)
+            labels = self._array(y, self.label_dtype)
+            loss = loss_with(loss_ops(mx.nd, self.block.cast_outputs), self.net.spec.loss, out, labels)
         loss.backward()
         return {path: (canonical_activation(value), canonical_activation(zero.grad))
                 for path, (value, zero) in probes.items()}

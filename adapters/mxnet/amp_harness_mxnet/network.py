@@ -32,11 +32,12 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from amp_harness_mxnet.optimizers import loss_fn
+from amp_harness_mxnet.optimizers import loss_ops
 from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
+from harness.model.training import loss_with
 from harness.model.weights import from_channels_first, to_channels_first
 from harness.numerics import AttentionMask
 
@@ -445,7 +446,7 @@ class TrainingLoss(gluon.HybridBlock):
         outputs = self.net(x, *masks)
         stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
         with _scope(F, LOSS_SCOPE):
-            loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
+            loss = loss_with(loss_ops(F, self.cast_outputs), self.loss, outputs[0] if stats else outputs, labels)
         return (loss, *stats) if stats else loss
 
 
