@@ -84,16 +84,16 @@ class Run:
 LAYERS = LayerBuilders("mxnet")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
 
 
+def _fully_connected(x, run: Run, path: str, prefix: str, units: int, use_bias: bool):
+    """FullyConnected on the last axis, with the layer's weights `prefix`kernel and `prefix`bias."""
+    bias = run.weight(path, f"{prefix}bias") if use_bias else None
+    return run.F.FullyConnected(x, run.weight(path, f"{prefix}kernel"), bias, num_hidden=units, no_bias=not use_bias,
+                                flatten=False)
+
+
 @LAYERS.builder("dense")
 def dense(info, net):
-    spec = info.spec
-
-    def apply(x, run):
-        bias = run.weight(info.path, "bias") if spec.use_bias else None
-        return run.F.FullyConnected(x, run.weight(info.path, "kernel"), bias, num_hidden=spec.units,
-                                    no_bias=not spec.use_bias, flatten=False)
-
-    return apply
+    return lambda x, run: _fully_connected(x, run, info.path, "", info.spec.units, info.spec.use_bias)
 
 
 @LAYERS.builder("conv2d")
@@ -113,28 +113,19 @@ def conv2d(info, net):
     return apply
 
 
-@LAYERS.builder("maxpool2d")
-def maxpool2d(info, net):
+@LAYERS.builder("maxpool2d", "avgpool2d")
+def pool2d(info, net):
     k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
-    padding = window_padding(info.in_shape, k, s, info.spec.padding)
-
-    def apply(x, run):
-        if padding.explicit:
-            x = run.F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
-        return run.F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
-
-    return apply
-
-
-@LAYERS.builder("avgpool2d")
-def avgpool2d(info, net):
-    k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
-    padding = window_padding(info.in_shape, k, s, info.spec.padding)
-    if padding.explicit:  # each window's sum divided by the core's divisors: the real pixels' count
+    padding, average = window_padding(info.in_shape, k, s, info.spec.padding), info.type == "avgpool2d"
+    if average and padding.explicit:  # each window's sum divided by the core's divisors: the real pixels' count
         net.constant(info.path, "divisors", avgpool_divisors(info.in_shape, k, s, info.spec.padding)[None, None])
 
     def apply(x, run):
         F = run.F
+        if not average:
+            if padding.explicit:
+                x = F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
+            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
         if padding.explicit:
             sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
                              stride=(s, s), pool_type="sum")
@@ -255,12 +246,8 @@ def position_embedding(info, net):
 def attention_implementation(info) -> str:
     """What runs an attention layer (the trainer's options["attention"]): MXNet 1.9's contrib
     interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved projections."""
-    how = "unfused: batch_dot, softmax"
-    if info.spec.causal:
-        how += ", causal: an additive -inf mask"
-    if info.spec.dropout:
-        how += ", attention dropout: the core's masks"
-    return how
+    return ("unfused: batch_dot, softmax" + (", causal: an additive -inf mask" if info.spec.causal else "")
+            + (", attention dropout: the core's masks" if info.spec.dropout else ""))
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
@@ -284,9 +271,7 @@ def attention(info, net):
         F = run.F
 
         def project(name, value):
-            bias = run.weight(info.path, f"{name}_bias") if spec.use_bias else None
-            return F.FullyConnected(value, run.weight(info.path, f"{name}_kernel"), bias, num_hidden=dim,
-                                    no_bias=not spec.use_bias, flatten=False)
+            return _fully_connected(value, run, info.path, f"{name}_", dim, spec.use_bias)
 
         def split(value):  # [N, T, D] -> [N*H, T, Dh], head h the columns h*Dh .. (h+1)*Dh-1
             heads_last = F.reshape(value, shape=(0, 0, -4, heads, head_dim))  # [N, T, H, Dh]
@@ -324,12 +309,7 @@ def sequence_pool(info, net):
     if mode == "mean":
         return lambda x, run: run.F.mean(x, axis=1)
     position = 0 if mode == "first" else length - 1
-
-    def apply(x, run):
-        F = run.F
-        return F.reshape(F.slice_axis(x, axis=1, begin=position, end=position + 1), shape=(0, -1))
-
-    return apply
+    return lambda x, run: run.F.reshape(run.F.slice_axis(x, axis=1, begin=position, end=position + 1), shape=(0, -1))
 
 
 @LAYERS.builder("patches")
