@@ -85,9 +85,8 @@ class MXNetAdapter(Adapter):
         return free / 2**20
 
     def set_threads(self, threads: int) -> None:
-        # MXNet reads both when it is imported: OMP_NUM_THREADS, the threads inside an operator (the runner sets
-        # it for each worker process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators
-        # that run at once (1 across ops)
+        # MXNet reads both at import: OMP_NUM_THREADS, an operator's threads (the runner sets it per worker
+        # process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators that run at once
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if "mxnet" not in sys.modules:
             os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
@@ -211,8 +210,7 @@ class MXNetTrainer(Trainer):
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
-        """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
-        profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
+        """While profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
         mx, (x, y, masks), part = self.mx, batch, self._range
         with part(STEP_SCOPE):
             scale = self.scaler.loss_scale if self.scaler else self.fixed_scale

@@ -15,8 +15,6 @@ the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel run
   (FP16_FP32_FUNCS): float32.
 - amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
   FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
-- amp_cast leaves int32 arrays alone: the token ids stay int32 under both (an int64 array fails in its oneDNN
-  path, on any CPU).
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
 convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope), which a profile reads back (profile.py).
@@ -224,7 +222,7 @@ def dropout(info, net):  # the core's mask, pre-divided by 1 - rate; ones in inf
 def embedding(info, net):
     vocab, dim = info.params["embeddings"]
 
-    def apply(ids, run):  # the ids stay integer (MXNetTrainer.to_device): a float16 id above 2048 is rounded
+    def apply(ids, run):  # int32 ids (MXNetTrainer._input)
         return run.F.Embedding(ids, run.weight(info.path, "embeddings"), input_dim=vocab, output_dim=dim,
                                dtype=net.dtype)
 
@@ -251,10 +249,8 @@ def attention_implementation(info) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """The causal mask is a constant in the weights' dtype added to the scores: under AMP (float32 weights) -inf
-    in float32 and softmax in float32 (the module docstring); in pure 16-bit the constant, the scores and softmax
-    are in the weights' 16-bit dtype (typed, not run: MXNet has no 16-bit kernels on a CPU). The same on any
-    device (AMP's operator lists do not depend on it)."""
+    """docs/diagnose.md, "Masks in 16 bits": a constant in the weights' dtype (float32 under AMP, whose softmax is
+    float32 too: the module docstring) added to the scores; the same on any device (so are AMP's lists)."""
     return AttentionMask(-math.inf, precision.param_dtype, precision.param_dtype)
 
 
