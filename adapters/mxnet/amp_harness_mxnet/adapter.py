@@ -134,8 +134,6 @@ class MXNetTrainer(Trainer):
         self.net = Network(spec, graph, self.dtype)
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
-        # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few
-        # operators dispatched from Python
         self.block = TrainingLoss(self.net, spec.loss, cast_outputs=precision.compute_dtype in ("float16", "bfloat16"))
         self.hybridize = variant == "hybridized"
         if self.hybridize:

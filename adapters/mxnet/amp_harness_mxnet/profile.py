@@ -10,12 +10,9 @@ the operator types in it, and names every event after its operator type only ("C
 - One worker thread runs the engine's operators, the first ready first, so a step's events are matched in time
   order to the graph's nodes (_match).
 - Operators the step runs imperatively (the loss scaling, the update) are the events no node accounts for; each
-  belongs to the part whose range (Ranges, a profiler event on the Python thread) began last before it ran,
-  except autograd's seed of the loss's gradient, which runs whenever the engine gets to it, and the engine's work
-  for the Python thread (freeing arrays, waking it from a wait), which goes to the range it is in.
-- Where the engine runs nothing within a step, it waits for the Python thread: that time goes to the range the
-  Python thread is in (IDLE), MXNet's runtime (launching the cached graph, handing back the loss) or a part
-  (dispatching the update).
+  belongs to the part whose range (Ranges, a profiler event on the Python thread) began last before it ran
+  (_attribute's exceptions). Where the engine runs nothing within a step, it waits for the Python thread: that
+  time (IDLE) goes to the range the Python thread is in, MXNet's runtime or a part.
 """
 from __future__ import annotations
 
@@ -296,7 +293,7 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
                 n = nodes[match]
                 add((n.op, n.scope, n.backward, n.cast, tuple(n.inputs), tuple(n.outputs)), end - start)
                 continue
-            if name == SEED:
+            if name == SEED:  # run whenever the engine gets to it
                 scope = LOSS_SCOPE
             elif name in ENGINE_OPS:  # run for the Python thread, in the range it is in
                 scope = next((r[2] for r in within if r[0] <= start <= r[1]), "")
