@@ -85,8 +85,7 @@ class MXNetAdapter(Adapter):
         return free / 2**20
 
     def set_threads(self, threads: int) -> None:
-        # MXNet reads both at import: OMP_NUM_THREADS, an operator's threads (the runner sets it per worker
-        # process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators that run at once
+        # MXNet reads both at import (docs/methods.md): an operator's threads, and its engine's CPU workers
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if "mxnet" not in sys.modules:
             os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
@@ -186,9 +185,8 @@ class MXNetTrainer(Trainer):
         return self.mx.nd.array(a, ctx=self.ctx, dtype=dtype or self.dtype)
 
     def _input(self, x: np.ndarray):
-        # token ids stay integers (in float16 or bfloat16 ids above 2048 or 256 would be rounded), as int32: under
-        # amp_bf16 the Embedding's input goes through amp_cast, whose oneDNN path in 1.9.1 refuses int64 ("unknown
-        # type for MKLDNN :6") and leaves int32 as it is
+        # token ids as int32: float16 or bfloat16 would round ids above 2048 or 256, and under amp_bf16 the input
+        # goes through amp_cast, whose oneDNN path in 1.9.1 refuses int64 ("unknown type for MKLDNN :6")
         return self._array(x, "int32" if x.dtype.kind in "iu" else None, image=x.ndim == 4)
 
     def _mask(self, mask: np.ndarray, path: str):
