@@ -5,12 +5,6 @@ bookkeeping costs more than the update on a small network).
 
 amp.init patches MXNet's operators process-wide and irreversibly: one precision per process, as the runner
 runs it. MXNet's engine is asynchronous on CPU too: a step ends with `mx.nd.waitall()`.
-
-Variants (`run --variant`): the block hybridized with static_alloc and static_shape (the default), or run
-imperatively.
-
-Profiles (`amp-harness profile`, profile.py): a step marks the parts and MXNet's runtime with ranges
-(MXNetTrainer._range), which are no-ops outside a profile.
 """
 from __future__ import annotations
 
@@ -35,7 +29,6 @@ from harness.adapter import (
 from harness.errors import HarnessError
 
 NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
-TOKEN_DTYPE = "int32"  # MXNetTrainer._input
 
 
 class MXNetAdapter(Adapter):
@@ -62,11 +55,9 @@ class MXNetAdapter(Adapter):
         return Device("cpu", "cpu", cpu_info()[0])
 
     capabilities = Capabilities(
-        # checked with 1.9.1: neither mx.nd nor mx.np can reinterpret a float32 array's bits as integers, which
-        # harness.rounding's rules are written with; the fixed-point grid needs none, but the adapter has no
+        # checked with 1.9.1, mx.nd and mx.np; the fixed-point grid needs no bit-cast, but the adapter has no
         # rounding_ops (its optimizers update the weights in place; left undone, see docs/stochastic-rounding.md)
         no_bitcast="MXNet 1.9 has no bitcast operator, no ndarray.view(dtype)",
-        # the FP8 casts (harness.fp8) are written with the same bit-casts
         no_fp8="cannot emulate FP8: MXNet 1.9 has no bitcast operator (the core's FP8 cast reads and writes float32 "
                "exponent bits) and no FP8 dtype",
         # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid pointer) or
@@ -94,9 +85,7 @@ class MXNetAdapter(Adapter):
         return free / 2**20
 
     def set_threads(self, threads: int) -> None:
-        # MXNet reads both when it is imported: OMP_NUM_THREADS, the threads inside an operator (the runner sets
-        # it for each worker process), and MXNET_CPU_WORKER_NTHREADS, its engine's CPU workers: the operators
-        # that run at once (1 across ops)
+        # MXNet reads both at import (docs/methods.md): an operator's threads, and its engine's CPU workers
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if "mxnet" not in sys.modules:
             os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
@@ -110,26 +99,17 @@ class MXNetAdapter(Adapter):
 
         m, k, n = shape
         ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
-        # FullyConnected (a @ b.T, b n x k), the operator the networks' matmuls run on: `dot` has no bfloat16 CPU
-        # kernel
-        product = lambda: mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True)  # noqa: E731
+
+        def run():  # a @ b.T (b n x k) by FullyConnected, the networks' matmuls: `dot` has no bfloat16 CPU kernel
+            mx.nd.FullyConnected(a, b, num_hidden=n, no_bias=True).wait_to_read()
+
         try:
             a, b = (mx.nd.random.normal(shape=dims, ctx=ctx).astype(bfloat16 if dtype == "bfloat16" else dtype)
                     for dims in ((m, k), (n, k)))
-            product().wait_to_read()
+            run()
         except mx.base.MXNetError:  # no kernel for this dtype here (float16 on CPU)
             return None
-
-        def run():
-            product().wait_to_read()
-
         return run
-
-
-def cpu_workers() -> int:
-    """The engine's CPU workers: what MXNET_CPU_WORKER_NTHREADS said when MXNet was imported (set_threads sets it
-    before; MXNet 1.9 has no call that reads it back), 1 when unset (MXNet's default)."""
-    return int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1"))
 
 
 class MXNetTrainer(Trainer):
@@ -139,12 +119,10 @@ class MXNetTrainer(Trainer):
 
         self.mx = mx
         self.ctx = mx.gpu(0) if device.kind == "gpu" else mx.cpu()
-        self.is_gpu = device.kind == "gpu"
         if precision.tf32:
             os.environ["NVIDIA_TF32_OVERRIDE"] = "1"
         mx.random.seed(spec.seed)
-        self.amp_on = precision.mixed
-        if self.amp_on:  # before the network is built: amp patches the operators it will use
+        if precision.mixed:  # before the network is built: amp patches the operators it will use
             amp.init(target_dtype=precision.compute_dtype)
 
     def build_network(self, spec, graph, weights, precision, device, variant):
@@ -155,8 +133,6 @@ class MXNetTrainer(Trainer):
         self.net = Network(spec, graph, self.dtype)
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
-        # the loss inside the (hybridized) block: forward and loss are one cached graph, not a graph and a few
-        # operators dispatched from Python
         self.block = TrainingLoss(self.net, spec.loss, cast_outputs=precision.compute_dtype in ("float16", "bfloat16"))
         self.hybridize = variant == "hybridized"
         if self.hybridize:
@@ -192,14 +168,15 @@ class MXNetTrainer(Trainer):
             self.scaler._scale_seq_len = loss_scale.growth_interval
             self.scaler._max_loss_scale = float("inf")  # MXNet's cap of 2^24 is not in the core's rules
         self.skipped = False
-        self._range = self.no_range  # profile.py's ranges while profiling
 
     def framework_options(self, precision, variant):
-        return {"hybridize": self.hybridize, "amp": precision.compute_dtype if self.amp_on else None,
+        return {"hybridize": self.hybridize, "amp": precision.compute_dtype if precision.mixed else None,
                 "loss_scaler": "contrib.amp LossScaler (uncapped; back-off applied at once)"
                 if self.scaler else (None if self.loss_scale.mode == "none" else "harness (fixed)"),
                 "update": "fused update operators on the weights (no gluon.Trainer)", "tf32": precision.tf32,
-                "inter_op_threads": cpu_workers(), "attention": self.attention}
+                # the engine's CPU workers, as set_threads set them (MXNet 1.9 cannot read it back); unset: 1
+                "inter_op_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
+                "attention": self.attention}
 
     def _array(self, a: np.ndarray, dtype: str | None = None, image: bool = False):
         """`a` on the device in `dtype` (default: the weights'); an `image` [N, H, W, C] as NCHW."""
@@ -208,14 +185,9 @@ class MXNetTrainer(Trainer):
         return self.mx.nd.array(a, ctx=self.ctx, dtype=dtype or self.dtype)
 
     def _input(self, x: np.ndarray):
-        # token ids stay integers (in float16 or bfloat16 ids above 2048 or 256 would be rounded), as int32: under
-        # amp_bf16 the Embedding's input goes through amp_cast, whose oneDNN path in 1.9.1 refuses int64 ("unknown
-        # type for MKLDNN :6") and leaves int32 as it is
-        return self._array(x, TOKEN_DTYPE if x.dtype.kind in "iu" else None, image=x.ndim == 4)
-
-    def _masks(self, masks: dict[str, np.ndarray]) -> list:
-        # divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)
-        return [self._mask(masks[path].astype(np.float64) / (1 - rate), path) for path, rate, _ in self.net.masked]
+        # token ids as int32: float16 or bfloat16 would round ids above 2048 or 256, and under amp_bf16 the input
+        # goes through amp_cast, whose oneDNN path in 1.9.1 refuses int64 ("unknown type for MKLDNN :6")
+        return self._array(x, "int32" if x.dtype.kind in "iu" else None, image=x.ndim == 4)
 
     def _mask(self, mask: np.ndarray, path: str):
         # a dropout's mask on an image [N, H, W, C] as NCHW; an attention's [N, heads, T, T] as it is
@@ -226,14 +198,15 @@ class MXNetTrainer(Trainer):
         return [self._mask(np.ones((n, *shape)), path) for path, _, shape in self.net.masked]
 
     def to_device(self, x, y, masks):
-        batch = self._input(x), self._array(y, self.label_dtype), self._masks(masks)
+        # the masks divided by 1 - rate here, outside the step, so that inference can pass ones (Network's docstring)
+        batch = self._input(x), self._array(y, self.label_dtype), [
+            self._mask(masks[path].astype(np.float64) / (1 - rate), path) for path, rate, _ in self.net.masked]
         self.mx.nd.waitall()
         return batch
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
-        """One step; with `capture`, the unscaled gradients are copied into it just before the update. While
-        profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
+        """While profiling, the ranges name the part (or MXNet's runtime) whose work each dispatches (profile.py)."""
         mx, (x, y, masks), part = self.mx, batch, self._range
         with part(STEP_SCOPE):
             scale = self.scaler.loss_scale if self.scaler else self.fixed_scale
@@ -270,7 +243,8 @@ class MXNetTrainer(Trainer):
                 return float(loss.asscalar())
 
     @staticmethod
-    def no_range(name: str, drain: bool = False):
+    def _range(name: str, drain: bool = False):
+        """No range outside a profile; while profiling, profile.py's Ranges take its place."""
         return NO_RANGE
 
     def _update_running_statistics(self, stats) -> None:
@@ -287,7 +261,8 @@ class MXNetTrainer(Trainer):
 
     def layer_outputs(self, x, y):
         from amp_harness_mxnet.network import canonical_activation
-        from amp_harness_mxnet.optimizers import loss_fn
+        from amp_harness_mxnet.optimizers import loss_ops
+        from harness.model.training import loss_with
 
         mx, probes = self.mx, {}
 
@@ -304,7 +279,8 @@ class MXNetTrainer(Trainer):
         with mx.autograd.record(train_mode=True):
             out = self.net.layer_outputs(self._input(x), self.ctx, probe)
             out = out[0] if isinstance(out, (list, tuple)) else out
-            loss = loss_fn(mx.nd, self.net.spec.loss, out, self._array(y, self.label_dtype), self.block.cast_outputs)
+            labels = self._array(y, self.label_dtype)
+            loss = loss_with(loss_ops(mx.nd, self.block.cast_outputs), self.net.spec.loss, out, labels)
         loss.backward()
         return {path: (canonical_activation(value), canonical_activation(zero.grad))
                 for path, (value, zero) in probes.items()}

@@ -1,17 +1,8 @@
 """The spec's network as one Gluon HybridBlock holding the core's canonical weights in MXNet layouts, and
 TrainingLoss, the network with the spec's loss, which the trainer hybridizes into one graph.
 
-Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); `flatten` transposes to NHWC first
-so that it flattens in the spec's H, W, C order. TF-style asymmetric 'same' padding is an explicit pad.
-Sequences are [N, T, D] as the spec's, batch first: layers of the spec's "last axis" (dense, layernorm, rmsnorm,
-softmax) act on axis 1 of an image (its channels) and on the last axis of a vector or a sequence. Token ids come
-as int32 (never a float dtype, and not int64: see MXNetTrainer._input) into MXNet's Embedding; `patches` is a
-convolution of kernel and stride P whose [N, D, H/P, W/P] output is read row-major into [N, H/P * W/P, D].
-
-Attention is the spec's math in operators: three FullyConnected projections, heads split by reshape and transpose
-into [N*H, T, Dh], batch_dot, the scores divided by sqrt(Dh), a causal layer's constant [T, T] mask added (0, or
--inf where j > i: exp gives exactly 0, as the spec's -inf), softmax on the last axis, the core's dropout mask
-[N, H, T, T] multiplied in, batch_dot with the values. MXNet 1.9 has no fused attention with a softmax.
+Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); sequences are [N, T, D], batch first, as
+the spec's. MXNet 1.9 has no fused attention with a softmax: attention is the spec's math in operators.
 
 Under mxnet.contrib.amp, from its lists (contrib/amp/lists/symbol_fp16.py, symbol_bf16.py) and measured by typing
 the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel runs on this CPU):
@@ -24,12 +15,10 @@ the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel run
   (FP16_FP32_FUNCS): float32.
 - amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
   FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
-- amp_cast leaves int32 arrays alone: the token ids stay int32 under both (an int64 array fails in its oneDNN
-  path, on any CPU).
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
-convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope): names in the graph, free at run time, which
-a profile reads back (profile.py). Operators run imperatively are not named.
+convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope), which a profile reads back (profile.py).
+Operators run imperatively are not named.
 """
 from __future__ import annotations
 
@@ -41,11 +30,12 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from amp_harness_mxnet.optimizers import loss_fn
+from amp_harness_mxnet.optimizers import loss_ops
 from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
+from harness.model.training import loss_with
 from harness.model.weights import from_channels_first, to_channels_first
 from harness.numerics import AttentionMask
 
@@ -65,15 +55,11 @@ def _pad_width(padding) -> tuple[int, ...]:
     return 0, 0, 0, 0, top, bottom, left, right  # NCHW
 
 
-def _feature_axis(shape: tuple[int, ...]) -> int:
-    """The axis a layer of the spec's "last axis" acts on, for a layer input of canonical `shape` (no batch axis):
-    the channels of an NCHW image, the last axis of a vector or a sequence [N, T, D]."""
-    return 1 if len(shape) == 3 else -1
-
-
-def _feature_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape that broadcasts a [C] vector along _feature_axis."""
-    return (1, -1, 1, 1) if len(shape) == 3 else (1,) * len(shape) + (-1,)
+def _feature(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """For a layer of the spec's "last axis" (layernorm, rmsnorm, softmax) on an input of canonical `shape`
+    (no batch axis): the axis it acts on, an NCHW image's channels or a vector's or a sequence's last axis, and
+    the shape that broadcasts a [C] vector along that axis."""
+    return (1, (1, -1, 1, 1)) if len(shape) == 3 else (-1, (1,) * len(shape) + (-1,))
 
 
 @dataclass
@@ -96,16 +82,16 @@ class Run:
 LAYERS = LayerBuilders("mxnet")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
 
 
+def _fully_connected(x, run: Run, path: str, prefix: str, units: int, use_bias: bool):
+    """FullyConnected on the last axis, with the layer's weights `prefix`kernel and `prefix`bias."""
+    bias = run.weight(path, f"{prefix}bias") if use_bias else None
+    return run.F.FullyConnected(x, run.weight(path, f"{prefix}kernel"), bias, num_hidden=units, no_bias=not use_bias,
+                                flatten=False)
+
+
 @LAYERS.builder("dense")
 def dense(info, net):
-    spec = info.spec
-
-    def apply(x, run):
-        bias = run.weight(info.path, "bias") if spec.use_bias else None
-        return run.F.FullyConnected(x, run.weight(info.path, "kernel"), bias, num_hidden=spec.units,
-                                    no_bias=not spec.use_bias, flatten=False)
-
-    return apply
+    return lambda x, run: _fully_connected(x, run, info.path, "", info.spec.units, info.spec.use_bias)
 
 
 @LAYERS.builder("conv2d")
@@ -125,27 +111,20 @@ def conv2d(info, net):
     return apply
 
 
-@LAYERS.builder("maxpool2d")
-def maxpool2d(info, net):
+@LAYERS.builder("maxpool2d", "avgpool2d")
+def pool2d(info, net):
     k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
-    padding = window_padding(info.in_shape, k, s, info.spec.padding)
-
-    def apply(x, run):
-        if padding.explicit:
-            x = run.F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
-        return run.F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
-
-    return apply
-
-
-@LAYERS.builder("avgpool2d")
-def avgpool2d(info, net):
-    k, s = info.spec.pool_size, info.spec.strides or info.spec.pool_size
-    padding = window_padding(info.in_shape, k, s, info.spec.padding)
+    padding, average = window_padding(info.in_shape, k, s, info.spec.padding), info.type == "avgpool2d"
+    if average and padding.explicit:  # each window's sum divided by the core's divisors: the real pixels' count
+        net.constant(info.path, "divisors", avgpool_divisors(info.in_shape, k, s, info.spec.padding)[None, None])
 
     def apply(x, run):
         F = run.F
-        if padding.explicit:  # divided by the core's divisors (Network registers them): the real pixels' count
+        if not average:
+            if padding.explicit:
+                x = F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
+            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
+        if padding.explicit:
             sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
                              stride=(s, s), pool_type="sum")
             return F.broadcast_div(sums, run.weight(info.path, "divisors"))
@@ -174,7 +153,7 @@ def activation(info, net):  # the Activation operator has oneDNN kernels; F.relu
 
 @LAYERS.builder("softmax")
 def softmax(info, net):
-    axis = _feature_axis(info.in_shape)
+    axis = _feature(info.in_shape)[0]
     return lambda x, run: run.F.softmax(x, axis=axis)
 
 
@@ -197,26 +176,23 @@ def gelu(info, net):
 
 @LAYERS.builder("batchnorm")
 def batchnorm(info, net):
-    spec = info.spec
+    spec, names = info.spec, ("gamma", "beta", "moving_mean", "moving_variance")
 
     def apply(x, run):
-        F = run.F
-        w = lambda name: run.weight(info.path, name)  # noqa: E731
+        F, weights = run.F, [run.weight(info.path, name) for name in names]
         if run.probe is not None:
             # layer_outputs is the inference network: the running statistics, which MXNet's BatchNorm uses in
             # its backward too only when told to
-            return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                               eps=spec.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
+            return F.BatchNorm(x, *weights, eps=spec.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
         # Gluon's momentum form and biased running variance are the spec's
         if net.float64:
             # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
             # statistics as they are (momentum 1) and update them in float64 from the batch statistics
-            out = F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                              eps=spec.epsilon, momentum=1.0, fix_gamma=False, axis=1, output_mean_var=True)
+            out = F.BatchNorm(x, *weights, eps=spec.epsilon, momentum=1.0, fix_gamma=False, axis=1,
+                              output_mean_var=True)
             run.stats += [out[1], out[2]]
             return out[0]
-        return F.BatchNorm(x, w("gamma"), w("beta"), w("moving_mean"), w("moving_variance"),
-                           eps=spec.epsilon, momentum=spec.momentum, fix_gamma=False, axis=1)
+        return F.BatchNorm(x, *weights, eps=spec.epsilon, momentum=spec.momentum, fix_gamma=False, axis=1)
 
     return apply
 
@@ -224,8 +200,7 @@ def batchnorm(info, net):
 @LAYERS.builder("layernorm")
 def layernorm(info, net):
     epsilon = info.spec.epsilon
-
-    axis, shape = _feature_axis(info.in_shape), _feature_shape(info.in_shape)
+    axis, shape = _feature(info.in_shape)
 
     def apply(x, run):
         F, gamma, beta = run.F, run.weight(info.path, "gamma"), run.weight(info.path, "beta")
@@ -247,7 +222,7 @@ def dropout(info, net):  # the core's mask, pre-divided by 1 - rate; ones in inf
 def embedding(info, net):
     vocab, dim = info.params["embeddings"]
 
-    def apply(ids, run):  # the ids stay integer (MXNetTrainer.to_device): a float16 id above 2048 is rounded
+    def apply(ids, run):  # int32 ids (MXNetTrainer._input)
         return run.F.Embedding(ids, run.weight(info.path, "embeddings"), input_dim=vocab, output_dim=dim,
                                dtype=net.dtype)
 
@@ -267,25 +242,15 @@ def position_embedding(info, net):
 
 
 def attention_implementation(info) -> str:
-    """What runs an attention layer (the trainer's options["attention"]): MXNet 1.9 has no fused attention with
-    a softmax (its contrib interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved
-    projections), so every layer runs the spec's math in batch_dot and softmax."""
-    how = "unfused: batch_dot, softmax"
-    if info.spec.causal:
-        how += ", causal: an additive -inf mask"
-    if info.spec.dropout:
-        how += ", attention dropout: the core's masks"
-    return how
+    """What runs an attention layer (the trainer's options["attention"]): MXNet 1.9's contrib
+    interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved projections."""
+    return ("unfused: batch_dot, softmax" + (", causal: an additive -inf mask" if info.spec.causal else "")
+            + (", attention dropout: the core's masks" if info.spec.dropout else ""))
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask;
-    docs/diagnose.md, "Masks in 16 bits"): the mask is a constant in the weights' dtype (causal_mask: -inf where j > i)
-    added to the scores. Under AMP the weights are float32, so the sum is float32 (amp_fp16: the float32 constant widens
-    the float16 scores; amp_bf16: batch_dot is float32 already) and softmax is one of AMP's float32 operators: -inf in
-    float32, softmax in float32 (typed in the AMP graph). In pure 16-bit the constant, the scores and softmax are in the
-    weights' 16-bit dtype (typed, not run: MXNet has no 16-bit kernels on a CPU). The same on any device (AMP's operator
-    lists do not depend on it)."""
+    """docs/diagnose.md, "Masks in 16 bits": a constant in the weights' dtype (float32 under AMP, whose softmax is
+    float32 too: the module docstring) added to the scores; the same on any device (so are AMP's lists)."""
     return AttentionMask(-math.inf, precision.param_dtype, precision.param_dtype)
 
 
@@ -295,14 +260,14 @@ def attention(info, net):
     length, dim = info.in_shape
     heads, head_dim = spec.heads, dim // spec.heads
     root = math.sqrt(head_dim)
+    if spec.causal:  # [T, T]: 0 where key j <= query i, -inf where j > i (added to the scores)
+        net.constant(info.path, "causal_mask", np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, 0.0))
 
     def apply(x, run):
         F = run.F
 
         def project(name, value):
-            bias = run.weight(info.path, f"{name}_bias") if spec.use_bias else None
-            return F.FullyConnected(value, run.weight(info.path, f"{name}_kernel"), bias, num_hidden=dim,
-                                    no_bias=not spec.use_bias, flatten=False)
+            return _fully_connected(value, run, info.path, f"{name}_", dim, spec.use_bias)
 
         def split(value):  # [N, T, D] -> [N*H, T, Dh], head h the columns h*Dh .. (h+1)*Dh-1
             heads_last = F.reshape(value, shape=(0, 0, -4, heads, head_dim))  # [N, T, H, Dh]
@@ -321,15 +286,10 @@ def attention(info, net):
     return apply
 
 
-def causal_mask(length: int) -> np.ndarray:
-    """[T, T]: 0 where key j <= query i, -inf where j > i (added to the scores)."""
-    return np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, 0.0)
-
-
 @LAYERS.builder("rmsnorm")
 def rmsnorm(info, net):
     epsilon = info.spec.epsilon
-    axis, shape = _feature_axis(info.in_shape), _feature_shape(info.in_shape)  # a vector's too, not only tokens'
+    axis, shape = _feature(info.in_shape)  # a vector's too, not only tokens'
 
     def apply(x, run):  # MXNet 1.9 has no RMSNorm operator; written in operators whose scalars are float64
         F = run.F
@@ -345,12 +305,7 @@ def sequence_pool(info, net):
     if mode == "mean":
         return lambda x, run: run.F.mean(x, axis=1)
     position = 0 if mode == "first" else length - 1
-
-    def apply(x, run):
-        F = run.F
-        return F.reshape(F.slice_axis(x, axis=1, begin=position, end=position + 1), shape=(0, -1))
-
-    return apply
+    return lambda x, run: run.F.reshape(run.F.slice_axis(x, axis=1, begin=position, end=position + 1), shape=(0, -1))
 
 
 @LAYERS.builder("patches")
@@ -391,7 +346,6 @@ class Network(gluon.HybridBlock):
         self.spec, self.dtype, self.float64 = spec, dtype, dtype == "float64"
         self.infos = {info.path: info for info in graph.layers}
         self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
-        # (path, rate, mask shape per sample) of each dropout layer and attention dropout
         self.masked = DropoutMasks(graph, spec.seed).layers
         self.mask_paths = [path for path, _, _ in self.masked]
         self.handles = {}  # canonical weight name -> Parameter
@@ -403,23 +357,17 @@ class Network(gluon.HybridBlock):
                 self.handles[name] = self._register(_key(name), self.params.get(
                     _key(name), shape=to_channels_first(np.empty(shape), name).shape, dtype=dtype,
                     init=mx.init.Zero(), grad_req="null" if state else "write", differentiable=not state))
-            for layer in graph.layers:  # constants: the core's divisors for asymmetric 'same' average pooling,
-                constant = None  # causal attention's mask
-                if layer.type == "avgpool2d":
-                    k, s = layer.spec.pool_size, layer.spec.strides or layer.spec.pool_size
-                    if window_padding(layer.in_shape, k, s, layer.spec.padding).explicit:
-                        constant = "divisors", avgpool_divisors(layer.in_shape, k, s, layer.spec.padding)[None, None]
-                elif layer.type == "attention" and layer.spec.causal:
-                    constant = "causal_mask", causal_mask(layer.in_shape[0])
-                if constant:
-                    key = _key(f"{layer.path}.{constant[0]}")
-                    self._register(key, self.params.get_constant(key, mx.nd.array(constant[1], dtype=dtype)))
-        self.layers = self.build(spec.layers, "")
+            self.layers = self.build(spec.layers, "")  # the builders register the constants they need
 
     def _register(self, key: str, param):
         setattr(self, key, param)
         self.registered[key] = param
         return param
+
+    def constant(self, path: str, name: str, value: np.ndarray) -> None:
+        """A constant of the layer at `path`, which its builder needs in the graph (a Gluon Constant)."""
+        key = _key(f"{path}.{name}")
+        self._register(key, self.params.get_constant(key, mx.nd.array(value, dtype=self.dtype)))
 
     def load(self, weights: dict[str, np.ndarray], ctx) -> None:
         for name, param in self.handles.items():
@@ -474,7 +422,7 @@ class TrainingLoss(gluon.HybridBlock):
         outputs = self.net(x, *masks)
         stats = outputs[1:] if isinstance(outputs, (list, tuple)) else ()
         with _scope(F, LOSS_SCOPE):
-            loss = loss_fn(F, self.loss, outputs[0] if stats else outputs, labels, self.cast_outputs)
+            loss = loss_with(loss_ops(F, self.cast_outputs), self.loss, outputs[0] if stats else outputs, labels)
         return (loss, *stats) if stats else loss
 
 

@@ -1,16 +1,9 @@
 """The spec's optimizers and losses in MXNet.
 
 The optimizers update the weights' arrays directly, without gluon.Trainer and mx.optimizer's per-parameter
-Python bookkeeping (update counts, stale-gradient checks, updater dispatch), and create all their state when
-built. They run on MXNet's fused update operators with arguments chosen so that each computes the spec's
-math: MXNet's own Adam class folds epsilon into a bias-corrected learning rate ("epsilon hat"), and its SGD
-keeps its momentum in learning-rate units (-lr times the spec's buffer: equal for a constant rate only, so
-momentum SGD under a schedule is written out). AdamW is Adam's operator on the weights the core exempts from decay and
-contrib.adamw_update, whose decay is decoupled (w -= eta*(lr*m/(sqrt(v)+eps) + wd*w)), on the others (it
-rescales the gradient in place: harmless, the next backward writes it anew).
-Gradients arrive multiplied by the loss scale; `step(rescale_grad, learning_rate)` undoes it (the operators
-apply it) and clips by the global norm (the factor folded into rescale_grad: one host sync for the norm, as
-the fused operators take their scalars as attributes); the learning rate is the step's (the schedule's).
+Python bookkeeping (update counts, stale-gradient checks, updater dispatch). They run on MXNet's fused update
+operators with arguments chosen so that each computes the spec's math: MXNet's own Adam class folds epsilon into
+a bias-corrected learning rate ("epsilon hat"), and its SGD keeps its momentum in learning-rate units.
 
 One operator per parameter, not the multi-tensor ones (multi_sgd_update, multi_adamw_update): on CPU these
 are ~2x slower on a large tensor (784x512: 1.7 against 0.8 ms for SGD), and no faster on small ones.
@@ -24,13 +17,12 @@ import numpy as np
 from mxnet import nd
 
 from harness.model.optimizer import scheduled, weight_decay
-from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
+from harness.model.training import ClipOps, LossOps, clip_factor_with
 
 
 class SpecOptimizer:
     def __init__(self, weights: list, grads: list, slots: int, clip_norm: float | None):
         self.weights, self.grads, self.clip_norm = weights, grads, clip_norm
-        # every piece of state now, not lazily in the first step (the adapter API's rule)
         self.states = [[nd.zeros(w.shape, w.context, dtype=w.dtype) for _ in range(slots)] for w in weights]
         # fused operators take their hyper-parameters as float32 attributes (0.9 becomes 0.8999999762): a float64
         # run writes each update out in NDArray operators, whose Python scalars stay float64
@@ -39,7 +31,7 @@ class SpecOptimizer:
     def step(self, rescale_grad: float, learning_rate: float) -> None:
         """One update with gradients `rescale_grad` times the true (unscaled) ones, at the step's rate."""
         if self.clip_norm is not None:
-            # the spec's clip (harness.model.training) of the unscaled gradients' global norm, folded into the rescale
+            # the clip folded into the rescale (the fused operators take scalars as attributes): one host sync
             rescale_grad *= clip_factor_with(HOST_CLIP_OPS, self.global_norm() * rescale_grad, self.clip_norm)
         self.update(rescale_grad, learning_rate)
 
@@ -88,7 +80,9 @@ class SGD(SpecOptimizer):
 
 
 class Adam(SpecOptimizer):
-    """Adam, and AdamW where `decays` (per weight, from the core) are not all 0."""
+    """Adam, and AdamW where `decays` (per weight, from the core) are not all 0: Adam's operator on the weights
+    the core exempts from decay, contrib.adamw_update, whose decay is decoupled, on the others (it rescales the
+    gradient in place: harmless, the next backward writes it anew)."""
 
     def __init__(self, weights, grads, clip_norm, beta_1, beta_2, epsilon, decays):
         super().__init__(weights, grads, slots=2, clip_norm=clip_norm)
@@ -159,8 +153,9 @@ HOST_CLIP_OPS = ClipOps(full_like=lambda norm, value: value, maximum=max, where=
 
 @functools.lru_cache(maxsize=None)
 def loss_ops(F, cast: bool) -> LossOps:
-    """harness.model.training's primitives in F (nd or sym) operators: the loss runs inside the hybridized training
-    graph. `cast`: the outputs are float16 or bfloat16 (amp_cast leaves float32 and float64 alone)."""
+    """harness.model.training's primitives in F (nd or sym) operators: the loss (loss_with: a batch mean in
+    float32 or wider, not Gluon's per-sample losses) runs inside the hybridized training graph. `cast`: the
+    outputs are float16 or bfloat16 (amp_cast leaves float32 and float64 alone)."""
     def nll(logp, labels):
         return -F.mean(F.pick(logp, labels, axis=-1))
 
@@ -171,9 +166,3 @@ def loss_ops(F, cast: bool) -> LossOps:
         first_column=lambda x: F.reshape(F.slice_axis(x, axis=1, begin=0, end=1), shape=(-1,)),
         labels_like=lambda labels, out: labels,  # float32, or float64 in float64 runs, as the trainer gives them
         clip=F.clip, log=F.log, log1p=F.log1p, exp=F.exp, abs=F.abs, relu=F.relu, mean=F.mean)
-
-
-def loss_fn(F, spec, outputs, labels, cast: bool):
-    """Batch-mean loss of `outputs` against `labels` (float32, or float64 in float64 runs), in float32 or wider
-    (not Gluon's per-sample losses), in F (nd or sym) operators."""
-    return loss_with(loss_ops(F, cast), spec, outputs, labels)

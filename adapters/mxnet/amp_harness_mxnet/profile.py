@@ -3,29 +3,23 @@ each operator it timed matched to the node of the hybridized graph it ran.
 
 MXNet's engine runs a static graph in bulked segments of up to 15 operators, each timed as one event named after
 the operator types in it, and names every event after its operator type only ("Convolution", never the node). So:
-- The profiled steps run the same graph, static_alloc and static_shape, with bulk size 1: each operator its own
-  engine operation and event. Operators that touch the graph's inputs or outputs run outside the static plan, as
-  "ImperativeBulk" events.
-- The nodes the graph runs, in the order it pushes them, and the dtypes each read and wrote come from one
-  forward and backward of the same graph on copies of the weights, with MXNet's operator hook (the monitor). Node
-  names carry the scopes they were built in (network.py); a backward node is named after its forward node
-  ("..._backward"); a sum of one tensor's gradients ("sum_grad") gets the scopes its summed gradients share.
+- The profiled steps run the same graph with bulk size 1 (NOTES). Operators that touch the graph's inputs or
+  outputs run outside the static plan, as "ImperativeBulk" events.
+- The nodes the graph runs, in the order it pushes them, with their dtypes and scopes, come from MXNet's operator
+  hook (_executed_nodes). Node names carry the scopes they were built in (network.py).
 - One worker thread runs the engine's operators, the first ready first, so a step's events are matched in time
-  order to the graph's nodes (_match): each node once, of its event's type, after the nodes it reads from. Where
-  two nodes of one type are ready at once (a residual block's two branches), push order decides.
+  order to the graph's nodes (_match).
 - Operators the step runs imperatively (the loss scaling, the update) are the events no node accounts for; each
-  belongs to the part whose range (MXNetTrainer._range, a profiler event on the Python thread) began last before
-  it ran, except autograd's seed of the loss's gradient, which runs whenever the engine gets to it, and the
-  engine's work for the Python thread (freeing arrays, waking it from a wait), which goes to the range it is in.
-- Where the engine runs nothing within a step, it waits for the Python thread: that time goes to the range the
-  Python thread is in (IDLE), MXNet's runtime (launching the cached graph, handing back the loss) or a part
-  (dispatching the update).
+  belongs to the part whose range (Ranges, a profiler event on the Python thread) began last before it ran
+  (_attribute's exceptions). Where the engine runs nothing within a step, it waits for the Python thread: that
+  time (IDLE) goes to the range the Python thread is in, MXNet's runtime or a part.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import json
+import os
 import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -74,14 +68,13 @@ class Node:
 
 class Ranges:
     """MXNetTrainer._range while profiling: profiler events on the Python thread naming the part (or the step)
-    whose operators are dispatched inside."""
+    whose operators are dispatched inside; `drain`: the range lasts until they have run."""
 
     def __init__(self):
         self.events: dict[str, mx.profiler.Event] = {}  # one per name, made once: a range costs two C calls
 
     @contextlib.contextmanager
     def __call__(self, name: str, drain: bool = False):
-        """`drain`: the range lasts until the operators dispatched in it have run."""
         if name not in self.events:
             self.events[name] = mx.profiler.Event(name)
         event = self.events[name]
@@ -113,7 +106,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
                 run_steps()
             finally:
                 mx.profiler.set_state("stop")
-                trainer._range = trainer.no_range
+                del trainer._range  # the class's: no ranges
             mx.profiler.dump()
             events = json.loads(trace.read_text())["traceEvents"]
     finally:
@@ -149,7 +142,7 @@ def _executed_nodes(trainer, batch) -> list[Node]:
     """The nodes the block's graph runs in a training step, in the order it pushes them, with their dtypes and
     scopes; from the operator hook of two copies of the block's cached op (the block's own hook cannot be removed
     again), run on copies of the weights: the hook sees every node of a dynamic graph, and of a static one the
-    nodes it runs outside the static plan."""
+    nodes it runs outside the static plan. A backward node is named after its forward node ("..._backward")."""
     block = trainer.block
     _, out = block._cached_graph
     args, data, params = [], [], []
@@ -259,13 +252,7 @@ def _sum_scope(following: list[Node], consumers) -> str:
     for node in following:
         readers = consumers.get(node.name.removesuffix("_backward"), [])
         if node.name.endswith("_backward") and len(readers) > 1:
-            parts = [r.split("/")[:-1] for r in readers]
-            shared = []
-            for tokens in zip(*parts):
-                if len(set(tokens)) > 1:
-                    break
-                shared.append(tokens[0])
-            return "/".join(shared)
+            return "/".join(os.path.commonprefix([r.split("/")[:-1] for r in readers]))
     return ""
 
 
@@ -306,7 +293,7 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
                 n = nodes[match]
                 add((n.op, n.scope, n.backward, n.cast, tuple(n.inputs), tuple(n.outputs)), end - start)
                 continue
-            if name == SEED:
+            if name == SEED:  # run whenever the engine gets to it
                 scope = LOSS_SCOPE
             elif name in ENGINE_OPS:  # run for the Python thread, in the range it is in
                 scope = next((r[2] for r in within if r[0] <= start <= r[1]), "")
@@ -327,14 +314,14 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
             for (op, scope, backward, cast, inputs, outputs), (seconds, calls) in totals.items()]
 
 
-def _union(spans) -> list[tuple[int, int]]:
+def _union(spans) -> list[list[int]]:
     merged: list[list[int]] = []
     for start, end in sorted(spans):
         if merged and start <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-    return [(start, end) for start, end in merged]
+    return merged
 
 
 def _overlap(spans, start: int, end: int) -> int:
