@@ -28,22 +28,24 @@ class RMSprop(torch.optim.Optimizer):
                 p.addcdiv_(p.grad, denom, value=-lr)
 
 
-def decay_groups(spec, named_params: dict[str, torch.nn.Parameter]) -> list[dict]:
-    """The parameters as torch param groups, one per weight decay the core gives their canonical names
-    (harness.model.optimizer.weight_decay; a single group of decay 0 for every optimizer but AdamW)."""
+def decay_groups(spec, named_params: dict[str, torch.nn.Parameter], kinds: dict[str, str] | None = None) -> list[dict]:
+    """The parameters as torch param groups, one per weight decay the core gives their canonical names, or a
+    native model's weights their `kinds` (harness.model.optimizer.weight_decay; a single group of decay 0 for every
+    optimizer but AdamW)."""
     from harness.model.optimizer import weight_decay
 
     groups: dict[float, list[torch.nn.Parameter]] = {}
     for name, p in named_params.items():
-        groups.setdefault(weight_decay(spec, name), []).append(p)
+        groups.setdefault(weight_decay(spec, name, (kinds or {}).get(name)), []).append(p)
     return [{"params": params, "weight_decay": decay} for decay, params in groups.items()]
 
 
-def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
+def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter],
+                   kinds: dict[str, str] | None = None) -> torch.optim.Optimizer:
     """The spec's optimizer over the trainable weights (by canonical name) with all its state created now, not
     lazily in the first step: zero moments and momentum buffers (torch's first step would set a momentum buffer
     to the gradient: 0*momentum + g is the same), so that no timed step allocates state."""
-    params, groups = list(named_params.values()), decay_groups(spec, named_params)
+    params, groups = list(named_params.values()), decay_groups(spec, named_params, kinds)
     if spec.type == "sgd":
         optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=spec.momentum, nesterov=spec.nesterov)
         state = (lambda p: {"momentum_buffer": torch.zeros_like(p)}) if spec.momentum else None

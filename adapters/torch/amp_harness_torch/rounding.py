@@ -36,10 +36,11 @@ OPS = RoundingOps(
 )
 
 
-def make_rounded_optimizer(spec, named_params: dict, rounding: Rounding, seed: int) -> RoundedUpdate:
+def make_rounded_optimizer(spec, named_params: dict, rounding: Rounding, seed: int,
+                           kinds: dict[str, str] | None = None) -> RoundedUpdate:
     """The spec's optimizer writing the weights by the rounding's rule, over these trainable weights (by canonical
-    name; its noise drawn on their device), with all its state."""
-    return RoundedUpdate(named_params, spec, rounding, next(iter(named_params.values())).device, seed)
+    name, or a native model's with their `kinds`; its noise drawn on their device), with all its state."""
+    return RoundedUpdate(named_params, spec, rounding, next(iter(named_params.values())).device, seed, kinds)
 
 
 class RoundedUpdate(torch.optim.Optimizer):
@@ -48,14 +49,16 @@ class RoundedUpdate(torch.optim.Optimizer):
     (the trainer sets it under a schedule); the gradients are multiplied by `gradient_factor` (clipping's, set for
     the next step) in float32."""
 
-    def __init__(self, named_params: dict, spec, rounding: Rounding, device: torch.device, seed: int):
+    def __init__(self, named_params: dict, spec, rounding: Rounding, device: torch.device, seed: int,
+                 kinds: dict[str, str] | None = None):
         from harness.model.optimizer import weight_decay
 
         super().__init__(list(named_params.values()), {"lr": spec.learning_rate})
         self.spec, self.rounding = spec, rounding
         for p in self.params:
             self.state[p] = {slot: torch.zeros_like(p) for slot in rounded_slots(spec, rounding)}
-        self.decay = {p: weight_decay(spec, name) for name, p in named_params.items()}  # AdamW's, by parameter
+        # AdamW's, by parameter
+        self.decay = {p: weight_decay(spec, name, (kinds or {}).get(name)) for name, p in named_params.items()}
         self.steps = 0
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.given_bits: dict | None = None  # fingerprint runs: the core's bits for the next step, by parameter
