@@ -31,6 +31,8 @@
 # (benchmarks/fp8_study.yaml) in torch. Native FP8 (torch._scaled_mm; Hopper and Ada only: elsewhere the capability
 # probe records them unsupported with torch's error): tiny_gpt in fp32, amp_bf16, fp8_hybrid emulated and native,
 # 3 repeats, whose report's FP8 section gives native FP8's step time against fp32's.
+# A native spec (docs/native.md: the user's own nn.Module, here torch's nn.TransformerEncoder) timed on the GPU in
+# fp32, amp_bf16 and amp_fp16, every precision from the same initial weights (options.native.initial_weights).
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -147,3 +149,14 @@ print(table.round(2).to_string())
 print(df[df.status != "ok"][["model", "precision", "status", "reason"]].to_string())
 PY
 python3 -m harness report "$out" -o "$out/index.html" --profiles "$out/profile" --diagnoses "$out/diagnose"
+python3 -m harness run --framework torch --device gpu --model benchmarks/native_encoder.yaml \
+  --precision fp32,amp_bf16,amp_fp16 --repeats 3 --no-progress --out "$out/native"
+python3 - "$out/native" <<'PY'
+import sys
+from harness import results
+records = results.read_records([sys.argv[1]])
+assert all(r["status"] == "ok" for r in records), [(r["precision"], r["reason"]) for r in records]
+digests = {r["options"]["native"]["initial_weights"] for r in records}
+assert len(digests) == 1, digests
+print("native encoder on the GPU:", {r["precision"]: round(r["step_time_ms"]["median"], 3) for r in records})
+PY

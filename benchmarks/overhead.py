@@ -4,8 +4,8 @@ invocation, with that framework's env python:
     .tox/mxnet/bin/python benchmarks/overhead.py --framework mxnet       # likewise torch, tensorflow, jax
 
 Three models (mnist_mlp at batch 64; small_convnet at 112x168, batch 32; transformer_block, the spec file
-benchmarks/transformer_block.yaml: one pre-norm GPT block, d 64, 4 causal heads, T 64, batch 32) in fp32 and
-amp_bf16, on the CPU with 2 threads. Each precision runs in its own process (Keras' global dtype policy, MXNet's
+benchmarks/transformer_block.yaml: one pre-norm GPT block, d 64, 4 causal heads, T 64, batch 32) and, in torch, a
+native one (below) in fp32 and amp_bf16 (`--precision` adds amp_fp16 for the native one), on the CPU with 2 threads. Each precision runs in its own process (Keras' global dtype policy, MXNet's
 amp.init and JAX's config are process-wide), which builds the harness's trainer exactly as `amp-harness run` does
 (harness.run.worker: the core's weights, no loss scaling), in the variant whose memory layout and execution match
 the plain loop's (HARNESS_VARIANT: torch `eager`, NCHW like the plain loop), and a plain loop for the same network,
@@ -43,6 +43,11 @@ then alternates rounds of the two (A B, B A, ...) so that background load hits b
   step. It runs under the JAX config the harness's build set (matmul precision `highest` in fp32), being traced
   after it in one process.
 
+- native (torch only: benchmarks/native_encoder.yaml, the user's own nn.TransformerEncoder model, docs/native.md):
+  the harness builds and trains the module as `run` does (its precision's default loss scaling: GradScaler in
+  amp_fp16); the plain loop is the same module, made under the same seed, with torch.optim.AdamW, torch.autocast,
+  GradScaler for float16, F.cross_entropy and `loss.item()` each step. Precisions fp32, amp_bf16 and amp_fp16.
+
 Plain loops use their framework's initialisers (the values do not change the work done). Each row prints the
 per-round figures of both sides and the ratio harness / plain of their medians over rounds; the last line names each
 ratio over MAX_RATIO (1.05), or says there is none.
@@ -67,7 +72,9 @@ FRAMEWORKS = ("torch", "tensorflow", "mxnet", "jax")
 PRECISIONS = ("fp32", "amp_bf16")
 # (a built-in model's name or a spec file's path, batch size, input size); --model names one by its file's stem
 MODELS = (("mnist_mlp", 64, None), ("small_convnet", 32, (112, 168)),
-          (str(ROOT / "benchmarks" / "transformer_block.yaml"), 32, None))
+          (str(ROOT / "benchmarks" / "transformer_block.yaml"), 32, None),
+          (str(ROOT / "benchmarks" / "native_encoder.yaml"), 32, None))  # a native spec: torch only
+NATIVE_PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")  # a native model's plain loop: autocast, GradScaler for fp16
 THREADS = 2
 RESULT = "RESULT "  # the prefix of a worker's result lines on stdout (frameworks print their own lines)
 
@@ -638,12 +645,59 @@ HARNESS_VARIANT = {"torch": "eager", "tensorflow": "graph", "mxnet": "hybridized
 MAX_RATIO = 1.05  # the harness may cost at most 5% over the plain loop
 
 
+def plain_native_torch(spec, precision):
+    """The user's own module (a native spec's) in the loop its users write: torch.optim.AdamW (or the spec's
+    optimizer's torch class), torch.autocast, GradScaler for float16, F.cross_entropy, `loss.item()` each step."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from amp_harness_torch.native import load, logits
+
+    torch.manual_seed(spec.seed)
+    net = load(spec).train()
+    opt = spec.optimizer
+    optimizer = torch.optim.AdamW(net.parameters(), opt.learning_rate, (opt.beta_1, opt.beta_2), opt.epsilon,
+                                  opt.weight_decay)
+    dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
+    scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext():
+            out = logits(net(x))
+        loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        return loss.item()
+
+    def run(batches, warmup):
+        times = []
+        for i, (x, y) in enumerate(batches):
+            x, y = torch.from_numpy(x), torch.from_numpy(y)
+            t0 = time.perf_counter_ns()
+            step(x, y)
+            if i >= warmup:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+
+    return run
+
+
 # ---- the harness side, as harness.run.worker builds and times it --------------------------------------------
 def harness_loop(adapter, spec, graph, precision, masks):
     from harness.model.weights import initial_weights
-    from harness.precision import LossScale
+    from harness.precision import LossScale, parse_loss_scale
 
-    trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed), precision, LossScale(),
+    # a native spec's model (graph None) with the loss scale its precision has by default, as `run` gives it
+    loss_scale = LossScale() if graph else parse_loss_scale(None, precision)
+    trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed) if graph else None, precision, loss_scale,
                             adapter.device("cpu"), HARNESS_VARIANT[adapter.name])
 
     def run(batches, warmup):
@@ -674,10 +728,12 @@ def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup:
     precision = parse_precision(precision_name)
     for source, batch_size, input_size in (m for m in MODELS if model_name(m[0]) in models):
         model, spec = model_name(source), load_spec(source).with_overrides(batch_size, None, input_size)
-        graph, data = infer(spec), Data(spec)
+        if spec.native is not None and (framework != "torch" or precision_name not in NATIVE_PRECISIONS):
+            continue
+        graph, data = (infer(spec) if spec.native is None else None), Data(spec)
         batches = [data.train_batch(step) for step in range(warmup + steps)]
         sides = {"harness": harness_loop(adapter, spec, graph, precision, DropoutMasks(graph, spec.seed)),
-                 "plain": PLAIN[framework](spec, graph, precision)}
+                 "plain": PLAIN[framework](spec, graph, precision) if graph else plain_native_torch(spec, precision)}
         for side in sides.values():  # first calls compile, trace and allocate: not part of any round
             side(batches[:2 * warmup], warmup)
         rounds_of = {name: [] for name in sides}

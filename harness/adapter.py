@@ -153,6 +153,15 @@ def as_output(value: np.ndarray) -> np.ndarray:
     return np.array(value, dtype=np.float64 if value.dtype == np.float64 else np.float32, copy=True)
 
 
+@dataclass(frozen=True)
+class NativeInfo:
+    """A native model (a spec's `native:`, the user's own network object) as its adapter built it."""
+    trainable: int  # trainable parameters
+    weights: int  # every weight the model keeps (buffers included)
+    modules: dict[str, str]  # its modules (layers) by their own names, which numerics name them by: their classes
+    digest: str  # of its initial weights (harness.run.native.weights_digest): equal in every precision
+
+
 class Trainer(ABC):
     """One network, built for one precision on one device.
 
@@ -192,7 +201,8 @@ class Trainer(ABC):
         self.configure(spec, precision, device, variant)
         self.start_memory(device.kind == "gpu")
         self.build_network(spec, graph, weights, precision, device, variant)
-        self.declare_attention_masks(graph, self.attention_mask, device.kind)
+        if graph is not None:  # a native model's attention is its own
+            self.declare_attention_masks(graph, self.attention_mask, device.kind)
         self.start_rounding(precision)
         if self.rounding is None:
             self.build_optimizer(spec.optimizer)
@@ -383,6 +393,11 @@ class Trainer(ABC):
         train_step must round with instead of drawing its own. Called outside the timed region."""
         raise HarnessError(f"{type(self).__name__} cannot take the core's rounding noise (set_rounding_noise): "
                            f"stochastically rounded fingerprints would differ between frameworks")
+
+    def native_info(self) -> NativeInfo:
+        """A native spec's model as built (a spec with `native:` for this adapter's framework: build got graph and
+        weights None, and built the user's model under spec.seed, the run's)."""
+        raise HarnessError(f"{type(self).__name__} builds no native models")
 
     def profile(self, run_steps: Callable[[], None]) -> ProfiledOps | None:
         """Profile mode only (optional): start the framework's own profiler, call run_steps() (the core's loop

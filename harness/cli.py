@@ -163,6 +163,9 @@ def cmd_check(args) -> int:
     for path in args.specs:
         spec, graph = resolve(path)
         data.check(spec, path)
+        if graph is None:
+            _check_native(path, spec)
+            continue
         estimates = [memory.estimate(graph, spec, parse_precision(p)) for p in MEMORY_PRECISIONS]
         smallest = min(estimates, key=lambda e: e.step_mb)
         memory.check_fits(spec, graph, [parse_precision(smallest.precision)], "auto", path)  # none fits: an error
@@ -186,6 +189,27 @@ def cmd_check(args) -> int:
         if in_memory:
             print(f"    and the dataset, kept in memory: {memory.fmt_mb(in_memory)}")
     return 0
+
+
+def _check_native(path: str, spec) -> None:
+    """`check` of a native spec: what it names; built in its framework's worker where that adapter is installed."""
+    from harness.adapter import discover
+    from harness.model.native import describe
+    from harness.model.optimizer import describe as describe_optimizer
+    from harness.run.native import check_in_child
+
+    framework = spec.native.framework
+    built = check_in_child(spec, framework) if framework in discover() else None
+    tokens = f" token ids of vocab {spec.input.vocab}" if spec.tokens else ""
+    print(f"{path}: ok  {spec.name}  input {list(spec.input.shape)}{tokens}  {_task(spec)}  "
+          f"spec_hash {spec.spec_hash()}")
+    print(f"  {describe(spec)}")
+    if built:
+        print(f"  built by the {framework} adapter here: {built['params']:,} trainable parameters, output "
+              f"{built['output']} for 2 samples")
+    else:
+        print(f"  the {framework} adapter is not installed here: its parameters are counted where it is")
+    print(f"  optimizer {describe_optimizer(spec.optimizer, spec.steps)}")
 
 
 def cmd_import(args) -> int:

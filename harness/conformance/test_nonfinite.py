@@ -17,7 +17,7 @@ from harness.model.spec import validate
 from harness.model.weights import initial_weights
 from harness.numerics import FORMATS
 from harness.run import worker
-from harness.run.nonfinite import _forward_order
+from harness.model.graph import Graph
 
 # 40 residual blocks: block 37's output is the first past float16's largest value (92091 against 65504; the block
 # before it reaches 45422)
@@ -39,7 +39,7 @@ def _first_overflow_in_float64() -> str:
     outputs = {}
     reference.forward(spec, initial_weights(infer(spec), spec.seed), x, layer_outputs=outputs)
     largest = FORMATS["float16"].max
-    return next(p for p in sorted(outputs, key=_forward_order) if np.abs(outputs[p]).max() > largest)
+    return next(p for p in Graph.forward_order(outputs) if np.abs(outputs[p]).max() > largest)
 
 
 def test_a_diverged_run_names_its_first_nonfinite_layer_and_pass(framework, unsupported):

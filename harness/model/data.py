@@ -66,7 +66,7 @@ class Source:
     labels: np.ndarray
 
     def __init__(self, spec: ModelSpec):
-        self.shape = tuple(spec.input.shape)
+        self.shape = spec.sample_shape
         self.seed = spec.seed
 
     def samples(self, indices: np.ndarray) -> np.ndarray:
@@ -346,7 +346,7 @@ def check(spec: ModelSpec, source: str) -> None:
     """Every data error that is certain before a framework starts (split sizes against the batch, image
     folders, input shapes a dataset cannot produce), as one HarnessError naming `source` (the spec file) and
     the place; reads image headers, not pixels."""
-    shape = tuple(spec.input.shape)
+    shape = spec.sample_shape
     if spec.dataset.name == "digits" and len(shape) == 1 and math.isqrt(shape[0]) ** 2 != shape[0]:
         raise HarnessError(f"{source}: input.shape: digits as vectors needs a square input size (64 = 8x8), "
                            f"got {shape[0]}")

@@ -30,9 +30,10 @@ def _dropped(info) -> tuple[float, tuple[int, ...]]:
 
 
 class DropoutMasks:
-    def __init__(self, graph: Graph, seed: int):
-        #: (canonical layer path, rate, mask shape) of every dropout layer and attention dropout that drops anything
-        self.layers = [(info.path, *_dropped(info)) for info in graph.layers if _dropped(info)[0] > 0]
+    def __init__(self, graph: Graph | None, seed: int):
+        #: (canonical layer path, rate, mask shape) of every dropout layer and attention dropout that drops anything;
+        #: none for a native model (graph None), whose dropout is its framework's own
+        self.layers = [(info.path, *_dropped(info)) for info in graph.layers if _dropped(info)[0] > 0] if graph else []
         self._keys = {path: np.random.SeedSequence([seed % 2**63, _STREAM, index]).generate_state(2, np.uint64)
                       for index, (path, _, _) in enumerate(self.layers)}
 

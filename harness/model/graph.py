@@ -37,10 +37,16 @@ class LayerInfo:
         return sum(math.prod(s) for name, s in self.params.items() if not name.startswith("moving_"))
 
 
+def _forward_key(path: str) -> tuple:
+    parts = [int(p) if p.isdigit() else {"layers": 0, "projection": 1}[p] for p in path.split(".")]
+    return (*parts, math.inf)
+
+
 @dataclass
 class Graph:
     layers: list[LayerInfo]  # depth-first, residual blocks followed by their inner layers
     output_shape: tuple[int, ...]
+    inputs_known = True  # input_of names each layer's input (a native model's Modules cannot)
 
     @property
     def param_count(self) -> int:
@@ -65,6 +71,21 @@ class Graph:
             return f"{head}.{int(index) - 1}" if head else str(int(index) - 1)
         return Graph.input_of(head.rpartition(".")[0]) if head else None
 
+    @property
+    def types(self) -> dict[str, str]:
+        """Each layer's type by path."""
+        return {layer.path: layer.type for layer in self.layers}
+
+    @staticmethod
+    def forward_order(paths) -> list[str]:
+        """`paths` in the order the forward pass computes their layers (a residual block after its inner layers)."""
+        return sorted(paths, key=_forward_key)
+
+    @staticmethod
+    def weight_order(names) -> list[str]:
+        """Weight names in their layers' forward order."""
+        return sorted(names, key=lambda name: (*_forward_key(name.rsplit(".", 1)[0]), name))
+
     def trainable_shapes(self) -> dict[str, tuple[int, ...]]:
         """param_shapes without batchnorm's moving statistics (state, not parameters)."""
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()
@@ -75,13 +96,17 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def state_memory_mb(graph: Graph, optimizer, precision) -> dict[str, float]:
-    """What training keeps besides activations, from the graph alone: weights (with batchnorm's moving
-    statistics), their gradients and the optimizer's slots, all in the weights' dtype (a Precision's
-    param_dtype), and for Kahan-compensated updates a compensation buffer per trainable weight. Pure 16-bit
-    training halves the first three; mixed precision keeps them in float32."""
-    size = DTYPE_BYTES[precision.param_dtype] / 2**20
-    trainable = graph.param_count
+    """What training keeps besides activations, from the graph alone (state_memory_of)."""
     weights = sum(math.prod(shape) for shape in graph.param_shapes().values())
+    return state_memory_of(graph.param_count, weights, optimizer, precision)
+
+
+def state_memory_of(trainable: int, weights: int, optimizer, precision) -> dict[str, float]:
+    """What training keeps besides activations, from the counts of the trainable weights and of all the weights
+    (batchnorm's moving statistics, a native model's buffers): weights, their gradients and the optimizer's slots,
+    all in the weights' dtype (a Precision's param_dtype), and for Kahan-compensated updates a compensation buffer
+    per trainable weight. Pure 16-bit training halves the first three; mixed precision keeps them in float32."""
+    size = DTYPE_BYTES[precision.param_dtype] / 2**20
     slots = {"adam": 2, "adamw": 2, "rmsprop": 1, "sgd": 1 if getattr(optimizer, "momentum", 0) else 0}[optimizer.type]
     state = {"weights": weights * size, "gradients": trainable * size, "optimizer_state": slots * trainable * size}
     if precision.rounding is not None and precision.rounding.mode == "kahan":

@@ -33,12 +33,12 @@ def scheduled(optimizer) -> bool:
     return optimizer.schedule is not None and optimizer.schedule.type != "constant"
 
 
-def weight_decay(optimizer, name: str) -> float:
-    """The decoupled weight decay AdamW applies to the canonical weight `name`: 0 for other optimizers and for
-    the kinds its `no_decay` names."""
+def weight_decay(optimizer, name: str, kind: str | None = None) -> float:
+    """The decoupled weight decay AdamW applies to the canonical weight `name` (a native model's weight: of
+    `kind`, harness.model.native.weight_kind): 0 for other optimizers and for the kinds its `no_decay` names."""
     if optimizer.type != "adamw":
         return 0.0
-    exempt = NO_DECAY_OF_KIND.get(weight_kind(name))
+    exempt = NO_DECAY_OF_KIND.get(kind or weight_kind(name))
     return 0.0 if exempt in optimizer.no_decay else optimizer.weight_decay
 
 

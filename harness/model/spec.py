@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
@@ -192,6 +193,44 @@ LAYER_TYPES = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", 
 SEQUENCE_LAYERS = ("embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool", "patches")
 
 
+# ---- a native model: the user's own network object ------------------------------------------------------
+NATIVE_FRAMEWORKS = {"torch": "torch", "keras": "tensorflow"}  # native key -> the adapter that loads it
+CALLABLE = r"^[^:\s]+:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"  # "pkg.module:build", "path/to/file.py:Model"
+
+
+class Native(_Strict):
+    """The user's model as it is, instead of `layers`: "module.path:name" (or "path/to/file.py:name", found as
+    Python finds modules from the current folder and PYTHONPATH) naming an nn.Module or a callable of no arguments
+    returning one (torch), or a saved Keras 3 model (a .keras path, relative to the spec file) or a callable
+    returning one (keras). Only the framework's worker imports it (harness.run.native)."""
+    torch: Optional[str] = Field(None, max_length=300, pattern=CALLABLE)
+    keras: Optional[str] = Field(None, max_length=4096)
+
+    @model_validator(mode="after")
+    def _one(self) -> "Native":
+        given = [key for key in NATIVE_FRAMEWORKS if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give one of {', '.join(NATIVE_FRAMEWORKS)}, got {', '.join(given) or 'none'}")
+        if self.keras is not None and not self.keras.endswith(".keras") and not re.match(CALLABLE, self.keras):
+            raise ValueError(f"keras: '{clip(self.keras, 80)}' is neither a .keras file nor a callable "
+                             f"'package.module:build'")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """"torch" or "keras"."""
+        return next(key for key in NATIVE_FRAMEWORKS if getattr(self, key) is not None)
+
+    @property
+    def target(self) -> str:
+        return getattr(self, self.kind)
+
+    @property
+    def framework(self) -> str:
+        """The adapter that loads it."""
+        return NATIVE_FRAMEWORKS[self.kind]
+
+
 # ---- the rest of a spec -------------------------------------------------------------------------------
 class Input(_Strict):
     # [H, W, C] for images, [F] for vectors, [T] with `vocab` for a sequence of T token ids in [0, vocab)
@@ -319,6 +358,15 @@ class RMSprop(_Optimizer):
 
 
 Optimizer = Annotated[Union[SGD, Adam, AdamW, RMSprop], Field(discriminator="type")]
+# what a native model's optimizer may leave out: its framework's own defaults (torch.optim's, keras.optimizers')
+_TORCH_ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-8}
+_KERAS_ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+FRAMEWORK_OPTIMIZER_DEFAULTS = {
+    "torch": {"sgd": {"momentum": 0.0, "nesterov": False}, "adam": _TORCH_ADAM, "adamw": _TORCH_ADAM,
+              "rmsprop": {"rho": 0.99, "epsilon": 1e-8, "epsilon_placement": "outside"}},
+    "keras": {"sgd": {"momentum": 0.0, "nesterov": False}, "adam": _KERAS_ADAM, "adamw": _KERAS_ADAM,
+              "rmsprop": {"rho": 0.9, "epsilon": 1e-7, "epsilon_placement": "inside"}},
+}
 OPTIMIZER_TYPES = ("sgd", "adam", "adamw", "rmsprop")
 
 
@@ -327,7 +375,8 @@ class ModelSpec(_Strict):
     description: str = Field("", max_length=10_000)
     input: Input
     dataset: Dataset
-    layers: list[Layer] = Field(min_length=1)
+    layers: Optional[list[Layer]] = Field(None, min_length=1)  # the network in the spec's language, or
+    native: Optional[Native] = None  # the user's own network object
     loss: Loss
     optimizer: Optimizer
     batch_size: PositiveInt
@@ -335,6 +384,28 @@ class ModelSpec(_Strict):
     seed: int = Field(0, ge=0, lt=2**32)  # what numpy's generators take
     # the factor a scaling study's --widths scaled the layers by (with_overrides); None: the file's own widths
     width: Optional[float] = Field(None, gt=0, le=MAX_WIDTH)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_optimizer_defaults(cls, data):
+        """A native model's optimizer may leave out what its framework defaults (FRAMEWORK_OPTIMIZER_DEFAULTS): the
+        user's model trains with its framework's optimizer as that framework's users write it. A spec's layers
+        train in every framework, whose defaults differ, so their optimizer says everything."""
+        native, optimizer = data.get("native") if isinstance(data, dict) else None, None
+        if isinstance(native, dict) and isinstance(data.get("optimizer"), dict):
+            optimizer = data["optimizer"]
+            kind = next((key for key in NATIVE_FRAMEWORKS if native.get(key) is not None), None)
+            defaults = FRAMEWORK_OPTIMIZER_DEFAULTS.get(kind, {}).get(optimizer.get("type"), {})
+            data = {**data, "optimizer": {**defaults, **optimizer}}
+        return data
+
+    @model_validator(mode="after")
+    def _network(self) -> "ModelSpec":
+        if (self.layers is None) == (self.native is None):
+            raise ValueError("give the network as `layers` or as `native` (the model object itself), one of them")
+        if self.native is not None and self.width is not None:
+            raise ValueError("width: a native model's widths are its own (scaling studies vary batch and length)")
+        return self
 
     @model_validator(mode="after")
     def _token_input(self) -> "ModelSpec":
@@ -347,6 +418,15 @@ class ModelSpec(_Strict):
         if self.dataset.name == "text" and vocab != TEXT_VOCAB:
             raise ValueError(f"input.vocab: text is bytes, vocab {TEXT_VOCAB}, got {vocab}")
         return self
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """A sample's shape as the core's data gives it: [H, W, C] images. A native torch model takes its images
+        channels first, as `input.shape` says them ([C, H, W]): its trainer transposes the batches."""
+        shape = tuple(self.input.shape)
+        if self.native is not None and self.native.kind == "torch" and len(shape) == 3:
+            return (*shape[1:], shape[0])
+        return shape
 
     @property
     def tokens(self) -> bool:
@@ -384,13 +464,17 @@ class ModelSpec(_Strict):
         if input_size is not None:
             if len(self.input.shape) != 3:
                 raise SpecError(f"{self.name}: --input-size applies to image inputs [H, W, C] only")
-            data["input"]["shape"] = [*input_size, self.input.shape[2]]
+            channels_first = self.sample_shape != tuple(self.input.shape)
+            data["input"]["shape"] = [self.input.shape[0], *input_size] if channels_first else \
+                [*input_size, self.input.shape[2]]
         if seq_len is not None:
             if not self.tokens:
                 raise SpecError(f"{self.name}: --seq-lens applies to models of token ids only (input with vocab); "
                                 f"its input is {list(self.input.shape)}")
             data["input"]["shape"] = [seq_len]
         if width is not None and width != (self.width or 1.0):
+            if self.native is not None:
+                raise SpecError(f"{self.name}: --widths scales a spec's layers; a native model's are its own")
             if not 0 < width <= MAX_WIDTH:
                 raise SpecError(f"{self.name}: width {width:g}: a factor in (0, {MAX_WIDTH:g}]")
             factor = width / (self.width or 1.0)
@@ -402,8 +486,9 @@ class ModelSpec(_Strict):
     def spec_hash(self) -> str:
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
-        if data["width"] is None:  # added for scaling studies: every earlier spec keeps its hash
-            del data["width"]
+        for key in ("width", "native", "layers"):  # added later (or absent): every earlier spec keeps its hash
+            if data[key] is None:
+                del data[key]
         # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
         for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash"),
                           ("optimizer", "clip_norm"), ("optimizer", "schedule")):
@@ -473,7 +558,7 @@ def _where(loc: tuple) -> str:
 
 
 def _known_fields() -> set[str]:
-    models = [ModelSpec, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D,
+    models = [ModelSpec, Native, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D,
               AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm,
               SequencePool, Patches, Residual]
     return {name for model in models for name in model.model_fields}
@@ -513,7 +598,12 @@ def validate(data: object, source: str) -> ModelSpec:
 def load_spec(name_or_path: str) -> ModelSpec:
     """Load a built-in model by name (models/NAME.yaml) or a spec file by path."""
     path = spec_path(name_or_path)
-    return validate(read_yaml(path, SpecError), str(path))
+    spec = validate(read_yaml(path, SpecError), str(path))
+    native = spec.native
+    if native is not None and native.kind == "keras" and native.target.endswith(".keras"):
+        saved = (path.parent / native.target).resolve()  # relative to the spec file, wherever it is run from
+        spec = spec.model_copy(update={"native": native.model_copy(update={"keras": str(saved)})})
+    return spec
 
 
 def spec_path(name_or_path: str) -> Path:

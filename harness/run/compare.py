@@ -75,8 +75,11 @@ def _harness(python: str, *args: str) -> int:
 
 
 def compare(spec: str, out: Path, envs: dict[str, str], total_s: float, precisions: list[str],
-            steps: int | None) -> tuple[dict[str, list[str]], float]:
-    """Every step of the comparison in every environment; ({framework: the steps that failed}, seconds taken)."""
+            steps: int | None, native: bool = False) -> tuple[dict[str, list[str]], float]:
+    """Every step of the comparison in every environment; ({framework: the steps that failed}, seconds taken). A
+    native model (`native`) runs the commands that take one (harness.run.modes: Mode.native)."""
+    from harness.run.modes import MODES
+
     started = time.monotonic()
     failed: dict[str, list[str]] = {}
     common = ["--model", spec, "--out", str(out), "--no-progress"]
@@ -94,6 +97,9 @@ def compare(spec: str, out: Path, envs: dict[str, str], total_s: float, precisio
                 ("profile", ["profile", "--framework", framework,
                              "--precision", ",".join(p for p in PROFILED if p in precisions), *common])]
         for name, args in plan:
+            if native and not MODES[name].native:
+                print(f"compare: {framework}: {name} skipped: it does not take native models yet", flush=True)
+                continue
             if name != "run" and time.monotonic() >= deadline:
                 print(f"compare: {framework}: {name} skipped: its share of the budget is spent", flush=True)
                 continue
@@ -122,7 +128,7 @@ def add_parser(sub) -> None:
 def cmd_compare(args) -> int:
     from harness.model.spec import load_spec
 
-    load_spec(args.spec)  # a bad spec is one line here, not one per framework
+    model = load_spec(args.spec)  # a bad spec is one line here, not one per framework
     spec = str(Path(args.spec).resolve()) if Path(args.spec).exists() else args.spec  # a built-in's name
     pythons = {}
     for item in args.python or []:
@@ -131,6 +137,16 @@ def cmd_compare(args) -> int:
             raise HarnessError(f"--python {item}: not FRAMEWORK=PATH")
         pythons[framework] = path
     envs = environments(pythons, [f.strip() for f in args.frameworks.split(",")] if args.frameworks else None)
+    if model.native is not None:  # the user's own model runs in its framework alone
+        native = model.native
+        for framework in envs:
+            if framework != native.framework:
+                print(f"compare: {framework}: not run: a native {native.kind} model runs in {native.framework}; "
+                      f"`amp-harness import {native.kind} {native.target} ...` translates it to a spec that it runs")
+        if native.framework not in envs:
+            raise HarnessError(f"{args.spec}: a native {native.kind} model runs in {native.framework}, and no "
+                               f"{native.framework} environment was found (`tox -e {native.framework}`)")
+        envs = {native.framework: envs[native.framework]}
     precisions = [p.strip() for p in args.precision.split(",")] if args.precision else list(PRECISIONS)
     if "fp32" not in precisions:
         raise HarnessError("--precision must hold fp32, the baseline every comparison is over")
@@ -138,7 +154,7 @@ def cmd_compare(args) -> int:
         raise HarnessError(f"--steps {args.steps}: at least 1")
     out = Path(args.out)
     print(f"compare: {', '.join(envs)}; precisions {', '.join(precisions)}; budget {args.budget:.0f} s; into {out}")
-    failed, took = compare(spec, out, envs, args.budget, precisions, args.steps)
+    failed, took = compare(spec, out, envs, args.budget, precisions, args.steps, native=model.native is not None)
     report = out / "index.html"
     # the report reads the directory's diagnoses and profiles too
     code = subprocess.run([sys.executable, "-m", "harness", "report", str(out), "-o", str(report)]).returncode

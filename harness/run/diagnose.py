@@ -12,7 +12,7 @@ import numpy as np
 
 from harness import fp8, numerics
 from harness.model import reference
-from harness.model.graph import infer
+from harness.model.graph import Graph
 
 PROJECTIONS = 4  # random projections per gradient in a fingerprint
 
@@ -21,9 +21,12 @@ def _layer(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None) -> None:
+def diagnose(spec, layers, data, masks, trainer, record: dict, every: int, progress=None) -> None:
+    """`layers`: the spec's Graph, or a native model's Modules, whose layers are its modules: the histograms are
+    per module, and what needs the spec's layers (each matmul's inputs as FP8 and 16 bits would cast them,
+    attention's inner values) is left out."""
     x_fixed, y_fixed = data.fixed_batch()
-    graph = infer(spec)
+    graph = layers if isinstance(layers, Graph) else None
     groups: dict[str, dict[str, list]] = {kind: {} for kind in numerics.KINDS}
     counts: dict[str, dict] = {}
     captured, losses, available = [], [], True
@@ -60,14 +63,15 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
             for layer, (output, output_grad) in outputs.items():
                 add("activations", layer, output)
                 add("activation_gradients", layer, output_grad)
-            _matmul_inputs(graph, after, outputs, x_fixed, casts)
-            for layer, errors in _matmul_errors(graph, after, outputs, x_fixed).items():
-                worst = matmul_error.setdefault(layer, {})
-                for name, error in errors.items():
-                    worst[name] = max(worst.get(name, 0.0), error)
-            for layer, values in _attention_numerics(graph, after, outputs).items():
-                for kind, value in values.items():
-                    add(f"attention_{kind}", layer, value)
+            if graph is not None:
+                _matmul_inputs(graph, after, outputs, x_fixed, casts)
+                for layer, errors in _matmul_errors(graph, after, outputs, x_fixed).items():
+                    worst = matmul_error.setdefault(layer, {})
+                    for name, error in errors.items():
+                        worst[name] = max(worst.get(name, 0.0), error)
+                for layer, values in _attention_numerics(graph, after, outputs).items():
+                    for kind, value in values.items():
+                        add(f"attention_{kind}", layer, value)
             captured.append(step)
         losses.append(loss)
         if progress:
@@ -75,7 +79,7 @@ def diagnose(spec, data, masks, trainer, record: dict, every: int, progress=None
     merged = {kind: {layer: numerics.merge(hs) for layer, hs in layers.items()} for kind, layers in groups.items()}
     diagnosis = {"captured_steps": captured, "every": every, "available": available and bool(captured),
                  "groups": merged, "updates": counts, "optimizer": spec.optimizer.type, "matmul_error": matmul_error,
-                 "layer_types": {info.path: info.type for info in graph.layers}}
+                 "layer_types": layers.types}
     if diagnosis["available"]:
         declared = getattr(trainer, "attention_masks", None)  # what each causal attention's mask leaves in 16 bits
         if declared:  # (as the adapter declares it: Trainer.declare_attention_masks)

@@ -39,11 +39,11 @@ class Work:
 
 
 def _diagnose(run: BuiltRun) -> None:
-    diagnose(run.spec, run.data, run.masks, run.trainer, run.record, run.request.every, run.progress)
+    diagnose(run.spec, run.layers, run.data, run.masks, run.trainer, run.record, run.request.every, run.progress)
 
 
 def _profile(run: BuiltRun) -> None:
-    profile.profile(run.spec, run.graph, run.data, run.masks, run.trainer, run.record, run.request.warmup,
+    profile.profile(run.spec, run.layers, run.data, run.masks, run.trainer, run.record, run.request.warmup,
                     run.progress)
 
 
@@ -84,6 +84,7 @@ class Mode:
     nonfinite: bool = False  # its runs also locate the first step the loss scaler skipped (RunRequest.nonfinite)
     study: str | None = None  # how the id tying its runs together starts (RunRequest.study)
     rules: Callable[[PlanRequest], PlanRequest] | None = None  # its own checks of the options, and what they imply
+    native: bool = False  # it takes native specs (the user's own model object: harness.run.native)
 
 
 DEFAULT_WARMUP = 5  # warm-up steps of a timed run (run --warmup)
@@ -157,19 +158,20 @@ def _scaling_study_rules(request: PlanRequest) -> PlanRequest:
 _TRAIN, _FINGERPRINT, _DIAGNOSE, _PROFILE = (WORKS[name] for name in ("run", "fingerprint", "diagnose", "profile"))
 
 RUN = Mode("run", _TRAIN, RESULTS_FILE, "results", fastest_variant=True, matrix="run",
-           from_matrix=("precisions", "warmup", "repeats", "budget", *SIZES, *ARMS))
+           from_matrix=("precisions", "warmup", "repeats", "budget", *SIZES, *ARMS), native=True)
 FINGERPRINT = Mode("fingerprint", _FINGERPRINT, FINGERPRINTS_FILE, "parity", steps=20, repeats=1, warmup=0,
                    matrix="fingerprint", from_matrix=("precisions", *SIZES, *ARMS))
 DIAGNOSE = Mode("diagnose", _DIAGNOSE, DIAGNOSES_FILE, "diagnoses", repeats=1, warmup=0, matrix="diagnose",
-                from_matrix=SIZES, rules=_diagnose_rules)  # strict float32: the 16-bit formats are derived from it
+                from_matrix=SIZES, rules=_diagnose_rules, native=True)  # strict float32: 16-bit formats derived
 NONFINITE = Mode("diagnose --nonfinite", _TRAIN, RESULTS_FILE, "diagnoses", precisions=("amp_fp16", "fp16"), repeats=1,
-                 warmup=0, nonfinite=True)
+                 warmup=0, nonfinite=True, native=True)
 PROFILE = Mode("profile", _PROFILE, PROFILES_FILE, "profiles", precisions=("fp32", "amp_fp16", "amp_bf16"), steps=5,
-               repeats=1, warmup_as_steps=True, matrix="profile", from_matrix=("batch_size", "input_size"))
+               repeats=1, warmup_as_steps=True, matrix="profile", from_matrix=("batch_size", "input_size"),
+               native=True)
 STUDY_LOSS_SCALE = Mode("study loss-scale", _TRAIN, RESULTS_FILE, "results", fastest_variant=True,
-                        study="loss-scale-", rules=_loss_scale_study_rules)
+                        study="loss-scale-", rules=_loss_scale_study_rules, native=True)
 STUDY_SCALING = Mode("study scaling", _TRAIN, RESULTS_FILE, "results", precisions=("fp32", "amp_bf16", "amp_fp16"),
-                     fastest_variant=True, study=SCALING_STUDY, rules=_scaling_study_rules)
+                     fastest_variant=True, study=SCALING_STUDY, rules=_scaling_study_rules, native=True)
 
 MODES = {mode.command: mode for mode in (RUN, FINGERPRINT, DIAGNOSE, NONFINITE, PROFILE, STUDY_LOSS_SCALE,
                                          STUDY_SCALING)}

@@ -22,12 +22,6 @@ from harness.numerics import FORMATS
 MAX_REPLAY_STEPS = 2000  # a divergence later than this is not replayed (the replay retrains up to it)
 
 
-def _forward_order(path: str) -> tuple:
-    """Sort key: the order the forward pass computes layers in (a residual block after its inner layers)."""
-    parts = [int(p) if p.isdigit() else {"layers": 0, "projection": 1}[p] for p in path.split(".")]
-    return (*parts, math.inf)
-
-
 def _range(value: np.ndarray) -> list[float] | None:
     finite = value[np.isfinite(value)]
     return [float(finite.min()), float(finite.max())] if finite.size else None
@@ -46,24 +40,22 @@ def first_nonfinite(graph, x: np.ndarray, outputs: dict[str, tuple[np.ndarray, n
     """The first non-finite tensor among captured layer outputs and their gradients ({path: (output, gradient)}),
     the gradients scaled by `scale` in `compute_dtype` (a skipped step's), with the finite range of its layer's
     input (the network's input `x` for the first layer); None if all finite."""
-    types = {info.path: info.type for info in graph.layers}
-    order = sorted(outputs, key=_forward_order)
+    types = graph.types
+    order = graph.forward_order(outputs)
     found = next(((path, "forward", "output") for path in order if not np.isfinite(outputs[path][0]).all()), None) \
         or next(((path, "backward", "output gradient") for path in reversed(order)
                  if not np.isfinite(_scaled(outputs[path][1], scale, compute_dtype)).all()), None)
     if found is None:
         return None
     path, direction, tensor = found
-    source = graph.input_of(path)
     value = outputs[path][0] if tensor == "output" else _scaled(outputs[path][1], scale, compute_dtype)
-    given = x if source is None else outputs[source][0] if source in outputs else None
+    given = None
+    if graph.inputs_known:
+        source = graph.input_of(path)
+        given = x if source is None else outputs[source][0] if source in outputs else None
     return {"layer": path, "layer_type": types[path], "pass": direction, "tensor": tensor,
             "values": "nan" if np.isnan(value).any() else "inf",
             "input_range": _range(np.asarray(given, np.float64)) if given is not None else None}
-
-
-def _weight_order(name: str) -> tuple:
-    return (*_forward_order(name.rsplit(".", 1)[0]), name)
 
 
 def lost_epsilon(optimizer, precision) -> tuple[float, str] | None:
@@ -84,7 +76,7 @@ def _update(graph, step: int, name: str, weight: np.ndarray, gradient: np.ndarra
     layer = name.rsplit(".", 1)[0]
     bad = ~np.isfinite(weight)
     found = {"found": True, "step": step, "layer": layer,
-             "layer_type": {info.path: info.type for info in graph.layers}.get(layer, "?"), "pass": "update",
+             "layer_type": graph.types.get(layer, "?"), "pass": "update",
              "tensor": "weights", "weight": name, "values": "nan" if np.isnan(weight).any() else "inf",
              "share": float(bad.mean())}
     if gradient is not None and np.shape(gradient) == weight.shape:
@@ -114,7 +106,7 @@ def locate(build, graph, data, masks, step: int, scale: float | None = None, com
             capturing = False
             trainer.train_step(batch)
         weights = trainer.get_weights()
-        bad = sorted((n for n, w in weights.items() if not np.isfinite(w).all()), key=_weight_order)
+        bad = graph.weight_order(n for n, w in weights.items() if not np.isfinite(w).all())
         if bad:
             return _update(graph, s, bad[0], np.asarray(weights[bad[0]]),
                            captured[1].get(bad[0]) if captured else None, weight_dtype, epsilon)

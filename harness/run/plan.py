@@ -34,10 +34,10 @@ def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
     """The spec of a built-in name or spec path with its overrides applied, and its graph: the one place a spec is
     made ready for use. A SpecError (one line) names the file, or, for shapes only the overrides break, the spec."""
     spec = load_spec(model)
-    graph = infer(spec, str(spec_path(model)))  # the file's own shapes must fit
+    graph = _infer(spec, str(spec_path(model)))  # the file's own shapes must fit
     if (batch_size, steps, input_size) != (None, None, None):
         spec = spec.with_overrides(batch_size, steps, input_size)
-        graph = infer(spec, spec.name)
+        graph = _infer(spec, spec.name)
     if spec.dataset.name == "text":  # the corpus's hash joins the spec's, so runs on other files never pool
         from harness.model.data import corpus_hash, read_corpus
 
@@ -48,13 +48,18 @@ def resolve(model: str, batch_size: int | None = None, steps: int | None = None,
     return spec, graph
 
 
+def _infer(spec: ModelSpec, source: str) -> Graph | None:
+    """The spec's graph; None for a native model, which only its framework's worker can build."""
+    return infer(spec, source) if spec.native is None else None
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """A model of the matrix, resolved: its spec with its entry's overrides, and a matrix file's own precisions, loss
     scales and variants for it (None: the command's)."""
     model: str  # as the user named it
     spec: ModelSpec
-    graph: Graph
+    graph: Graph | None  # None: a native model
     precisions: tuple[str, ...] | None = None
     loss_scales: tuple[str, ...] | None = None
     variants: tuple[str, ...] | None = None
@@ -74,7 +79,7 @@ def resolve_models(entries: list[tuple[str, dict]]) -> list[ResolvedModel]:
         sizes = {k: overrides.get(k) for k in SIZES}
         if any(v is not None for v in sizes.values()):
             spec = spec.with_overrides(**sizes)
-            graph = infer(spec, spec.name)
+            graph = _infer(spec, spec.name)
         own = [tuple(overrides[k]) if overrides.get(k) else None for k in ("precisions", "loss_scales", "variants")]
         out.append(ResolvedModel(model, spec, graph, *own))
     return out
@@ -192,12 +197,14 @@ def plan(request: PlanRequest) -> Plan:
         for loss_scale in loss_scales:
             parse_loss_scale(loss_scale, parse_precision(name))
     _check_runs(entries, precisions, repeats, 1, loss_scales)  # before the specs are read; with the variants below
-    resolved, fitting, refused = resolve_models(entries), [], None
+    resolved, fitting, refused, native_models = resolve_models(entries), [], None, []
     for model in resolved:  # every error certain before a worker starts: the spec, its data, its memory
         run_seed(model.spec, repeats - 1)  # the last repeat's seed must fit numpy's generators
         try:
             data.check(model.spec, model.model)  # a batch larger than the training split, say
-            if not request.force:
+            if model.graph is None:
+                native_models.append(model)
+            elif not request.force:
                 memory.check_fits(model.spec, model.graph,
                                   [parse_precision(p) for p in model.precisions or precisions], request.device,
                                   model.model)
@@ -211,6 +218,7 @@ def plan(request: PlanRequest) -> Plan:
     if not fitting:
         raise HarnessError(f"no size of the study can run here (each skipped above); the last: {refused}")
     resolved = fitting
+    _check_native(native_models, request.framework, mode)
     adapter, fastest = load_adapter(request.framework), mode.fastest_variant
     variants = _variants(adapter, request.variants, fastest)
     resolved = [replace(m, variants=tuple(_variants(adapter, list(m.variants), fastest,
@@ -227,6 +235,31 @@ def plan(request: PlanRequest) -> Plan:
     prove_writable(out, mode.filename)  # before the first run: a run's record must not be lost to a read-only --out
     return Plan(requests, out, mode.filename, executor, (budget or DEFAULT_BUDGET_S) if auto else None,
                 request.resume, study)
+
+
+def _check_native(models: list[ResolvedModel], framework: str, mode) -> None:
+    """Native models (the user's own objects): each for a command that takes them, in the framework it belongs to,
+    and built once in that framework's worker (harness.run.native), so that a module that does not import, a
+    callable that fails or an output that does not fit the loss stops the command here, in one line."""
+    from harness.run import native
+    from harness.run.modes import MODES
+
+    checked = set()
+    for model in models:
+        spec = model.spec
+        if not mode.native:
+            takes = ", ".join(m.command for m in MODES.values() if m.native)
+            raise HarnessError(f"{model.model}: {mode.command} does not take native models ({takes} do); "
+                               f"`amp-harness import {spec.native.kind} ...` translates the model to a spec that "
+                               f"every command takes")
+        if spec.native.framework != framework:
+            raise HarnessError(f"{model.model}: a native {spec.native.kind} model runs in the {spec.native.framework} "
+                               f"adapter, not {framework}; `amp-harness import {spec.native.kind} "
+                               f"{spec.native.target} ...` translates it to a spec that every framework runs")
+        key = spec.spec_hash()
+        if key not in checked:
+            native.check_in_child(spec, framework)
+            checked.add(key)
 
 
 def _grid(request: PlanRequest) -> list[dict] | None:

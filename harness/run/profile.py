@@ -21,13 +21,16 @@ from harness.adapter import (
     RUNTIME_SCOPE,
     UPDATE_SCOPE,
     OpTime,
+    layer_scope,
 )
 from harness.errors import HarnessError
 from harness.model.graph import Graph, LayerInfo
+from harness.model.native import Modules
 
 # a layer scope (harness.adapter.layer_scope), maybe made unique by the framework ("layer.3_1": TensorFlow names
 # a scope entered twice in one graph so)
 LAYER_TOKEN = re.compile(r"^layer\.(\d+(?:\.(?:layers|projection)\.\d+)*)(?:_\d+)?$")
+LAYER_PREFIX = layer_scope("")
 PART_TOKENS = {LOSS_SCOPE: "loss", UPDATE_SCOPE: "update", LOSS_SCALE_SCOPE: "loss_scale", RUNTIME_SCOPE: "runtime"}
 PART_TOKEN = re.compile(r"^(part\.[a-z_]+?)(?:_\d+)?$")
 PARTS = ("casts", "loss", "update", "loss_scale", "runtime")  # time apart from layers, in a profile's "parts"
@@ -35,10 +38,13 @@ TOP_OPS = 12  # the heaviest ops a profile keeps by name, for the reader who wan
 COVERAGE_TOLERANCE = 0.15  # layers and parts must account for the profiled step within this share
 
 
-def owner(scope: str) -> tuple[str, str] | None:
+def owner(scope: str, modules: set[str] | None = None) -> tuple[str, str] | None:
     """("layer", canonical path) or ("part", loss/update/loss_scale/runtime) of the innermost scope in `scope` that is
-    either; None when it ran outside them all."""
+    either; None when it ran outside them all. `modules`: a native model's module names, its layers' paths (any
+    name, where a spec's are numbers)."""
     for token in reversed(scope.split("/")):
+        if modules is not None and token.startswith(LAYER_PREFIX) and token[len(LAYER_PREFIX):] in modules:
+            return "layer", token[len(LAYER_PREFIX):]
         match = LAYER_TOKEN.match(token)
         if match:
             return "layer", match.group(1)
@@ -61,8 +67,9 @@ def refusal(adapter, device) -> str | None:
     return None
 
 
-def profile(spec, graph: Graph, data, masks, trainer, record: dict, warmup: int, progress=None) -> None:
-    """Warm up, then profile spec.steps steps and put the attributed profile in record["profile"]."""
+def profile(spec, layers: Graph | Modules, data, masks, trainer, record: dict, warmup: int, progress=None) -> None:
+    """Warm up, then profile spec.steps steps and put the attributed profile in record["profile"]. `layers`: the
+    spec's graph, or a native model's modules (its layers by their own names)."""
     total = warmup + spec.steps
     for step in range(warmup):  # untimed: first-step compilation, allocator growth, autotuning
         x, y = data.train_batch(step)
@@ -93,13 +100,15 @@ def profile(spec, graph: Graph, data, masks, trainer, record: dict, warmup: int,
                            f"steps the core gave it (Trainer.profile must call run_steps once)")
     record.update(status="ok", loss=[v if math.isfinite(v) else None for v in losses],
                   profile={"tool": profiled.tool, "note": profiled.note, "warmup": warmup,
-                           **attribute(graph.layers, profiled.ops, step_ms)})
+                           **attribute(layers.layers, profiled.ops, step_ms,
+                                       None if isinstance(layers, Graph) else set(layers.types))})
 
 
-def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float]) -> dict:
+def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float], modules: set[str] | None = None) -> dict:
     """Per step (the mean over the profiled steps): each layer's forward, backward and cast time and the dtypes
     its compute op ran in (_weight); time in casts, the loss, the update and loss scaling; and "other", the
-    step time no op accounts for (negative where ops overlapped in time: an inter-op thread pool)."""
+    step time no op accounts for (negative where ops overlapped in time: an inter-op thread pool). `modules`: a
+    native model's module names (owner)."""
     steps = len(step_ms)
     per_layer = {info.path: {"path": info.path, "type": info.type, "label": label(info), "forward_ms": 0.0,
                              "backward_ms": 0.0, "cast_ms": 0.0} for info in layers}
@@ -109,7 +118,7 @@ def attribute(layers: list[LayerInfo], ops: list[OpTime], step_ms: list[float]) 
     by_name: Counter = Counter()
     for op in ops:
         ms = op.seconds * 1e3 / steps
-        found = owner(op.scope)
+        found = owner(op.scope, modules)
         by_name[(op.op, found[1] if found else "", op.backward)] += ms
         if found and found[0] == "layer" and found[1] not in per_layer:
             raise HarnessError(f"the profile names a layer scope '{found[1]}' that the spec does not have "

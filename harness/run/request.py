@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # for annotations only
     from harness.model.data import Data
     from harness.model.dropout import DropoutMasks
     from harness.model.graph import Graph
+    from harness.model.native import Modules
     from harness.precision import LossScale, Precision
 
 
@@ -67,6 +68,19 @@ class BuiltRun:
     masks: DropoutMasks
     buffers: tuple[tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]  # a batch and its masks, refilled by each step
     baseline_kb: int | None  # the process's peak RSS before the build (harness.run.measure.reset_peak_rss)
-    trainer: Trainer | None  # None once released (a replay builds its own)
+    trainer: Trainer | None  # None once released (a replay builds its own: fresh_trainer)
     record: dict
     progress: Callable[[int, int], None] | None = None
+    #: the layers numerics and the first-inf locator name: the spec's graph, or a native model's modules
+    layers: Graph | Modules | None = None
+
+    def fresh_trainer(self) -> Trainer:
+        """A trainer of this run from its initial weights (the run's own, or a replay's): the spec's network with
+        the weights the run's seed draws, or a native model built again under the run's seed."""
+        from harness.model.weights import initial_weights
+
+        if self.graph is None:
+            return self.adapter.build(self.spec.model_copy(update={"seed": self.seed}), None, None, self.precision,
+                                      self.loss_scale, self.device, self.variant)
+        return self.adapter.build(self.spec, self.graph, initial_weights(self.graph, self.seed), self.precision,
+                                  self.loss_scale, self.device, self.variant)

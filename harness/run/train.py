@@ -11,7 +11,6 @@ from harness.errors import HarnessError
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import step_matmuls
-from harness.model.weights import initial_weights
 from harness.precision import LossScale, LossScaler
 from harness.run import measure, nonfinite, peak
 from harness.run.metrics import loss_and_correct
@@ -32,14 +31,13 @@ def train(run: BuiltRun) -> None:
         at = diverged_at if diverged_at is not None else skipped_at
         history = record["loss_scale"].get("history") or []
         record["nonfinite"] = nonfinite.locate(  # (fresh weights: a framework may train the given arrays)
-            lambda: run.adapter.build(spec, graph, initial_weights(graph, run.seed), precision, run.loss_scale,
-                                      run.device, run.variant), graph,
-            Data(spec, order_seed=run.seed), DropoutMasks(graph, run.seed), at,
+            run.fresh_trainer, run.layers, Data(spec, order_seed=run.seed), DropoutMasks(graph, run.seed), at,
             scale=(history[at - 1] if at else run.loss_scale.initial) if history else None,
             compute_dtype=precision.compute_dtype, weight_dtype=precision.param_dtype,
             epsilon=nonfinite.lost_epsilon(spec.optimizer, precision))
     if record["status"] == "ok" and req.measure_peak:
-        efficiency(run.adapter, run.device, precision, req.threads, record, step_matmuls(graph, spec.batch_size))
+        efficiency(run.adapter, run.device, precision, req.threads, record,
+                   step_matmuls(graph, spec.batch_size) if graph else ())
 
 
 def efficiency(adapter, device, precision, threads, record, matmuls=()) -> None:
@@ -127,7 +125,8 @@ def timed_steps(run: BuiltRun) -> int | None:
     )
     if stats["median"]:
         record["samples_per_s"] = spec.batch_size / (stats["median"] / 1e3)
-        record["achieved_gflops"] = record["flops_per_step"] / (stats["median"] / 1e3) / 1e9
+        if record["flops_per_step"]:  # a native model's are not counted
+            record["achieved_gflops"] = record["flops_per_step"] / (stats["median"] / 1e3) / 1e9
     device_peak = trainer.memory_peak_mb()
     if device_peak is not None:
         record["peak_memory_mb"], record["memory_kind"] = device_peak

@@ -27,10 +27,9 @@ from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import infer, state_memory_mb
-from harness.model.weights import initial_weights
 from harness.precision import parse_loss_scale, parse_precision
 from harness.results import empty_record, sequence_fields
-from harness.run import capability, measure, modes, variants
+from harness.run import capability, measure, modes, native, variants
 from harness.run.request import BuiltRun, RunRequest
 
 PROGRESS_INTERVAL_S = 0.25
@@ -57,7 +56,7 @@ def run(req: RunRequest, progress=None) -> dict:
     try:
         work = modes.work(req.mode)
         spec = req.resolved_spec()
-        graph = infer(spec)
+        graph = infer(spec) if spec.native is None else None  # a native model's is known once built
         precision = parse_precision(req.precision)
         loss_scale = parse_loss_scale(req.loss_scale, precision, req.growth_interval)
         seed = run_seed(spec, req.repeat if work.seed_per_repeat else 0)
@@ -65,23 +64,26 @@ def run(req: RunRequest, progress=None) -> dict:
                       **sequence_fields(spec),
                       batch_size=spec.batch_size, width=spec.width, steps=spec.steps,
                       study=req.study,
-                      flops_per_step=graph.train_step_flops(spec.batch_size), param_count=graph.param_count,
+                      flops_per_step=graph.train_step_flops(spec.batch_size) if graph else None,
+                      param_count=graph.param_count if graph else None,
                       loss_scale={"settings": loss_scale.to_dict()})
         adapter = load_adapter(req.framework)
         adapter.set_threads(req.threads)
         device = adapter.device(req.device)
         record.update(framework_version=adapter.framework_version(), device=device.name)
         record["env"].update(device=asdict(device))
-        if device.kind == "gpu" and not req.force:  # its free memory as the framework counts it, now
+        if device.kind == "gpu" and not req.force and graph:  # its free memory as the framework counts it, now
             memory.check_device_free(spec, graph, precision, adapter.free_memory_mb(device),
                                      f"{device.name}'s free memory ({req.framework})")
         variant = req.variant or next(iter(adapter.variants))
         if variant not in adapter.variants and variant != variants.AUTO:
             raise HarnessError(f"{req.framework} has no variant '{variant}' (its variants: "
                                f"{', '.join(adapter.variants)})")
-        record.update(variant=variant, state_memory_mb=state_memory_mb(graph, spec.optimizer, precision))
+        record.update(variant=variant,
+                      state_memory_mb=state_memory_mb(graph, spec.optimizer, precision) if graph else None)
         reason = capability.unsupported(adapter, precision, device, in_process=True, loss_scale=loss_scale) or \
-            (work.refusal(adapter, device) if work.refusal is not None else None)
+            (work.refusal(adapter, device) if work.refusal is not None else None) or \
+            (native.refusal(precision) if graph is None else None)
         if reason:
             record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen
             return record
@@ -89,14 +91,15 @@ def run(req: RunRequest, progress=None) -> dict:
             record["variant_choice"] = variants.choose(adapter, req, spec, precision, device)
             variant = record["variant"] = record["variant_choice"]["chosen"]
         data, masks = Data(spec, order_seed=seed), DropoutMasks(graph, seed)
-        weights = initial_weights(graph, seed)
         buffers = data.train_batch(0), masks.for_step(0, spec.batch_size)  # refilled in place by every step
         baseline_kb = measure.reset_peak_rss()  # before the build: the figure holds weights and optimizer state
-        # the trainer is held by the BuiltRun alone, so that a Work can release it (a replay builds its own)
         built = BuiltRun(req, spec, graph, precision, loss_scale, seed, adapter, device, variant, data, masks, buffers,
-                         baseline_kb, adapter.build(spec, graph, weights, precision, loss_scale, device, variant),
-                         record, progress)
+                         baseline_kb, None, record, progress, layers=graph)
+        # the trainer is held by the BuiltRun alone, so that a Work can release it (a replay builds its own)
+        built.trainer = built.fresh_trainer()
         record["options"] = dict(built.trainer.options)
+        if graph is None:
+            built.layers = native.describe_built(built.trainer, spec, precision, record)
         work.run(built)
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
@@ -125,10 +128,13 @@ def adapter_info(framework: str, device: str = "auto") -> dict:
             "variants": adapter.variants}
 
 
+ANSWERS = {"adapter": adapter_info, "capability": capability.probe_here, "native": native.check_here}
+
+
 def main(argv: list[str]) -> int:
-    if argv[0] in ("adapter", "capability"):  # one line of JSON: the answer, or the error that stopped it
+    if argv[0] in ANSWERS:  # one line of JSON: the answer, or the error that stopped it
         try:
-            answer = adapter_info(*argv[1:]) if argv[0] == "adapter" else capability.probe_here(*argv[1:])
+            answer = ANSWERS[argv[0]](*argv[1:])
         except HarnessError as exc:
             answer = {"framework": argv[1], "error": str(exc)}
         print(json.dumps(answer))

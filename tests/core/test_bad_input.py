@@ -61,7 +61,7 @@ CORPUS = [
     ("missing-name", edit(BASE, delpath(["name"])), "name: Field required"),
     ("missing-input", edit(BASE, delpath(["input"])), "input: Field required"),
     ("missing-dataset", edit(BASE, delpath(["dataset"])), "dataset: Field required"),
-    ("missing-layers", edit(BASE, delpath(["layers"])), "layers: Field required"),
+    ("missing-layers", edit(BASE, delpath(["layers"])), "give the network as `layers` or as `native`"),
     ("missing-loss", edit(BASE, delpath(["loss"])), "loss: Field required"),
     ("missing-optimizer", edit(BASE, delpath(["optimizer"])), "optimizer: Field required"),
     ("missing-batch-size", edit(BASE, delpath(["batch_size"])), "batch_size: Field required"),

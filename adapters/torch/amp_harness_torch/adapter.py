@@ -113,11 +113,17 @@ class TorchTrainer(Trainer):
         self.channels_last = self.images and variant in ("channels_last", "compile")
         self.param_dtype = getattr(torch, precision.param_dtype)
         self.autocast_dtype = getattr(torch, precision.compute_dtype) if precision.mixed else None
-        net = Network(spec.layers, graph, weights, precision.fp8).to(self.device, dtype=self.param_dtype)
+        if spec.native is not None:
+            from amp_harness_torch.native import NativeNetwork, load
+
+            net = NativeNetwork(load(spec)).to(self.device, dtype=self.param_dtype)
+        else:
+            net = Network(spec.layers, graph, weights, precision.fp8).to(self.device, dtype=self.param_dtype)
         if self.channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.net = net.train()
         self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
+        self.weight_kinds = getattr(net, "weight_kinds", None)  # a native model's (its names are its own)
 
     def attention_mask(self, info, precision, device_kind):
         from amp_harness_torch.network import attention_mask
@@ -127,7 +133,7 @@ class TorchTrainer(Trainer):
     def build_optimizer(self, optimizer):
         from amp_harness_torch.optimizers import make_optimizer
 
-        self.optimizer = make_optimizer(optimizer, self.net.canonical_parameters())
+        self.optimizer = make_optimizer(optimizer, self.net.canonical_parameters(), self.weight_kinds)
 
     def build_rounded_optimizer(self, optimizer):
         from amp_harness_torch.rounding import OPS, RoundedUpdate
@@ -136,7 +142,8 @@ class TorchTrainer(Trainer):
             with self.torch.no_grad():
                 for p in self.net.parameters():
                     p.copy_(round_nearest_with(OPS, p, self.rounding))
-        self.optimizer = RoundedUpdate(self.net.canonical_parameters(), optimizer, self.rounding, self.rounding_seed)
+        self.optimizer = RoundedUpdate(self.net.canonical_parameters(), optimizer, self.rounding, self.rounding_seed,
+                                       self.weight_kinds)
 
     def build_step(self, spec, precision, loss_scale, variant):
         torch = self.torch
@@ -298,6 +305,9 @@ class TorchTrainer(Trainer):
             return profile_steps(self, run_steps)
         finally:
             self.profiling = False
+
+    def native_info(self):
+        return self.net.info
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:

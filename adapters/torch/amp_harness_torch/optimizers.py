@@ -29,14 +29,16 @@ class RMSprop(torch.optim.Optimizer):
                 p.addcdiv_(p.grad, denom, value=-lr)
 
 
-def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The spec's optimizer over the trainable weights (by canonical name), one param group per weight decay the
-    core gives them (a single group of decay 0 for every optimizer but AdamW), with all its state created now, not
-    lazily in the first step: zero moments and momentum buffers (torch's first step would set a momentum buffer
-    to the gradient: 0*momentum + g is the same), so that no timed step allocates state."""
+def make_optimizer(spec, named_params: dict[str, torch.nn.Parameter],
+                   kinds: dict[str, str] | None = None) -> torch.optim.Optimizer:
+    """The spec's optimizer over the trainable weights (by canonical name, or a native model's with their `kinds`),
+    one param group per weight decay the core gives them (a single group of decay 0 for every optimizer but AdamW),
+    with all its state created now, not lazily in the first step: zero moments and momentum buffers (torch's first
+    step would set a momentum buffer to the gradient: 0*momentum + g is the same), so that no timed step allocates
+    state."""
     by_decay: dict[float, list[torch.nn.Parameter]] = {}
     for name, p in named_params.items():
-        by_decay.setdefault(weight_decay(spec, name), []).append(p)
+        by_decay.setdefault(weight_decay(spec, name, (kinds or {}).get(name)), []).append(p)
     groups = [{"params": params, "weight_decay": decay} for decay, params in by_decay.items()]
     if spec.type == "sgd":
         optimizer = torch.optim.SGD(groups, lr=spec.learning_rate, momentum=spec.momentum, nesterov=spec.nesterov)

@@ -37,18 +37,20 @@ OPS = RoundingOps(
 
 
 class RoundedUpdate(torch.optim.Optimizer):
-    """The spec's optimizer over these trainable weights (by canonical name), computed in float32 by the core's rule
-    (harness.rounding.rounded_update) from weights, gradients and state stored in 16 bits, every slot created here;
-    its noise drawn on the weights' device. Its one param group's lr is the step's rate (the trainer sets it under
-    a schedule); the gradients are multiplied by `gradient_factor` (clipping's, set for the next step) in float32."""
+    """The spec's optimizer over these trainable weights (by canonical name, or a native model's with their `kinds`),
+    computed in float32 by the core's rule (harness.rounding.rounded_update) from weights, gradients and state stored
+    in 16 bits, every slot created here; its noise drawn on the weights' device. Its one param group's lr is the
+    step's rate (the trainer sets it under a schedule); the gradients are multiplied by `gradient_factor` (clipping's,
+    set for the next step) in float32."""
 
-    def __init__(self, named_params: dict, spec, rounding: Rounding, seed: int):
+    def __init__(self, named_params: dict, spec, rounding: Rounding, seed: int, kinds: dict[str, str] | None = None):
         super().__init__(list(named_params.values()), {"lr": spec.learning_rate})
         self.params = self.param_groups[0]["params"]
         self.spec, self.rounding = spec, rounding
         for p in self.params:
             self.state[p] = {slot: torch.zeros_like(p) for slot in rounded_slots(spec, rounding)}
-        self.decay = {p: weight_decay(spec, name) for name, p in named_params.items()}  # AdamW's, by parameter
+        # AdamW's decay, by parameter
+        self.decay = {p: weight_decay(spec, name, (kinds or {}).get(name)) for name, p in named_params.items()}
         self.steps = 0
         self.generator = torch.Generator(device=self.params[0].device).manual_seed(seed)
         self.given_bits: dict | None = None  # fingerprint runs: the core's bits for the next step, by parameter

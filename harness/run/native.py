@@ -1,0 +1,100 @@
+"""Runs of a native model (a spec with `native:`: the user's own network object), on the core's side.
+
+The user's code runs only in the framework's worker: the plan asks a worker to build the model once and answer
+what it is (`check_in_child`: its parameters, its output's shape, or the one-line problem that stops the command
+with exit 2 before any timed run), and each run's worker builds it again under the run's seed. What the core
+decides for every adapter is here and in harness.model.native: the output's shape against the loss and
+dataset, the weights' kinds for AdamW, the training state's size, and the precisions a native model cannot run.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import HarnessError, one_line
+from harness.model.graph import state_memory_of
+from harness.model.native import Modules, output_problem
+
+CHECK_TIMEOUT_S = 600  # building a large model on a slow CPU: minutes
+FP8_REASON = ("FP8 on a native model would swap its linear layers for FP8 ones, which is not built; translate the "
+              "model to a spec with `amp-harness import` to train it in FP8")
+
+
+def refusal(precision) -> str | None:
+    """Why a native model cannot run in `precision`, or None."""
+    return FP8_REASON if precision.fp8 is not None else None
+
+
+def describe_built(trainer, spec, precision, record: dict) -> Modules:
+    """What the worker learns of a native model once built: its trainable parameters, its training state's size
+    and, in the record's options, the model, its modules and a digest of its initial weights (equal in every
+    precision and framework process of one seed: the proof that they all start from the same weights). Returns
+    its modules, the layers numerics and the first-inf locator name."""
+    info = trainer.native_info()
+    record.update(param_count=info.trainable,
+                  state_memory_mb=state_memory_of(info.trainable, info.weights, spec.optimizer, precision))
+    record["options"]["native"] = {"model": f"{spec.native.kind} {spec.native.target}", "modules": len(info.modules),
+                                   "initial_weights": info.digest}
+    return Modules(info.modules)
+
+
+def weights_digest(arrays) -> str:
+    """A digest of a model's initial weights (numpy arrays in the model's order), equal for equal values."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for a in arrays:
+        digest.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_in_child(spec, framework: str) -> dict:
+    """Build the native model in a worker of `framework` (this interpreter's environment) and return what it is:
+    {"params", "output"}; a HarnessError with the problem (one line) where it cannot be loaded, built or run, or
+    its output does not fit the spec's loss and dataset."""
+    with tempfile.TemporaryDirectory(prefix="amp-harness-native-") as tmp:
+        path = Path(tmp) / "spec.json"
+        path.write_text(json.dumps(spec.model_dump(mode="json")))
+        out = subprocess.run([sys.executable, "-m", "harness.run.worker", "native", framework, str(path)],
+                             capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    try:
+        answer = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        raise HarnessError(f"{spec.name}: building its native model in a {framework} worker ended without an "
+                           f"answer: {last}") from None
+    if "error" in answer:
+        raise HarnessError(answer["error"])
+    return answer
+
+
+def check_here(framework: str, spec_file: str) -> dict:
+    """`python -m harness.run.worker native FRAMEWORK SPEC.json`: the model built once in float32 on the CPU, two
+    samples through it; {"params", "output"} or {"error"}: the spec's name and the problem, one line."""
+    from harness.adapter import load_adapter
+    from harness.model.data import Data
+    from harness.model.spec import validate
+    from harness.precision import parse_loss_scale, parse_precision
+
+    spec = validate(json.loads(Path(spec_file).read_text()), spec_file)
+    try:
+        adapter = load_adapter(framework)
+        precision = parse_precision("fp32")
+        trainer = adapter.build(spec, None, None, precision, parse_loss_scale(None, precision),
+                                adapter.device("cpu"), next(iter(adapter.variants)))
+        x, _ = Data(spec, order_seed=spec.seed).train_batch(0)
+        shape = tuple(trainer.predict(x[:2]).shape)
+    except HarnessError as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # the user's model failed on the samples
+        return {"error": f"{spec.name}: its native model failed on two samples of {spec.dataset.name}: "
+                         f"{one_line(exc)}"}
+    problem = output_problem(spec, shape)
+    if problem:
+        return {"error": f"{spec.name}: native {spec.native.kind} {spec.native.target}: {problem}"}
+    return {"params": trainer.native_info().trainable, "output": list(shape)}
