@@ -78,6 +78,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -104,6 +105,13 @@ class Device:
     description: str  # "NVIDIA H200", or the CPU model
     details: dict = field(default_factory=dict)  # CUDA version, driver, compute capability, ...
 
+    @staticmethod
+    def cpu() -> "Device":
+        """This machine's CPU (its model, from /proc/cpuinfo), for an adapter's device() without a GPU."""
+        from harness.run.measure import cpu_info
+
+        return Device("cpu", "cpu", cpu_info()[0])
+
 
 @dataclass(frozen=True)
 class LossScaleState:
@@ -117,6 +125,7 @@ LOSS_SCALE_SCOPE = "part.loss_scale"  # scaling the loss, unscaling and checking
 STEP_SCOPE = "amp-harness.step"  # one whole training step, where a profiler needs the steps' bounds (MXNet's)
 RUNTIME_SCOPE = "part.runtime"  # the framework's per-step dispatch outside every op (launching a compiled step,
 # handing back its outputs), where its profiler measures it
+PART_SCOPES = frozenset({LOSS_SCOPE, UPDATE_SCOPE, LOSS_SCALE_SCOPE, RUNTIME_SCOPE})  # a step's parts, not its layers
 
 
 def layer_scope(path: str) -> str:
@@ -223,11 +232,17 @@ class Trainer(ABC):
                       device: Device, variant: str) -> None:
         """The network, holding the core's `weights` in the precision's dtypes on the device."""
 
+    #: the adapter's network module (an import path), whose attention_mask(info, precision, device_kind) says what
+    #: a causal attention layer's mask leaves in the scores it masks; None: not declared
+    network_module: str | None = None
+
     def attention_mask(self, info, precision: Precision, device_kind: str):
         """What a causal attention layer's mask leaves in the scores it masks (the network module's
         attention_mask: a harness.numerics.AttentionMask, or None where it is not known on that kind of device);
         declare_attention_masks asks it for every causal layer and 16-bit precision. None: not declared."""
-        return None
+        if self.network_module is None:
+            return None
+        return import_module(self.network_module).attention_mask(info, precision, device_kind)
 
     @abstractmethod
     def build_optimizer(self, optimizer) -> None:
@@ -399,12 +414,19 @@ class Trainer(ABC):
         weights None, and built the user's model under spec.seed, the run's)."""
         raise HarnessError(f"{type(self).__name__} builds no native models")
 
+    #: the adapter's profile module (an import path), whose profile_steps(trainer, run_steps) is `profile`; None:
+    #: this adapter cannot profile
+    profile_module: str | None = None
+
     def profile(self, run_steps: Callable[[], None]) -> ProfiledOps | None:
         """Profile mode only (optional): start the framework's own profiler, call run_steps() (the core's loop
         of train_steps on batches already on the device), stop the profiler and return every op that ran in
-        between. None: this adapter cannot profile. An adapter that profiles on a CPU only declares it
-        (Capabilities.no_gpu_profile): the core then refuses a GPU profile before building anything."""
-        return None
+        between: the profile module's profile_steps(self, run_steps). None: this adapter cannot profile. An adapter
+        that profiles on a CPU only declares it (Capabilities.no_gpu_profile): the core then refuses a GPU profile
+        before building anything."""
+        if self.profile_module is None:
+            return None
+        return import_module(self.profile_module).profile_steps(self, run_steps)
 
 
 @dataclass(frozen=True)
@@ -491,9 +513,9 @@ class Adapter(ABC):
         return None
 
     def free_memory_mb(self, device: Device) -> float | None:
-        """MiB the framework can still allocate on `device` (a GPU) now, other processes' use counted: the
-        worker's memory guard holds a run's estimate to it before building the network. None where the
-        framework cannot tell (the guard before the runs asked nvidia-smi)."""
+        """MiB the framework can still allocate on `device` (a GPU: the core asks of no other) now, other
+        processes' use counted: the worker's memory guard holds a run's estimate to it before building the
+        network. None where the framework cannot tell (the guard before the runs asked nvidia-smi)."""
         return None
 
     @abstractmethod

@@ -44,15 +44,13 @@ class MXNetAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import mxnet as mx
 
-        from harness.run.measure import cpu_info
-
         gpus = mx.context.num_gpus()
         if requested == "gpu" and not gpus:
             raise HarnessError("--device gpu: MXNet sees no GPU (the mxnet wheel is CPU-only; use mxnet-cu117)")
         if gpus and requested != "cpu":
             free, total = mx.context.gpu_memory_info(0)
             return Device("gpu:0", "gpu", f"CUDA GPU 0 ({total / 2**30:.0f} GiB)", {"memory_gb": total / 2**30})
-        return Device("cpu", "cpu", cpu_info()[0])
+        return Device.cpu()
 
     capabilities = Capabilities(
         # checked with 1.9.1, mx.nd and mx.np; the fixed-point grid needs no bit-cast, but the adapter has no
@@ -79,8 +77,6 @@ class MXNetAdapter(Adapter):
     def free_memory_mb(self, device: Device) -> float | None:
         import mxnet as mx
 
-        if device.kind != "gpu":
-            return None
         free, _ = mx.context.gpu_memory_info(0)  # the driver's count: other processes' use too
         return free / 2**20
 
@@ -113,6 +109,9 @@ class MXNetAdapter(Adapter):
 
 
 class MXNetTrainer(Trainer):
+    network_module = "amp_harness_mxnet.network"  # its attention_mask
+    profile_module = "amp_harness_mxnet.profile"  # its profile_steps
+
     def configure(self, spec, precision, device, variant):
         import mxnet as mx
         from mxnet.contrib import amp
@@ -142,11 +141,6 @@ class MXNetTrainer(Trainer):
         self.grads = [p.grad(self.ctx) for p in self.params]
         self.attention = {info.path: attention_implementation(info) for info in graph.layers
                           if info.type == "attention"}
-
-    def attention_mask(self, info, precision, device_kind):
-        from amp_harness_mxnet.network import attention_mask
-
-        return attention_mask(info, precision, device_kind)
 
     def build_optimizer(self, optimizer):
         from amp_harness_mxnet.optimizers import make_optimizer
@@ -284,11 +278,6 @@ class MXNetTrainer(Trainer):
         loss.backward()
         return {path: (canonical_activation(value), canonical_activation(zero.grad))
                 for path, (value, zero) in probes.items()}
-
-    def profile(self, run_steps):
-        from amp_harness_mxnet.profile import profile_steps
-
-        return profile_steps(self, run_steps)
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -14,7 +14,6 @@ from harness.model.training import loss_with
 from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
-from harness.run.measure import cpu_info
 
 NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
 
@@ -46,13 +45,11 @@ class TorchAdapter(Adapter):
                            "memory_gb": round(props.total_memory / 2**30, 1)})
         if requested == "gpu":
             raise HarnessError("--device gpu: torch sees no CUDA GPU (is this a CPU build of torch?)")
-        return Device("cpu", "cpu", cpu_info()[0])
+        return Device.cpu()
 
     def free_memory_mb(self, device: Device) -> float | None:
         import torch
 
-        if device.kind != "gpu":
-            return None
         free, _ = torch.cuda.mem_get_info(torch.device(device.name))  # the driver's count: other processes' too
         return free / 2**20
 
@@ -93,6 +90,9 @@ class TorchAdapter(Adapter):
 
 
 class TorchTrainer(Trainer):
+    network_module = "amp_harness_torch.network"  # its attention_mask
+    profile_module = "amp_harness_torch.profile"  # its profile_steps
+
     def configure(self, spec, precision, device, variant):
         import torch
 
@@ -125,11 +125,6 @@ class TorchTrainer(Trainer):
         self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
         self.weight_kinds = getattr(net, "weight_kinds", None)  # a native model's (its names are its own)
 
-    def attention_mask(self, info, precision, device_kind):
-        from amp_harness_torch.network import attention_mask
-
-        return attention_mask(info, precision, device_kind)
-
     def build_optimizer(self, optimizer):
         from amp_harness_torch.optimizers import make_optimizer
 
@@ -151,7 +146,7 @@ class TorchTrainer(Trainer):
         self.scheduled, self.clip_norm = scheduled(spec.optimizer), spec.optimizer.clip_norm
         self.compiled = variant == "compile"
         self.forward = torch.compile(self.net) if self.compiled else self.net
-        self.profiling = False  # Trainer.profile: the parts' record_function ranges are open only then
+        self.profiling = False  # the parts' record_function ranges are open only in profile.profile_steps
         # the module calls around the layers' ranges are the runtime's dispatch; a compiled graph would run its
         # kernels (the layers' work, which it cannot attribute) in that range too
         self.forward_scope = None if self.compiled else RUNTIME_SCOPE
@@ -296,15 +291,6 @@ class TorchTrainer(Trainer):
             self.net.train()
         return {path: (self.net.canonical_activation(value), self.net.canonical_activation(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
-
-    def profile(self, run_steps):
-        from amp_harness_torch.profile import profile_steps
-
-        self.profiling = True
-        try:
-            return profile_steps(self, run_steps)
-        finally:
-            self.profiling = False
 
     def native_info(self):
         return self.net.info

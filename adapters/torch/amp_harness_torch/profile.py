@@ -23,9 +23,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity
 
-from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, RUNTIME_SCOPE, UPDATE_SCOPE, OpTime, ProfiledOps
+from harness.adapter import PART_SCOPES, OpTime, ProfiledOps
 
-PARTS = {LOSS_SCOPE, UPDATE_SCOPE, LOSS_SCALE_SCOPE, RUNTIME_SCOPE}
 BACKWARD = "autograd::engine::evaluate_function: "
 ACCUMULATE = "torch::autograd::AccumulateGrad"
 CONVERSIONS = {"aten::to", "aten::_to_copy", "aten::copy_"}
@@ -39,11 +38,15 @@ COMPILED_NOTE = ("torch.compile runs the network as one compiled graph whose fus
 def profile_steps(trainer, run_steps) -> ProfiledOps:
     """Run the core's steps under the profiler and return every op that ran, with its scope."""
     compiled = trainer.compiled  # no layer ranges (COMPILED_NOTE): hooks added to the layers would not run
-    with contextlib.nullcontext(set()) if compiled else trainer.net.scoped() as scopes:
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            run_steps()
+    trainer.profiling = True  # the parts' ranges open (TorchTrainer._scope)
+    try:
+        with contextlib.nullcontext(set()) if compiled else trainer.net.scoped() as scopes:
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                run_steps()
+    finally:
+        trainer.profiling = False
     events = prof.events()
-    ours = scopes | PARTS
+    ours = scopes | PART_SCOPES
     scope: dict[int, tuple[str, ...]] = {}  # by id(event): the ranges it ran in
     nodes = []  # the autograd nodes' events: they and the events under them are backward
     for event in events:
