@@ -210,7 +210,7 @@ class JaxTrainer(Trainer):
                     return loss * scale, (loss, new_statistics)
 
             (grads, recorded), (loss, new_statistics) = jax.grad(objective, (0, 1), has_aux=True)(
-                params, net.gradient_histories(statistics))
+                params, {name: value for name, value in statistics.items() if name.endswith(":output_gradient")})
             new_statistics = {**new_statistics, **recorded}
             finite = jnp.array(True)
             if scaling:
