@@ -180,9 +180,10 @@ class JaxTrainer(Trainer):
     def build_step(self, spec, precision, loss_scale, variant):
         import jax.numpy as jnp
 
-        from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn
+        from amp_harness_jax.optimizers import LOSS_OPS, clip_by_global_norm
         from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
         from harness.model.optimizer import scheduled
+        from harness.model.training import loss_with
 
         jax, net, optimizer, rounding = self.jax, self.net, self.optimizer, self.rounding
         loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
@@ -203,7 +204,7 @@ class JaxTrainer(Trainer):
             def objective(params, gradient_histories):  # the histories' "gradients" are their new values
                 out, new_statistics = net.apply(params, {**statistics, **gradient_histories}, x, masks, training=True)
                 with jax.named_scope(LOSS_SCOPE):
-                    loss = loss_fn(spec.loss, out, y)
+                    loss = loss_with(LOSS_OPS, spec.loss, out, y)
                 if not scaling:
                     return loss, (loss, new_statistics)
                 with jax.named_scope(LOSS_SCALE_SCOPE):
@@ -242,7 +243,7 @@ class JaxTrainer(Trainer):
             def outputs(taps):
                 record = {}
                 out, _ = net.apply(params, statistics, x, None, False, taps, record)
-                return loss_fn(spec.loss, out, y), record
+                return loss_with(LOSS_OPS, spec.loss, out, y), record
 
             # zeros added to each layer's output: the loss's gradient with respect to them is its gradient
             # with respect to that output
