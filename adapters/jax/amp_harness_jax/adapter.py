@@ -311,41 +311,38 @@ class JaxTrainer(Trainer):
         return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
 
     def profile(self, run_steps):
-        from amp_harness_jax.profile import annotated, profile_steps
+        from jax.experimental.compilation_cache import compilation_cache
+
+        from amp_harness_jax.profile import profile_steps
         from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE
 
+        jax = self.jax
         # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs)
         # in RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
         patched = [(self, "train_step", RUNTIME_SCOPE)] + \
             ([(self.scaler, "update", LOSS_SCALE_SCOPE)] if self.scaler is not None else [])
         for owner, name, scope in patched:
-            setattr(owner, name, annotated(getattr(owner, name), scope))
-        step, self._step = self._step, self._fresh_step()
-        try:
-            return profile_steps(self, run_steps)
-        finally:
-            self._step = step
-            for owner, name, _ in patched:
-                delattr(owner, name)  # the class's method again
-
-    def _fresh_step(self):
-        """The step compiled now, ahead of the profiled steps and outside JAX's persistent compilation cache
-        (JAX_COMPILATION_CACHE_DIR): an executable loaded from that cache gives the profiler no HLO module to join
-        its events to, so no op would land in any layer."""
-        from jax.experimental.compilation_cache import compilation_cache
-
-        jax = self.jax
+            setattr(owner, name, jax.profiler.annotate_function(getattr(owner, name), scope))
+        # the step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation cache,
+        # whose executables give the profiler no HLO module to join its events to (docs/profile.md)
         enabled = jax.config.jax_enable_compilation_cache
         jax.config.update("jax_enable_compilation_cache", False)
         compilation_cache.reset_cache()
         try:
             rate = self._put(np.asarray(self.learning_rate()), self._rate_dtype) if self.scheduled else None
             fresh = jax.jit(lambda *args: self._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
-            return fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
-                               rate, None).compile()
+            fresh = fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
+                                rate, None).compile()
         finally:
             jax.config.update("jax_enable_compilation_cache", enabled)
             compilation_cache.reset_cache()
+        step, self._step = self._step, fresh
+        try:
+            return profile_steps(self, run_steps)
+        finally:
+            self._step = step
+            for owner, name, _ in patched:
+                delattr(owner, name)  # the class's method again
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
