@@ -1,32 +1,10 @@
 """JAX adapter: the network, losses and optimizers in jax.numpy (no Flax or optax: their math would have to
 be checked against the spec anyway), trained by one jax.jit-compiled step that takes the weights, optimizer
-state and batchnorm statistics as donated buffers and returns their successors.
-
-JAX-specific choices:
-- float64 needs `jax_enable_x64`, a process-wide switch, set by build (the runner gives each precision its own
-  process); Python-float constants and hyper-parameters are weakly typed, so they are float64 there too.
-- Mixed precision is written as JAX users write it, with no framework policy: float32 weights, cast with the
-  layer's inputs to the compute dtype inside the step (Flax's dtype / param_dtype, see network.py), the loss in
-  float32.
-- JAX has no loss scaler of its own: the step scales the loss, unscales the gradients and, when they are not
-  all finite, keeps the old weights and optimizer state (jmp's select_tree idiom); it returns that finiteness,
-  and the scale follows the core's rules (harness.precision.LossScaler) on the host. The spec's clip_norm
-  scales the unscaled gradients after that finiteness is known, inside the step (optimizers.clip_by_global_norm).
-- A scheduled learning rate (harness.model.optimizer.scheduled) is an argument of the jitted step, a scalar
-  in the update's dtype (float64 in a float64 run) put on the device before each step: the step is compiled
-  once. A constant rate stays a Python constant compiled into the step, as before schedules existed.
-- On a GPU, float32 matmuls and convolutions default to TF32 in JAX: the `highest` matmul precision keeps
-  fp32 strict unless the precision asks for TF32.
-- XLA's CPU reductions of 16-bit arrays accumulate in 16 bits: bias gradients are summed in float32
-  (network.add_bias), as PyTorch and cuDNN do, or float16 runs would overflow where the others do not.
-- XLA sizes its CPU thread pool from the process's CPU affinity when jax first starts: set_threads narrows it.
-  There is no inter-op setting: XLA:CPU's runtime may run a step's independent ops at once, on that one pool
-  (options.inter_op_threads says so).
-- Profiles (Trainer.profile, profile.py) read jax.profiler's XLA:CPU events per HLO instruction; the layer and
-  part scopes are jax.named_scope, which only names the HLO ops' metadata (the compiled step is otherwise the
-  same), so they are always on.
-
-Variant (`run --variant`): the single jitted step.
+state and batchnorm statistics as donated buffers and returns their successors. Mixed precision is written as
+JAX users write it, with no framework policy (network.py), the loss in float32. JAX has no loss scaler of its
+own: the step scales the loss, unscales the gradients and, when they are not all finite, keeps the old weights
+and optimizer state (jmp's select_tree idiom); it returns that finiteness, and the scale follows the core's rules
+(harness.precision.LossScaler) on the host.
 """
 from __future__ import annotations
 
@@ -37,11 +15,11 @@ import numpy as np
 
 from harness.adapter import Adapter, Capabilities, Device, Trainer
 from harness.errors import HarnessError
+from harness.model.optimizer import scheduled
+from harness.model.training import loss_with
 from harness.precision import LossScaler
-
-
-NO_INTER_OP = ("none to set: XLA:CPU may run a step's independent ops at once, on its one thread pool (the "
-               "process's CPUs, narrowed by set_threads)")
+from harness.rounding import round_nearest_with
+from harness.run.measure import cpu_info
 
 
 class JaxAdapter(Adapter):
@@ -62,14 +40,10 @@ class JaxAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import jax
 
-        from harness.run.measure import cpu_info
-
-        gpus = []
-        if requested in ("auto", "gpu"):
-            try:
-                gpus = jax.devices("gpu")
-            except RuntimeError:  # no GPU backend: a CPU-only jaxlib, or no device
-                pass
+        try:
+            gpus = jax.devices("gpu") if requested in ("auto", "gpu") else []
+        except RuntimeError:  # no GPU backend: a CPU-only jaxlib, or no device
+            gpus = []
         if gpus:
             gpu = gpus[0]
             stats = gpu.memory_stats() or {}
@@ -93,7 +67,7 @@ class JaxAdapter(Adapter):
         return (stats["bytes_limit"] - stats["bytes_in_use"]) / 2**20
 
     def set_threads(self, threads: int) -> None:
-        # XLA has no intra-op thread setting: its CPU pool has one thread per CPU the process may run on
+        # XLA has no intra-op thread setting: its CPU pool, sized when jax starts, has a thread per CPU it may use
         cpus = sorted(os.sched_getaffinity(0))
         if threads < len(cpus):
             os.sched_setaffinity(0, cpus[:threads])
@@ -128,28 +102,25 @@ class JaxTrainer(Trainer):
         self.jax = jax
         # process-wide switches, set for every build (the contract tests build several precisions in one process)
         jax.config.update("jax_enable_x64", precision.param_dtype == "float64")
-        # float32 matmuls and convolutions: strict unless the precision asks for TF32 (JAX's GPU default);
-        # other dtypes keep JAX's default
+        # float32 matmuls and convolutions strict unless the precision asks for TF32 (JAX's GPU default)
         self.matmul_precision = "tensorfloat32" if precision.tf32 else \
             "highest" if precision.compute_dtype == "float32" else None
         jax.config.update("jax_default_matmul_precision", self.matmul_precision)
         self.device = jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
-        self.is_gpu = device.kind == "gpu"
 
     def build_network(self, spec, graph, weights, precision, device, variant):
         import jax.numpy as jnp
 
         from amp_harness_jax.network import Network
 
-        jax = self.jax
         # images, vectors and masks arrive in the weights' dtype (dense and conv layers cast them to the compute
         # dtype); token ids stay integers, int32 (JAX's index dtype without x64): a 16-bit float rounds ids above 256
         self.param_dtype = jnp.dtype(precision.param_dtype)
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
         self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8)
-        put = lambda names: {n: jax.device_put(weights[n].astype(self.param_dtype), self.device)  # noqa: E731
-                             for n in names}
-        self.params, self.statistics = put(net.trainable), {**put(net.statistics), **net.fp8_histories()}
+        self.params = {n: self._put(weights[n], self.param_dtype) for n in net.trainable}
+        self.statistics = {n: self._put(weights[n], self.param_dtype) for n in net.statistics}
+        self.statistics.update(net.fp8_histories())
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
 
     def attention_mask(self, info, precision, device_kind):
@@ -164,7 +135,6 @@ class JaxTrainer(Trainer):
 
     def build_rounded_optimizer(self, optimizer):
         from amp_harness_jax.rounding import OPS, make_rounded_optimizer
-        from harness.rounding import round_nearest_with
 
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             self.params = {n: round_nearest_with(OPS, p, self.rounding) for n, p in self.params.items()}
@@ -180,37 +150,33 @@ class JaxTrainer(Trainer):
     def build_step(self, spec, precision, loss_scale, variant):
         import jax.numpy as jnp
 
-        from amp_harness_jax.optimizers import clip_by_global_norm, loss_fn
+        from amp_harness_jax.optimizers import LOSS_OPS, clip_by_global_norm
         from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
-        from harness.model.optimizer import scheduled
 
         jax, net, optimizer, rounding = self.jax, self.net, self.optimizer, self.rounding
-        loss_dtype = jnp.float64 if precision.param_dtype == "float64" else jnp.float32
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
-        self.skipped = False
-        self._scale = self._device_scale = None
+        self.skipped, self._scale, self._device_scale = False, None, None
         scaling = self.scaler is not None
-        # a scheduled rate arrives in the dtype its update computes it in: float32 at least (the rounded optimizer's,
-        # and Adam's bias corrections of 16-bit weights), float64 in a float64 run
-        self._rate_dtype = np.dtype(jnp.float32) if rounding else jnp.promote_types(self.param_dtype, jnp.float32)
+        # the loss scale and a scheduled rate arrive in the dtype the loss and the update compute them in: float32
+        # at least (the rounded optimizer's, and Adam's bias corrections of 16-bit weights), float64 in a float64 run
+        self._scalar_dtype = jnp.promote_types(self.param_dtype, jnp.float32)
         self.scheduled = scheduled(spec.optimizer)
         constant_rate, clip_norm = spec.optimizer.learning_rate, spec.optimizer.clip_norm
 
         def step(params, opt_state, statistics, x, y, masks, scale, rate, bits=None, capture=False):
             """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step; `rate` the
-            step's scheduled learning rate, or None for the spec's constant one."""
-            # the scopes (and the network's layer scopes) only name the HLO ops' metadata, read by profile
+            scheduled learning rate (one compiled step for every rate), or None for the spec's constant one."""
             def objective(params, gradient_histories):  # the histories' "gradients" are their new values
                 out, new_statistics = net.apply(params, {**statistics, **gradient_histories}, x, masks, training=True)
                 with jax.named_scope(LOSS_SCOPE):
-                    loss = loss_fn(spec.loss, out, y)
+                    loss = loss_with(LOSS_OPS, spec.loss, out, y)
                 if not scaling:
                     return loss, (loss, new_statistics)
                 with jax.named_scope(LOSS_SCALE_SCOPE):
                     return loss * scale, (loss, new_statistics)
 
             (grads, recorded), (loss, new_statistics) = jax.grad(objective, (0, 1), has_aux=True)(
-                params, net.gradient_histories(statistics))
+                params, {name: value for name, value in statistics.items() if name.endswith(":output_gradient")})
             new_statistics = {**new_statistics, **recorded}
             finite = jnp.array(True)
             if scaling:
@@ -242,10 +208,8 @@ class JaxTrainer(Trainer):
             def outputs(taps):
                 record = {}
                 out, _ = net.apply(params, statistics, x, None, False, taps, record)
-                return loss_fn(spec.loss, out, y), record
+                return loss_with(LOSS_OPS, spec.loss, out, y), record
 
-            # zeros added to each layer's output: the loss's gradient with respect to them is its gradient
-            # with respect to that output
             shapes = jax.eval_shape(lambda taps: outputs(taps)[1], None)
             taps = {path: jnp.zeros(s.shape, s.dtype) for path, s in shapes.items()}
             grads, values = jax.grad(outputs, has_aux=True)(taps)
@@ -253,7 +217,6 @@ class JaxTrainer(Trainer):
 
         self._layer_outputs = jax.jit(layer_outputs)
         if scaling:
-            self._scale_dtype = loss_dtype
             self._set_scale()
 
     def framework_options(self, precision, variant):
@@ -261,7 +224,9 @@ class JaxTrainer(Trainer):
                 "x64": precision.param_dtype == "float64", "compute_dtype": precision.compute_dtype,
                 "param_dtype": precision.param_dtype, "matmul_precision": self.matmul_precision,
                 "loss_scaler": "harness (manual, in the jitted step)" if self.scaler is not None else None,
-                "attention": dict(self.net.attention), "inter_op_threads": NO_INTER_OP}
+                "attention": dict(self.net.attention),
+                "inter_op_threads": "none to set: XLA:CPU may run a step's independent ops at once, on its one "
+                                    "thread pool (the process's CPUs, narrowed by set_threads)"}
 
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step
@@ -276,33 +241,25 @@ class JaxTrainer(Trainer):
     def set_rounding_noise(self, bits):
         self._bits = {name: self._put(value, np.int32) for name, value in bits.items()}  # JAX's layouts are canonical
 
-    # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         bits, self._bits = self._bits, None
-        rate = self._put(np.asarray(self.learning_rate()), self._rate_dtype) if self.scheduled else None
-        if capture is None:
-            self.params, self.opt_state, self.statistics, loss, finite = self._step(
-                self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
-        else:  # diagnose and fingerprint runs: the step's capturing twin
-            self.params, self.opt_state, self.statistics, loss, finite, grads = self._captured(
-                self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
-            capture.update({name: self.output(g) for name, g in grads.items()})
-        return self._finish(loss, finite)
-
-    def _finish(self, loss, finite) -> float:
-        """The loss once the step has finished (fetching it waits for the device), after the scaler's update."""
-        if self.scaler is None:
-            return float(loss)
-        loss, finite = self.jax.device_get((loss, finite))
-        self.skipped = self.scaler.update(finite=bool(finite))
-        self._set_scale()
-        return float(loss)
+        rate = self._put(np.asarray(self.learning_rate()), self._scalar_dtype) if self.scheduled else None
+        step = self._step if capture is None else self._captured  # diagnose and fingerprint runs: the capturing twin
+        self.params, self.opt_state, self.statistics, loss, finite, *grads = step(
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
+        if capture is not None:
+            capture.update({name: self.output(g) for name, g in grads[0].items()})
+        if self.scaler is not None:
+            loss, finite = self.jax.device_get((loss, finite))
+            self.skipped = self.scaler.update(finite=bool(finite))
+            self._set_scale()
+        return float(loss)  # fetching the loss waits for the device
 
     def _set_scale(self) -> None:
         """The scale as a device scalar, transferred only when the rules change it."""
         if self._scale != self.scaler.scale:
             self._scale = self.scaler.scale
-            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scale_dtype), self.device)
+            self._device_scale = self.jax.device_put(np.asarray(self._scale, self._scalar_dtype), self.device)
 
     def layer_outputs(self, x, y):
         outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
@@ -310,16 +267,32 @@ class JaxTrainer(Trainer):
         return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
 
     def profile(self, run_steps):
-        from amp_harness_jax.profile import annotated, profile_steps
+        from jax.experimental.compilation_cache import compilation_cache
+
+        from amp_harness_jax.profile import profile_steps
         from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE
 
+        jax = self.jax
         # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs)
         # in RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
         patched = [(self, "train_step", RUNTIME_SCOPE)] + \
             ([(self.scaler, "update", LOSS_SCALE_SCOPE)] if self.scaler is not None else [])
         for owner, name, scope in patched:
-            setattr(owner, name, annotated(getattr(owner, name), scope))
-        step, self._step = self._step, self._fresh_step()
+            setattr(owner, name, jax.profiler.annotate_function(getattr(owner, name), scope))
+        # the step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation cache,
+        # whose executables give the profiler no HLO module to join its events to (docs/profile.md)
+        enabled = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        try:
+            rate = self._put(np.asarray(self.learning_rate()), self._scalar_dtype) if self.scheduled else None
+            fresh = jax.jit(lambda *args: self._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
+            fresh = fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
+                                rate, None).compile()
+        finally:
+            jax.config.update("jax_enable_compilation_cache", enabled)
+            compilation_cache.reset_cache()
+        step, self._step = self._step, fresh
         try:
             return profile_steps(self, run_steps)
         finally:
@@ -327,26 +300,6 @@ class JaxTrainer(Trainer):
             for owner, name, _ in patched:
                 delattr(owner, name)  # the class's method again
 
-    def _fresh_step(self):
-        """The step compiled now, ahead of the profiled steps and outside JAX's persistent compilation cache
-        (JAX_COMPILATION_CACHE_DIR): an executable loaded from that cache gives the profiler no HLO module to join
-        its events to, so no op would land in any layer."""
-        from jax.experimental.compilation_cache import compilation_cache
-
-        jax = self.jax
-        enabled = jax.config.jax_enable_compilation_cache
-        jax.config.update("jax_enable_compilation_cache", False)
-        compilation_cache.reset_cache()
-        try:
-            rate = self._put(np.asarray(self.learning_rate()), self._rate_dtype) if self.scheduled else None
-            fresh = jax.jit(lambda *args: self._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
-            return fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
-                               rate, None).compile()
-        finally:
-            jax.config.update("jax_enable_compilation_cache", enabled)
-            compilation_cache.reset_cache()
-
-    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))
 
@@ -357,7 +310,6 @@ class JaxTrainer(Trainer):
     def param_count(self) -> int:
         return sum(int(p.size) for p in self.params.values())
 
-    # -- the core's bookkeeping's primitives ----------------------------------------------------------
     def _loss_scale_now(self):
         return self.scaler.scale, self.skipped
 

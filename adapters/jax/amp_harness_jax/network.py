@@ -1,31 +1,17 @@
 """The spec's network as a pure function of (params, batchnorm statistics, inputs) in jax.numpy.
 
-The canonical layouts are JAX's own (NHWC activations, HWIO conv kernels, [in, out] dense kernels, H, W, C
-flatten order, sequences [N, T, D] batch first), so weights load without conversion. Mixed precision is written
-the way Flax modules do it (`dtype` / `param_dtype`): dense, conv, patches and attention layers cast their input
-and their float32 weights to the compute dtype; embedding lookups gather from the float32 table and cast what
-they gathered (as Keras' Embedding does, so that the table's gradient accumulates in float32); position
-embeddings add their rows cast to the compute dtype; normalisation layers (batchnorm, layernorm, rmsnorm)
-compute in the weights' dtype (the usual advice for normalisation in JAX mixed precision); every other layer
-computes in the dtype it receives.
+JAX's layouts are the canonical ones (NHWC, HWIO conv kernels, H, W, C flatten order, sequences [N, T, D]), so
+weights load without conversion. Mixed precision is written the way Flax modules do it (`dtype` /
+`param_dtype`): dense, conv, patches and attention layers cast their input and their float32 weights to the
+compute dtype, embeddings the rows they take; normalisation layers (batchnorm, layernorm, rmsnorm) compute in
+the weights' dtype (the usual advice for normalisation in JAX mixed precision); every other layer computes in
+the dtype it receives.
 
-Attention is written out as Flax's dot_product_attention computes it, with the spec's order: scores q k^T /
-sqrt(Dh) in the compute dtype, masked where j > i with jnp.finfo(compute dtype).min (Flax's big_neg; exp of it
-minus the row's maximum is exactly 0 in every dtype, as -inf's would be: a causal row always keeps j = i), the
-softmax in the compute dtype too (Flax's default, force_fp32_for_softmax=False), the core's dropout masks on the
-probabilities. Read from the step's jaxpr under amp_bf16 / amp_fp16: the scores and the masked scores (bfloat16
-min -3.39e38, float16 min -65504) are bfloat16 / float16, and so are the softmax's max, exp and division and the
-probabilities; only its sum accumulates in float32 (jnp.sum upcasts 16-bit inputs) before it is rounded back.
-layernorm and rmsnorm run in float32, their output float32 (the next dense casts it back). The fused
+Attention is written out as Flax's dot_product_attention computes it, in the spec's order, its softmax in the
+compute dtype (Flax's default, force_fp32_for_softmax=False; jnp.sum accumulates its sum in float32). The fused
 jax.nn.dot_product_attention (implementation "xla") is not used: its softmax is always float32, 4.5e-8 from the
 reference in a float64 run (not exact), under amp a float32 softmax this adapter's policy (Flax's) does not
 have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
-
-FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
-recipe: recipe_amax_with; a custom_vjp passes the gradient straight through) and cast the gradient of the product
-on its way back (a second custom_vjp), the bias added after, as the torch adapter does. The delayed recipe's amax
-histories are state beside batchnorm's statistics (Network.fp8_histories).
 """
 from __future__ import annotations
 
@@ -37,34 +23,24 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from amp_harness_jax.rounding import OPS
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
-from harness.model.graph import Graph, avgpool_divisors, window_padding
+from harness.model.graph import Graph, avgpool_divisors, same_padding
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
-
-CONV_DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 
 
 def _pads(info, kernel: int, stride: int, padding: str) -> list[tuple[int, int]]:
     """[(top, bottom), (left, right)]: lax takes TF's asymmetric 'same' padding as it is."""
-    pad = window_padding(info.in_shape, kernel, stride, padding)
-    if pad.explicit:
-        top, bottom, left, right = pad.explicit
-        return [(top, bottom), (left, right)]
-    (h, w) = pad.symmetric
-    return [(h, h), (w, w)]
+    return [same_padding(n, kernel, stride) if padding == "same" else (0, 0) for n in info.in_shape[:2]]
 
 
 @jax.custom_vjp
 def add_bias(x, bias):
     """x + bias, the bias broadcast over x's leading axes (a dense bias [D], a position table's rows [T, D])."""
     return x + bias
-
-
-def _add_bias_fwd(x, bias):
-    return x + bias, bias  # kept only for its number of axes (it is alive in the forward anyway)
 
 
 def _add_bias_bwd(bias, grad):
@@ -75,14 +51,13 @@ def _add_bias_bwd(bias, grad):
     return grad, total.astype(grad.dtype)
 
 
-add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+# the forward keeps the bias only for its number of axes (it is alive in the forward anyway)
+add_bias.defvjp(lambda x, bias: (x + bias, bias), _add_bias_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def cast_input(x, amax, fmt: Fp8Format):
     """A matmul input as FP8 gives it (harness.fp8), scaled by `amax`; its gradient passed through unchanged."""
-    from amp_harness_jax.rounding import OPS
-
     return fake_quantize_with(OPS, x, amax, fmt)
 
 
@@ -99,8 +74,6 @@ def cast_gradient(y, history, fmt: Fp8Format):
 
 
 def _cast_gradient_bwd(fmt, history, grad):
-    from amp_harness_jax.rounding import OPS
-
     amax, recorded = recipe_amax_with(OPS, grad, history)
     return fake_quantize_with(OPS, grad, amax, fmt), recorded
 
@@ -108,21 +81,27 @@ def _cast_gradient_bwd(fmt, history, grad):
 cast_gradient.defvjp(lambda y, history, fmt: (y, history), _cast_gradient_bwd)
 
 
-def product(net, multiply, x, kernel, run, site: str):
-    """multiply(x, kernel) in the compute dtype, with FP8's casts where the network trains in FP8 (net.fp8: `site`
-    names the product's amax histories in the state under the delayed recipe, recorded in training)."""
-    from amp_harness_jax.rounding import OPS
-
-    x, kernel = x.astype(net.compute), kernel.astype(net.compute)
+def product(net, multiply, x, run, site: str, kernel: str, bias: str | None = None):
+    """multiply(x, the weight `kernel`) in the compute dtype, plus the weight `bias` (None: none), with FP8's casts
+    where net.fp8 asks for them (`site` names the product's delayed amax histories in the state)."""
+    x, kernel = x.astype(net.compute), run.params[kernel].astype(net.compute)
     if net.fp8 is None:
-        return multiply(x, kernel)
-    cast = []
-    for role, value in (("input", x), ("weight", kernel)):
-        amax, recorded = recipe_amax_with(OPS, lax.stop_gradient(value), run.state.get(fp8_key(site, role)))
-        if recorded is not None and run.training:
-            run.state[fp8_key(site, role)] = recorded
-        cast.append(cast_input(value, amax, net.fp8.forward))
-    return cast_gradient(multiply(*cast), run.state.get(fp8_key(site, "output_gradient")), net.fp8.backward)
+        out = multiply(x, kernel)
+    else:
+        cast = []
+        for role, value in (("input", x), ("weight", kernel)):
+            amax, recorded = recipe_amax_with(OPS, lax.stop_gradient(value), run.state.get(fp8_key(site, role)))
+            if recorded is not None and run.training:
+                run.state[fp8_key(site, role)] = recorded
+            cast.append(cast_input(value, amax, net.fp8.forward))
+        out = cast_gradient(multiply(*cast), run.state.get(fp8_key(site, "output_gradient")), net.fp8.backward)
+    return out if bias is None else add_bias(out, run.params[bias].astype(net.compute))
+
+
+def convolution(strides, pads):
+    """lax's convolution of NHWC inputs and HWIO kernels with these strides and (low, high) pads, for product."""
+    return partial(lax.conv_general_dilated, window_strides=strides, padding=pads,
+                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def fp8_key(site: str, role: str) -> str:
@@ -132,8 +111,7 @@ def fp8_key(site: str, role: str) -> str:
 
 @dataclass
 class Run:
-    """What one call of the network gives its layers: the weights, the batchnorm statistics (updated in place in
-    training), the dropout masks by path, whether it trains, and the taps and record of Network.apply."""
+    """What one call of the network (Network.apply) gives its layers."""
 
     params: dict
     state: dict
@@ -146,30 +124,14 @@ class Run:
 LAYERS = LayerBuilders("jax")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
 
 
-@LAYERS.builder("dense")
-def dense(info, net):
-    kernel, bias = f"{info.path}.kernel", f"{info.path}.bias"
-    net.products.append(info.path)
-
-    def apply(x, run):
-        x = product(net, jnp.matmul, x, run.params[kernel], run, info.path)
-        return add_bias(x, run.params[bias].astype(net.compute)) if info.spec.use_bias else x
-
-    return apply
-
-
-@LAYERS.builder("conv2d")
-def conv2d(info, net):
-    spec, kernel, bias = info.spec, f"{info.path}.kernel", f"{info.path}.bias"
-    net.products.append(info.path)
-    strides, pads = (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding)
-
-    def apply(x, run):
-        x = product(net, lambda x, k: lax.conv_general_dilated(x, k, strides, pads, dimension_numbers=CONV_DIMENSIONS),
-                    x, run.params[kernel], run, info.path)
-        return add_bias(x, run.params[bias].astype(net.compute)) if spec.use_bias else x
-
-    return apply
+@LAYERS.builder("dense", "conv2d")
+def dense_or_conv2d(info, net):
+    spec, path = info.spec, info.path
+    bias = f"{path}.bias" if spec.use_bias else None
+    net.products.append(path)
+    multiply = jnp.matmul if info.type == "dense" else convolution(
+        (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding))
+    return lambda x, run: product(net, multiply, x, run, path, f"{path}.kernel", bias)
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -180,46 +142,25 @@ def pool2d(info, net):
     pads = [(0, 0), *_pads(info, k, s, spec.padding), (0, 0)]
     # TF's 'same' average pooling divides by the real (unpadded) pixels of each window
     divisors = avgpool_divisors(info.in_shape, k, s, spec.padding)[None, :, :, None]
-
     # Python-scalar identities: lax then picks its differentiable max/sum window primitives
-    def maxpool(x, run):  # padded pixels never win: they hold -inf
-        return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
-
-    def avgpool(x, run):
-        sums = lax.reduce_window(x, 0.0, lax.add, window, strides, pads)
-        return sums / jnp.asarray(divisors, x.dtype)
-
-    return maxpool if spec.type == "maxpool2d" else avgpool
+    if spec.type == "maxpool2d":  # padded pixels never win: they hold -inf
+        return lambda x, run: lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
+    return lambda x, run: lax.reduce_window(x, 0.0, lax.add, window, strides, pads) / jnp.asarray(divisors, x.dtype)
 
 
-@LAYERS.builder("global_avgpool2d")
-def global_avgpool2d(info, net):
-    return lambda x, run: x.mean(axis=(1, 2))
+FUNCTIONS = {  # the layers that are a function of their input alone
+    "global_avgpool2d": lambda x: x.mean(axis=(1, 2)),
+    "flatten": lambda x: x.reshape(x.shape[0], -1),  # NHWC: H, W, C order, as the spec's
+    "relu": jax.nn.relu,  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+    "softmax": partial(jax.nn.softmax, axis=-1),
+}
 
 
-@LAYERS.builder("flatten")
-def flatten(info, net):
-    return lambda x, run: x.reshape(x.shape[0], -1)  # NHWC: H, W, C order, as the spec's
-
-
-@LAYERS.builder("relu")
-def relu(info, net):
-    return lambda x, run: jax.nn.relu(x)  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
-
-
-@LAYERS.builder("tanh")
-def tanh(info, net):
-    return lambda x, run: jnp.tanh(x)
-
-
-@LAYERS.builder("sigmoid")
-def sigmoid(info, net):
-    return lambda x, run: jax.nn.sigmoid(x)
-
-
-@LAYERS.builder("softmax")
-def softmax(info, net):
-    return lambda x, run: jax.nn.softmax(x, axis=-1)
+@LAYERS.builder(*FUNCTIONS)
+def function(info, net):
+    return lambda x, run: FUNCTIONS[info.type](x)
 
 
 @LAYERS.builder("gelu")
@@ -232,7 +173,7 @@ def gelu(info, net):
 
 @LAYERS.builder("batchnorm")
 def batchnorm(info, net):
-    spec, path = info.spec, info.path
+    spec, path, m = info.spec, info.path, info.spec.momentum
 
     def apply(x, run):
         gamma, beta = run.params[f"{path}.gamma"], run.params[f"{path}.beta"]
@@ -240,7 +181,6 @@ def batchnorm(info, net):
         axes = tuple(range(x.ndim - 1))
         if run.training:
             mean, var = x.mean(axis=axes), x.var(axis=axes)  # the biased variance, as the spec's
-            m = spec.momentum
             for name, batch in (("moving_mean", mean), ("moving_variance", var)):
                 running = run.state[f"{path}.{name}"]
                 run.state[f"{path}.{name}"] = m * running + (1 - m) * lax.stop_gradient(batch).astype(running.dtype)
@@ -290,33 +230,21 @@ def dropout(info, net):
 
 @LAYERS.builder("embedding")
 def embedding(info, net):
-    table = f"{info.path}.embeddings"
-    # the rows gathered from the table in its own dtype, then cast: the table's gradient (a scatter-add of the
-    # rows' gradients) accumulates in float32 under mixed precision, as with Keras' Embedding, which casts its
-    # output and not its table
-    return lambda ids, run: jnp.take(run.params[table], ids, axis=0).astype(net.compute)
+    # the rows gathered in the table's dtype, then cast: the table's gradient (a scatter-add) accumulates in float32
+    # under mixed precision, as with Keras' Embedding, which casts its output and not its table
+    return lambda ids, run: jnp.take(run.params[f"{info.path}.embeddings"], ids, axis=0).astype(net.compute)
 
 
 @LAYERS.builder("position_embedding")
 def position_embedding(info, net):
     table, length = f"{info.path}.embeddings", info.in_shape[0]
-
-    def apply(x, run):  # the table's first T rows; their gradient sums over the batch in float32 (add_bias)
-        return add_bias(x.astype(net.compute), run.params[table][:length].astype(net.compute))
-
-    return apply
-
-
-def _causal_blocked(length: int):
-    """[T, T] True where key position j is after query position i (j > i): the scores a causal row masks."""
-    return jnp.triu(jnp.ones((length, length), bool), k=1)
+    # the table's first T rows; their gradient sums over the batch in float32 (add_bias)
+    return lambda x, run: add_bias(x.astype(net.compute), run.params[table][:length].astype(net.compute))
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    docs/diagnose.md "Masks in 16 bits"): jnp.finfo(compute dtype).min, put in by jnp.where on the compute dtype's
-    scores (-65504 in float16, -3.39e38 in bfloat16), and jax.nn.softmax in that dtype (its sum accumulates in
-    float32), on any device (the code says so, not a kernel's choice)."""
+    """jnp.finfo(compute dtype).min, and jax.nn.softmax in that dtype, on any device: the code says so, not a
+    kernel's choice (measured: docs/diagnose.md "Masks in 16 bits")."""
     compute = precision.compute_dtype
     return AttentionMask(float(jnp.finfo(compute).min), compute, compute)
 
@@ -325,57 +253,51 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask:
 def attention(info, net):
     spec, path = info.spec, info.path
     length, dim = info.in_shape
-    heads, head_dim = spec.heads, dim // spec.heads
-    scale = math.sqrt(head_dim)
-    dropped = spec.dropout > 0
+    heads, head_dim, dropped = spec.heads, dim // spec.heads, spec.dropout > 0
     net.attention[path] = "unfused (attention dropout: the core's masks)" if dropped else "unfused"
     net.products += [f"{path}.{name}" for name in ("query", "key", "value", "output")]
 
-    def project(x, name, run):  # a dense layer of the compute dtype: [N, T, D] -> [N, T, H, Dh]
-        out = product(net, jnp.matmul, x, run.params[f"{path}.{name}_kernel"], run, f"{path}.{name}")
-        if spec.use_bias:
-            out = add_bias(out, run.params[f"{path}.{name}_bias"].astype(net.compute))
-        return out
+    def project(x, name, run):  # a dense layer of the compute dtype
+        return product(net, jnp.matmul, x, run, f"{path}.{name}", f"{path}.{name}_kernel",
+                       f"{path}.{name}_bias" if spec.use_bias else None)
 
     def apply(x, run):
         x = x.astype(net.compute)
-        split = lambda value: value.reshape(*value.shape[:-1], heads, head_dim)  # noqa: E731
-        q, k, v = (split(project(x, name, run)) for name in ("query", "key", "value"))
-        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / scale  # [N, H, T, T], scaled before the softmax
-        if spec.causal:
-            scores = jnp.where(_causal_blocked(length), jnp.finfo(scores.dtype).min, scores)
+        q, k, v = (project(x, name, run).reshape(*x.shape[:-1], heads, head_dim) for name in ("query", "key", "value"))
+        # [N, T, H, Dh] -> [N, H, T, T], scaled before the softmax
+        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(head_dim)
+        if spec.causal:  # where key j is after query i, Flax's big_neg: exp of it less the row's maximum is exactly
+            # 0 in every dtype, as -inf's would be (a causal row always keeps j = i)
+            blocked = jnp.triu(jnp.ones((length, length), bool), k=1)
+            scores = jnp.where(blocked, jnp.finfo(scores.dtype).min, scores)
         probs = jax.nn.softmax(scores, axis=-1)  # over the keys
         if dropped and run.training:
             if run.masks is None or path not in run.masks:
                 raise HarnessError(f"attention layer {path}: no attention dropout mask was given with the batch")
             probs = probs * run.masks[path].astype(probs.dtype) / (1 - spec.dropout)
         out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(x.shape)  # the heads concatenated in head order
-        out = product(net, jnp.matmul, out, run.params[f"{path}.output_kernel"], run, f"{path}.output")
-        return add_bias(out, run.params[f"{path}.output_bias"].astype(net.compute)) if spec.use_bias else out
+        return project(out, "output", run)
 
     return apply
 
 
 @LAYERS.builder("sequence_pool")
 def sequence_pool(info, net):
-    mode = info.spec.mode
-    if mode == "mean":
+    if info.spec.mode == "mean":
         return lambda x, run: x.mean(axis=1)
-    position = 0 if mode == "first" else -1
-    return lambda x, run: x[:, position]
+    return lambda x, run: x[:, 0 if info.spec.mode == "first" else -1]
 
 
 @LAYERS.builder("patches")
 def patches(info, net):
-    size, kernel, bias = info.spec.size, f"{info.path}.kernel", f"{info.path}.bias"
-    net.products.append(info.path)
+    size, path = info.spec.size, info.path
+    multiply = convolution((size, size), [(0, 0), (0, 0)])
+    net.products.append(path)
 
     def apply(x, run):  # a conv2d of kernel and stride P, 'valid': [N, H/P, W/P, D], then the patches row-major
-        x = product(net, lambda x, k: lax.conv_general_dilated(x, k, (size, size), [(0, 0), (0, 0)],
-                                                               dimension_numbers=CONV_DIMENSIONS),
-                    x, run.params[kernel], run, info.path)
+        x = product(net, multiply, x, run, path, f"{path}.kernel")
         x = x.reshape(x.shape[0], -1, x.shape[-1])
-        return add_bias(x, run.params[bias].astype(net.compute))
+        return add_bias(x, run.params[f"{path}.bias"].astype(net.compute))
 
     return apply
 
@@ -384,35 +306,23 @@ def patches(info, net):
 def residual(info, net):
     main = net.build(info.spec.layers, f"{info.path}.layers.")
     projection = net.build(info.spec.projection, f"{info.path}.projection.") if info.spec.projection else None
-
-    def apply(x, run):
-        return net.run(main, x, run) + (net.run(projection, x, run) if projection else x)
-
-    return apply
+    return lambda x, run: net.run(main, x, run) + (net.run(projection, x, run) if projection else x)
 
 
 class Network:
     def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None):
-        self.spec, self.compute, self.fp8 = spec, jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
+        self.compute, self.fp8 = jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
         self.infos = {info.path: info for info in graph.layers}
-        #: the trainable weights' canonical names; batchnorm's moving statistics are state, not parameters
-        self.trainable = [n for n in graph.param_shapes() if not n.rsplit(".", 1)[1].startswith("moving_")]
-        self.statistics = [n for n in graph.param_shapes() if n.rsplit(".", 1)[1].startswith("moving_")]
-        #: how each attention layer computes (canonical path -> a short name), filled by its builder
-        self.attention: dict[str, str] = {}
+        self.trainable = list(graph.trainable_shapes())
+        self.statistics = [n for n in graph.param_shapes() if n not in self.trainable]
+        self.attention: dict[str, str] = {}  # how each attention layer computes (path -> a short name), by its builder
         self.products: list[str] = []  # the matmuls' names (product's sites), filled by the builders
         self.layers = self.build(spec.layers, "")
 
     def fp8_histories(self) -> dict[str, jnp.ndarray]:
-        """The delayed FP8 recipe's amax histories, empty (zeros), by their state names (fp8_key): state, threaded
-        through the step with batchnorm's statistics; those of output gradients also differentiated (cast_gradient)."""
+        """The delayed FP8 recipe's amax histories, zeros, by their names (fp8_key): state, as batchnorm's is."""
         n = self.fp8.recipe.history if self.fp8 else 0
         return {fp8_key(site, role): jnp.zeros(n, jnp.float32) for site in self.products for role in ROLES} if n else {}
-
-    @staticmethod
-    def gradient_histories(state: dict) -> dict:
-        """The output gradients' amax histories among `state`, which the step differentiates to record them."""
-        return {name: value for name, value in state.items() if name.endswith(":output_gradient")}
 
     def build(self, specs, prefix: str) -> list[tuple[str, object]]:
         """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
@@ -420,10 +330,9 @@ class Network:
 
     def apply(self, params: dict, state: dict, x, masks: dict | None, training: bool, taps: dict | None = None,
               record: dict | None = None):
-        """(outputs, new batchnorm statistics). In training the statistics are updated and `masks` (the core's
-        dropout masks by path) applied; `taps` (zeros by layer path) are added to each layer's output, so that
-        differentiating with respect to them gives the gradient of the loss with respect to that output;
-        `record` receives each layer's output by path."""
+        """(outputs, new state). In training the state is updated and `masks` (the core's dropout masks by path)
+        applied; `taps` (zeros by layer path) are added to each layer's output, so that differentiating with
+        respect to them gives the loss's gradient with respect to that output; `record` gets each layer's output."""
         run = Run(params, dict(state), masks, training, taps, record)
         return self.run(self.layers, x, run), run.state
 

@@ -3,9 +3,7 @@
 The optimizers are written out rather than taken from optax: optax's Adam puts epsilon in the same place but
 its RMSprop has epsilon inside the square root only, its adamw decays whatever its mask says rather than the
 weights harness.model.optimizer.weight_decay names, and the hyper-parameters here stay Python floats, which
-JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64. The learning rate
-is an argument of every update: the spec's Python float when it is constant (the step compiles it in as a
-constant), or the step's scheduled rate as a traced scalar (one compiled step for every rate).
+JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64.
 """
 from __future__ import annotations
 
@@ -15,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from harness.model.optimizer import weight_decay
-from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
+from harness.model.training import ClipOps, LossOps, clip_factor_with
+
+_map = jax.tree.map
 
 
 class Optimizer(NamedTuple):
@@ -28,34 +28,26 @@ def bind(init: Callable, update: Callable, params) -> Optimizer:
     return Optimizer(update, jax.block_until_ready(jax.jit(init)(params)))
 
 
-def _map(fn, *trees):
-    return jax.tree.map(fn, *trees)
-
-
-def make_optimizer(spec, params) -> Optimizer:
-    """The spec's optimizer over `params` (canonical weight name -> array), with all its state."""
-    return bind(*_spec_optimizer(spec), params)
-
-
 def _as(value, dtype):
     """A Python float or a traced scalar in `dtype`: for a Python float, the constant it becomes, weakly typed,
     in an operation with an array of that dtype (a traced float32 rate would otherwise promote 16-bit weights)."""
     return jnp.asarray(value, dtype)
 
 
-def _spec_optimizer(spec) -> tuple[Callable, Callable]:
-    """(init, update) of the spec's optimizer."""
+def make_optimizer(spec, params) -> Optimizer:
+    """The spec's optimizer over `params` (canonical weight name -> array), with all its state."""
     if spec.type == "sgd":
         m = spec.momentum
         if m == 0:  # plain SGD keeps no state
-            return lambda params: {}, lambda g, s, p, lr: (_map(lambda p, g: p - _as(lr, p.dtype) * g, p, g), s)
+            return bind(lambda w: {}, lambda g, s, p, lr: (_map(lambda p, g: p - _as(lr, p.dtype) * g, p, g), s),
+                        params)
 
         def sgd(grads, state, params, lr):
             buf = _map(lambda b, g: m * b + g, state["momentum"], grads)
             step = _map(lambda g, b: g + m * b, grads, buf) if spec.nesterov else buf
             return _map(lambda p, d: p - _as(lr, p.dtype) * d, params, step), {"momentum": buf}
 
-        return lambda params: {"momentum": _map(jnp.zeros_like, params)}, sgd
+        return bind(lambda w: {"momentum": _map(jnp.zeros_like, w)}, sgd, params)
     if spec.type in ("adam", "adamw"):
         b1, b2, eps = spec.beta_1, spec.beta_2, spec.epsilon
 
@@ -78,8 +70,8 @@ def _spec_optimizer(spec) -> tuple[Callable, Callable]:
             new_params = {name: apply(name, p, mu[name], nu[name]) for name, p in params.items()}
             return new_params, {"count": count, "m": mu, "v": nu}
 
-        return (lambda params: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, params),
-                                "v": _map(jnp.zeros_like, params)}), adam
+        return bind(lambda w: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, w),
+                               "v": _map(jnp.zeros_like, w)}, adam, params)
     rho, eps, inside = spec.rho, spec.epsilon, spec.epsilon_placement == "inside"
 
     def rmsprop(grads, state, params, lr):
@@ -87,13 +79,12 @@ def _spec_optimizer(spec) -> tuple[Callable, Callable]:
         denom = _map(lambda v: jnp.sqrt(v + eps) if inside else jnp.sqrt(v) + eps, sq)
         return _map(lambda p, g, d: p - _as(lr, p.dtype) * (g / d), params, grads, denom), {"square_avg": sq}
 
-    return lambda params: {"square_avg": _map(jnp.zeros_like, params)}, rmsprop
+    return bind(lambda w: {"square_avg": _map(jnp.zeros_like, w)}, rmsprop, params)
 
 
 def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
-    """The gradients times the spec's clipping factor (harness.model.training), their global norm taken in float32
-    for 16-bit gradients (float64 in a float64 run). `finite`: the loss scaler's verdict; a step it skips is left
-    unclipped (its update is discarded). The clipped gradients in `dtype` (default their own)."""
+    """The gradients times the spec's clipping factor (harness.model.training.clip_factor_with, `finite` the loss
+    scaler's verdict), their norm in float32 at least; the clipped gradients in `dtype` (default their own)."""
     leaves = jax.tree.leaves(grads)
     acc = jnp.promote_types(leaves[0].dtype, jnp.float32)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(acc))) for g in leaves))
@@ -105,7 +96,6 @@ def _nll(logp, labels):
     return -jnp.take_along_axis(logp, labels[..., None], axis=-1).mean()
 
 
-# harness.model.training's primitives
 LOSS_OPS = LossOps(
     upcast=lambda x: x if x.dtype == jnp.float64 else x.astype(jnp.float32),
     softmax_cross_entropy=lambda out, labels: _nll(jax.nn.log_softmax(out, axis=-1), labels),
@@ -114,7 +104,3 @@ LOSS_OPS = LossOps(
     clip=jnp.clip, log=jnp.log, log1p=jnp.log1p, exp=jnp.exp, abs=jnp.abs, relu=jax.nn.relu, mean=jnp.mean,
 )
 CLIP_OPS = ClipOps(full_like=jnp.full_like, maximum=jnp.maximum, where=jnp.where, ones_like=jnp.ones_like)
-
-
-def loss_fn(spec, outputs, labels):
-    return loss_with(LOSS_OPS, spec, outputs, labels)

@@ -1,28 +1,14 @@
 """Trainer.profile for JAX: the jitted step's runs under jax.profiler, read back from the XSpace it writes.
 
-- What ran: on XLA:CPU the profiler records an event per executed HLO instruction (a thunk: a fusion, a
-  convolution, a copy...) on the host plane, with the instruction's name, its module's name and the executable's
-  program id. The XSpace also holds each loaded executable's optimised HLO module (the profiler's "Hlo Proto"), so
-  events are joined to the instructions of the very program that ran, not of a recompilation.
-- Scopes, dtypes and casts: harness.run.xla_profile reads the HLO modules and attributes each instruction by the
-  rules every XLA framework shares (fusions, the instructions XLA makes itself). The adapter names layers and
-  parts with jax.named_scope, which writes nothing but the ops' op_name metadata:
-  "jit(step)/jvp(layer.3)/conv_general_dilated" forward, "jit(step)/transpose(jvp(layer.3))/..." for the backward
-  ops JAX derives from them (BACKWARD_MARK); the step's arguments are named after the weights they hold
-  (params['0.kernel']), which is how a weight's gradient finds its layer.
-- Times: an instruction runs for its event or, if XLA:CPU runs it asynchronously (its convolutions: the event
-  only launches them on the thread pool), until it completes; where instructions overlap (XLA runs independent
-  ones on its threads at once) each instant is shared equally among those running, so that no time counts twice.
-  An instant in which no instruction ran but the runtime's own events were open (the jitted step's dispatch, the
-  thunk executor between instructions, handing back outputs) is the runtime's (RUNTIME_SCOPE), under the name of
-  the innermost such event. An annotation named after a scope is that scope's: while profiling, the adapter runs
-  train_step (its Python around the jitted call) in RUNTIME_SCOPE and the loss scaler's update on the host in
-  LOSS_SCALE_SCOPE.
+On XLA:CPU the profiler records an event per executed HLO instruction (a thunk) on the host plane, with the
+instruction's name, its module's name and the executable's program id. The XSpace also holds each loaded
+executable's optimised HLO module (the profiler's "Hlo Proto"), so events are joined to the instructions of the
+very program that ran, not of a recompilation, which harness.run.xla_profile attributes to scopes; the instants
+in which none ran go to the runtime's events or annotations (_timeline).
 """
 from __future__ import annotations
 
 import bisect
-import functools
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -42,16 +28,6 @@ NOTE = ("the timed runs' jitted step, compiled again before the profiled steps (
         "weight's layer), and overlapping instructions share the time")
 
 
-def annotated(function, scope: str):
-    """`function`, run in a profiler annotation (a host event) named `scope`."""
-    @functools.wraps(function)
-    def run(*args, **kwargs):
-        with jax.profiler.TraceAnnotation(scope):
-            return function(*args, **kwargs)
-
-    return run
-
-
 def profile_steps(trainer, run_steps) -> ProfiledOps:
     """Run the core's steps under jax.profiler and return every HLO instruction that ran, with its scopes."""
     weights = {f"{info.path}.{name}": layer_scope(info.path) for info in trainer.net.infos.values()
@@ -60,11 +36,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     options.python_tracer_level = 0  # no event per Python call (overhead): XLA's events are C++ ones
     options.enable_hlo_proto = True  # the executables' HLO modules, which the events are joined to
     with tempfile.TemporaryDirectory(prefix="amp-harness-jax-profile-") as log_dir:
-        jax.profiler.start_trace(log_dir, profiler_options=options)
-        try:
+        with jax.profiler.trace(log_dir, profiler_options=options):
             run_steps()
-        finally:
-            jax.profiler.stop_trace()
         found = list(Path(log_dir).glob("plugins/profile/*/*.xplane.pb"))
         if len(found) != 1:
             raise HarnessError(f"jax.profiler wrote {len(found)} XSpace files (*.xplane.pb), expected one")
@@ -81,29 +54,25 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         totals[key][1] += 1
     ops = []
     for key, (seconds, calls) in totals.items():
+        name, hlo = key[-1], modules.get(key[:2])
         if len(key) == 1:  # a runtime event (or a scope the adapter annotated): the instants no instruction ran in
             if seconds > 0:
-                scope = key[0] if SCOPE_TOKEN.fullmatch(key[0]) else RUNTIME_SCOPE
-                ops.append(OpTime(key[0], scope, seconds, calls=calls))
-            continue
-        module, program, name = key
-        hlo = modules.get((module, program))
-        if hlo is None or name not in hlo.by_name:  # not expected: its time is then "other", under its own name
+                ops.append(OpTime(name, name if SCOPE_TOKEN.fullmatch(name) else RUNTIME_SCOPE, seconds, calls=calls))
+        elif hlo is None or name not in hlo.by_name:  # not expected: its time is then "other", under its own name
             ops.append(OpTime(name, "", seconds, calls=calls))
-            continue
-        i = hlo.by_name[name]
-        scope, backward = hlo.owner(i, weights)
-        ops.append(OpTime(name, scope, seconds, backward=backward, cast=hlo.is_cast(i), calls=calls,
-                          inputs=hlo.inputs(i), outputs=hlo.by_id[i].dtypes))
+        else:
+            i = hlo.by_name[name]
+            scope, backward = hlo.owner(i, weights)
+            ops.append(OpTime(name, scope, seconds, backward=backward, cast=hlo.is_cast(i), calls=calls,
+                              inputs=hlo.inputs(i), outputs=hlo.by_id[i].dtypes))
     return ProfiledOps(f"jax.profiler (jax {jax.__version__}; XLA:CPU instruction events joined to the executable's "
                        f"HLO)", ops, NOTE)
 
 
 def _events(plane) -> tuple[list, list]:
-    """The host plane's events: HLO instructions as (start ns, end ns, ns of their "end: <instruction>" event or
-    None, (module, program id, instruction)), the end event being the one their flow leads to (the event's "_p"
-    stat, the end's "_c"); and the runtime's own (jit dispatch, the thunk executor, handing back outputs...) as
-    (start ns, end ns, (name,))."""
+    """The host plane's events: HLO instructions as (start ns, end ns, ns of the "end: <instruction>" event their
+    flow leads to (their "_p" stat, its "_c") or None, (module, program id, instruction)); the runtime's own (jit
+    dispatch, the thunk executor, handing back outputs...) as (start ns, end ns, (name,))."""
     started, finished, runtime = [], {}, []
     for line in plane.lines if plane is not None else ():
         for event in line.events:
@@ -124,11 +93,9 @@ def _intervals(instructions: list, modules: dict) -> list[tuple[int, int, tuple]
     asynchronously (ASYNC: the event only launches them on the thread pool, whose threads record nothing), which
     end at the first start of an instruction using their result or at their end event, whichever comes first (the
     end event comes once the completion callback has also run the successors it runs inline)."""
-    starts = defaultdict(list)
-    for start, _, _, key in instructions:
+    starts = defaultdict(list)  # each instruction's starts, in order
+    for start, _, _, key in sorted(instructions, key=lambda event: event[0]):
         starts[key].append(start)
-    for times in starts.values():
-        times.sort()
     intervals = []
     for start, end, finished, key in instructions:
         hlo = modules.get(key[:2])

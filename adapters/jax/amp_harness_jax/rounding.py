@@ -1,6 +1,5 @@
 """harness.rounding's primitives in JAX (RoundingOps: bit-casts through lax.bitcast_convert_type), and the
-optimizer that computes its update in float32 and writes the new weights by the core's rules (the precisions
-with a `rounding`)."""
+optimizer of the precisions with a `rounding`."""
 from __future__ import annotations
 
 import jax
@@ -49,14 +48,12 @@ OPS = RoundingOps(
 
 def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optimizer:
     """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
-    gradients and state stored in 16 bits. `update` takes the step's learning rate (a Python float or a traced
-    float32 scalar) and a fifth argument: the core's bits by weight name (fingerprint runs), or None to draw them
-    from the seed and the step count (timed runs)."""
+    gradients and state stored in 16 bits; `update` also takes the core's bits by weight name (fingerprint runs),
+    or None to draw them from the seed and the step count (timed runs)."""
     slots, key = rounded_slots(spec, rounding), jax.random.key(seed)
 
     def init(params):
-        return {"count": jnp.zeros((), jnp.int32),
-                **{slot: {n: jnp.zeros_like(p) for n, p in params.items()} for slot in slots}}
+        return {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
 
     def update(grads, state, params, lr, bits=None):
         count = state["count"] + 1
