@@ -19,7 +19,6 @@ from harness.model.optimizer import scheduled
 from harness.model.training import loss_with
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
-from harness.run.measure import cpu_info
 
 
 class JaxAdapter(Adapter):
@@ -53,13 +52,11 @@ class JaxAdapter(Adapter):
                            "memory_gb": round(stats.get("bytes_limit", 0) / 2**30, 1) or None})
         if requested == "gpu":
             raise HarnessError("--device gpu: JAX sees no GPU (is this a CPU-only jaxlib? install jax[cuda12])")
-        return Device("cpu", "cpu", cpu_info()[0])
+        return Device.cpu()
 
     def free_memory_mb(self, device: Device) -> float | None:
         import jax
 
-        if device.kind != "gpu":
-            return None
         stats = jax.devices("gpu")[0].memory_stats() or {}  # the device device() chose
         if "bytes_limit" not in stats or "bytes_in_use" not in stats:
             return None  # a backend without allocator statistics
@@ -96,6 +93,8 @@ class JaxAdapter(Adapter):
 
 
 class JaxTrainer(Trainer):
+    network_module = "amp_harness_jax.network"  # its attention_mask
+
     def configure(self, spec, precision, device, variant):
         import jax
 
@@ -122,11 +121,6 @@ class JaxTrainer(Trainer):
         self.statistics = {n: self._put(weights[n], self.param_dtype) for n in net.statistics}
         self.statistics.update(net.fp8_histories())
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
-
-    def attention_mask(self, info, precision, device_kind):
-        from amp_harness_jax.network import attention_mask
-
-        return attention_mask(info, precision, device_kind)
 
     def build_optimizer(self, optimizer):
         from amp_harness_jax.optimizers import make_optimizer
