@@ -526,10 +526,14 @@ class Adapter(ABC):
     def build(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
               loss_scale: LossScale, device: Device, variant: str) -> Trainer: ...
 
+    #: the adapter's rounding module (an import path), whose OPS is rounding_ops'; None: none
+    rounding_module: str | None = None
+
     def rounding_ops(self) -> RoundingOps | None:
-        """The framework's primitives that harness.rounding's rules are written with (the adapter's rounding.py
-        fills them; import the framework inside). None: the adapter has no rounding precisions."""
-        return None
+        """The framework's primitives that harness.rounding's rules are written with (the rounding module's OPS,
+        `rounding_module`: the built-in adapters' rounding.py fills them). None: the adapter has no rounding
+        precisions."""
+        return None if self.rounding_module is None else import_module(self.rounding_module).OPS
 
     def write_weights(self, precision: Precision, x: np.ndarray, bits: np.ndarray | None,
                       device: Device) -> np.ndarray | None:

@@ -31,6 +31,7 @@ import re
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
+from harness.adapter import OpTime
 from harness.errors import HarnessError
 
 # xla_data.proto's PrimitiveType numbers of the floating-point types
@@ -169,6 +170,14 @@ class Module:
 
     def inputs(self, i: int) -> tuple[str, ...]:
         return tuple(dtype for j in self.by_id[i].operands for dtype in self.by_id[j].dtypes)
+
+    def op_time(self, name: str, seconds: float, calls: int, weights: dict[str, str], op: str | None = None) -> OpTime:
+        """The instruction `name` that ran `calls` times for `seconds`, as the profile's op (named `op`, default
+        `name`): its owner's scope and pass, whether it is a cast, and its operands' and results' dtypes."""
+        i = self.by_name[name]
+        scope, backward = self.owner(i, weights)
+        return OpTime(op or name, scope, seconds, backward=backward, cast=self.is_cast(i), calls=calls,
+                      inputs=self.inputs(i), outputs=self.by_id[i].dtypes)
 
 
     def scope(self, op_name: str) -> tuple[str, bool]:

@@ -23,6 +23,7 @@ from harness.rounding import round_nearest_with
 
 class JaxAdapter(Adapter):
     name = "jax"
+    rounding_module = "amp_harness_jax.rounding"  # its OPS: harness.rounding's primitives
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
     capabilities = Capabilities(no_fp8=None,
                                 no_fp8_native="runs FP8 emulated only: a dot_general of float8 operands is not "
@@ -71,11 +72,6 @@ class JaxAdapter(Adapter):
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
-
-    def rounding_ops(self):
-        from amp_harness_jax.rounding import OPS
-
-        return OPS
 
     def matmul(self, shape, dtype, device):
         import jax

@@ -61,10 +61,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         elif hlo is None or name not in hlo.by_name:  # not expected: its time is then "other", under its own name
             ops.append(OpTime(name, "", seconds, calls=calls))
         else:
-            i = hlo.by_name[name]
-            scope, backward = hlo.owner(i, weights)
-            ops.append(OpTime(name, scope, seconds, backward=backward, cast=hlo.is_cast(i), calls=calls,
-                              inputs=hlo.inputs(i), outputs=hlo.by_id[i].dtypes))
+            ops.append(hlo.op_time(name, seconds, calls, weights))
     return ProfiledOps(f"jax.profiler (jax {jax.__version__}; XLA:CPU instruction events joined to the executable's "
                        f"HLO)", ops, NOTE)
 

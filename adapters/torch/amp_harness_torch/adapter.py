@@ -20,6 +20,7 @@ NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead 
 
 class TorchAdapter(Adapter):
     name = "torch"
+    rounding_module = "amp_harness_torch.rounding"  # its OPS: harness.rounding's primitives
     variants = {  # channels-last first: the fast layout for oneDNN on CPU and for tensor cores
         "channels_last": "eager, image activations in channels-last (NHWC) memory",
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
@@ -64,11 +65,6 @@ class TorchAdapter(Adapter):
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TorchTrainer(spec, graph, weights, precision, loss_scale, device, variant)
-
-    def rounding_ops(self):
-        from amp_harness_torch.rounding import OPS
-
-        return OPS
 
     def import_model(self, target, input_shape, options):  # `amp-harness import torch` (importer.py)
         try:
