@@ -4,17 +4,8 @@ Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in, out] a
 flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
 load without conversion. Token ids stay int64 from the input to Keras' Embedding (ops.take on the float32 table).
 
-Attention: SelfAttention below, Keras' fused ops.dot_product_attention where the layer has no dropout, the math
-written out in keras.ops with the core's masks where it has (as keras.layers.MultiHeadAttention itself switches).
 Under the mixed policies (measured from the traced graphs, Keras 3.15 on TensorFlow 2.21; the layers compute in
-the policy's float16/bfloat16, with float32 variables cast on read, unless said):
-- ops.dot_product_attention multiplies q k^T in the compute dtype, then casts the scores to
-  result_type(compute dtype, float32) = float32: the scale, the causal mask (tf.where with -0.7 * 3.38953e38 =
-  -2.37e38 in float32, never -inf; the float16 constant -0.7 * 65500 only for float16 scores, which this path
-  never has) and the softmax run in float32; the probabilities go back to the compute dtype before p v.
-- the unfused path (attention dropout) scales, masks (-inf) and takes the softmax in the compute dtype, as
-  MultiHeadAttention's explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else:
-  -9.98e8 once rounded to bfloat16).
+the policy's float16/bfloat16, with float32 variables cast on read, unless said; attention: SelfAttention):
 - keras.layers.Softmax (the spec's softmax) runs in the compute dtype: float16 / bfloat16 in and out.
 - LayerNormalization (autocast off) and ops.rms_normalization (the spec's rmsnorm) compute in float32 (moments,
   rsqrt) and return the compute dtype; rmsnorm's gamma is read cast to the compute dtype first, layernorm's is not.
@@ -34,24 +25,41 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from harness.adapter import layer_scope
+from harness.adapter import as_output, layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
 
-class GELU(keras.layers.Layer):
+TOKEN_DTYPE = "int64"  # never a float: bfloat16 holds integers exactly up to 256 only
+LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
+
+
+class CanonicalLayer(keras.layers.Layer):
+    """A layer of this adapter's own, built from its LayerInfo: named by its scope, keeping the spec's layer (`spec`)
+    and holding the core's canonical weights as attributes named as they are (`query_kernel`, `embeddings`...),
+    created holding them (_given)."""
+
+    def __init__(self, info, net, **kwargs):
+        super().__init__(name=layer_scope(info.path), **kwargs)
+        self.spec = info.spec
+        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
+                           for param, shape in info.params.items()]
+
+    def build(self, input_shape):
+        for param, shape, initializer in self._canonical:
+            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
+
+
+@LAYERS.builder("gelu")
+class GELU(CanonicalLayer):
     """GELU with its constants in the compute dtype: Keras' (tf.nn.gelu) rounds them to float32 first,
     which an fp64 run must not."""
 
-    def __init__(self, approximate: bool, **kwargs):
-        super().__init__(**kwargs)
-        self.approximate = approximate
-
     def call(self, x):
         c = lambda v: ops.convert_to_tensor(v, dtype=x.dtype)  # noqa: E731
-        if self.approximate:
+        if self.spec.approximate:
             inner = c(math.sqrt(2 / math.pi)) * (x + c(0.044715) * x * x * x)
             return c(0.5) * x * (c(1.0) + ops.tanh(inner))
         return c(0.5) * x * (c(1.0) + ops.erf(x / c(math.sqrt(2.0))))
@@ -62,54 +70,33 @@ def _dropped(x, mask, rate: float):
     return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - rate, dtype=x.dtype)
 
 
-class MaskedDropout(keras.layers.Layer):
-    """Dropout with the core's mask (harness.model.dropout), a second input of the training model."""
-
-    def __init__(self, rate: float, **kwargs):
-        super().__init__(**kwargs)
-        self.rate = rate
+@LAYERS.builder("dropout")
+class MaskedDropout(CanonicalLayer):
+    """Dropout with the core's mask (harness.model.dropout), a second input of the training model: called as
+    layer(x, mask), _apply passing the mask."""
 
     def call(self, x, mask):
-        return _dropped(x, mask, self.rate)
+        return _dropped(x, mask, self.spec.rate)
 
 
-class CanonicalLayer(keras.layers.Layer):
-    """A layer of this adapter's own, holding the core's canonical weights as attributes named as they are
-    (`query_kernel`, `embeddings`...), created holding them (_given)."""
-
-    def __init__(self, info, net, **kwargs):
-        super().__init__(name=layer_scope(info.path), **kwargs)
-        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
-                           for param, shape in info.params.items()]
-
-    def build(self, input_shape):
-        for param, shape, initializer in self._canonical:
-            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
-
-
+@LAYERS.builder("position_embedding")
 class PositionEmbedding(CanonicalLayer):
     def call(self, x):  # the table's first T rows, autocast to the compute dtype by the policy
         return x + self.embeddings[:x.shape[1]]
 
 
+@LAYERS.builder("rmsnorm")
 class RMSNorm(CanonicalLayer):
-    def __init__(self, info, net, **kwargs):
-        super().__init__(info, net, **kwargs)
-        self.epsilon = info.spec.epsilon
-
     def call(self, x):  # Keras' own op: x * rsqrt(mean(x^2) + epsilon) * scale, in at least float32
-        return ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.epsilon)
+        return ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.spec.epsilon)
 
 
-class SequencePool(keras.layers.Layer):
-    def __init__(self, mode: str, **kwargs):
-        super().__init__(**kwargs)
-        self.mode = mode
-
+@LAYERS.builder("sequence_pool")
+class SequencePool(CanonicalLayer):
     def call(self, x):
-        if self.mode == "mean":
+        if self.spec.mode == "mean":
             return ops.mean(x, axis=1)
-        return x[:, 0] if self.mode == "first" else x[:, -1]
+        return x[:, 0] if self.spec.mode == "first" else x[:, -1]
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
@@ -150,13 +137,16 @@ class Fp8Casts:
 
 
 class _Fp8Product:
-    """A Keras Dense or Conv2D whose product (`product`) is FP8's (Fp8Casts.product), the bias added after."""
+    """A Keras Dense or Conv2D whose product (`product`) is FP8's under an FP8 policy (`fp8`; Fp8Casts.product),
+    the bias added after; Keras' own call without one."""
 
-    def __init__(self, *args, fp8, **kwargs):
+    def __init__(self, *args, fp8=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fp8 = Fp8Casts(fp8)
+        self.fp8 = Fp8Casts(fp8) if fp8 else None
 
     def call(self, x, training=None):
+        if self.fp8 is None:
+            return super().call(x)
         y = self.fp8.product(self.product, x, self.kernel, training)
         return y + self.bias if self.use_bias else y
 
@@ -170,20 +160,12 @@ class Fp8Conv2D(_Fp8Product, keras.layers.Conv2D):
         return self.convolution_op(x, kernel)
 
 
-class Patches(keras.layers.Conv2D):
+class Patches(Fp8Conv2D):
     """The spec's patch embedding: a conv2d of kernel and stride P ('valid'), whose [N, H/P, W/P, D] output read
-    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one); under
-    FP8 (`fp8`, the policy) its product is FP8's."""
-
-    def __init__(self, *args, fp8=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fp8 = Fp8Casts(fp8) if fp8 else None
+    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one)."""
 
     def call(self, x, training=None):
-        if self.fp8 is None:
-            out = super().call(x)
-        else:
-            out = self.fp8.product(self.convolution_op, x, self.kernel, training) + self.bias
+        out = super().call(x, training)
         return ops.reshape(out, (-1, out.shape[1] * out.shape[2], out.shape[3]))
 
     def compute_output_shape(self, input_shape):
@@ -205,10 +187,8 @@ def attention_implementation(spec) -> str:
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
     """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    docs/diagnose.md "Masks in 16 bits"). Fused: ops.dot_product_attention casts the scores to result_type(compute
-    dtype, float32), float32 for 16-bit inputs, and tf.where puts Keras' large negative there (KERAS_LARGE_NEGATIVE,
-    -2.37e38, never -inf); its softmax runs in float32. Unfused: -inf, and ops.softmax, in the compute dtype. The same
-    on any device (Keras' TensorFlow backend takes this path everywhere)."""
+    docs/diagnose.md "Masks in 16 bits"; SelfAttention says where each comes from). The same on any device (Keras'
+    TensorFlow backend takes this path everywhere)."""
     compute = precision.compute_dtype
     if attention_implementation(info.spec) == FUSED:
         wide = "float64" if compute == "float64" else "float32"
@@ -219,15 +199,22 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask:
 PROJECTIONS = ("query", "key", "value", "output")
 
 
+@LAYERS.builder("attention")
 class SelfAttention(CanonicalLayer):
-    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec).
+    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec), switching as
+    keras.layers.MultiHeadAttention does (measured under the mixed policies, Keras 3.15 on TensorFlow 2.21):
 
-    Without dropout: Keras' own fused op, ops.dot_product_attention (on TensorFlow an einsum, the scale, a
-    tf.where mask and a softmax, with the scores in result_type(compute dtype, float32): float32 under the mixed
-    policies, float64 in fp64 runs); the scale goes in as a tensor of that dtype, since the op casts a Python float
-    through float32 (inexact in fp64). With dropout, which the fused op would draw itself, the same math written
-    out in keras.ops in the compute dtype with the core's mask [N, H, T, T] (a second input in training):
-    scores scaled before the softmax, -inf where j > i when causal, softmax over keys, p * mask / (1 - rate)."""
+    - without dropout, Keras' own fused op, ops.dot_product_attention (on TensorFlow an einsum, the scale, a
+      tf.where mask and a softmax): q k^T in the compute dtype, then the scores cast to result_type(compute dtype,
+      float32), float32 (float64 in fp64 runs), for the scale, the causal mask (KERAS_LARGE_NEGATIVE, never -inf;
+      the float16 constant -0.7 * 65500 only for float16 scores, which this path never has) and the softmax; the
+      probabilities go back to the compute dtype before p v. The scale goes in as a tensor of the scores' dtype,
+      since the op casts a Python float through float32 (inexact in fp64).
+    - with dropout, which the fused op would draw itself, the same math written out in keras.ops in the compute
+      dtype with the core's mask [N, H, T, T] (a second input in training: called as layer(x, mask)): scores
+      scaled, -inf where j > i when causal, softmax over keys, p * mask / (1 - rate), as MultiHeadAttention's
+      explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else: -9.98e8 once
+      rounded to bfloat16)."""
 
     def __init__(self, info, net, **kwargs):
         super().__init__(info, net, **kwargs)
@@ -273,10 +260,6 @@ def _given(weights: dict[str, np.ndarray], name: str):
     return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
 
 
-TOKEN_DTYPE = "int64"  # never a float: bfloat16 holds integers exactly up to 256 only
-LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
-
-
 def _named(info, net) -> dict:
     """A layer's name and weight initialisers. The name is its name scope in the graph, which is how a profile
     finds a layer's ops (weights are mapped by variable, not by name)."""
@@ -286,41 +269,32 @@ def _named(info, net) -> dict:
 
 @LAYERS.builder("dense")
 def dense(info, net):
-    fp8 = {"fp8": net.fp8} if net.fp8 else {}
-    return (Fp8Dense if net.fp8 else keras.layers.Dense)(info.spec.units, use_bias=info.spec.use_bias,
-                                                         **_named(info, net), **fp8)
+    return Fp8Dense(info.spec.units, use_bias=info.spec.use_bias, fp8=net.fp8, **_named(info, net))
 
 
 @LAYERS.builder("conv2d")
 def conv2d(info, net):
     spec = info.spec
-    fp8 = {"fp8": net.fp8} if net.fp8 else {}
-    return (Fp8Conv2D if net.fp8 else keras.layers.Conv2D)(spec.filters, spec.kernel_size, strides=spec.strides,
-                                                           padding=spec.padding, use_bias=spec.use_bias,
-                                                           **_named(info, net), **fp8)
+    return Fp8Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
+                     use_bias=spec.use_bias, fp8=net.fp8, **_named(info, net))
 
 
-@LAYERS.builder("maxpool2d")
-def maxpool2d(info, net):
+@LAYERS.builder("maxpool2d", "avgpool2d")
+def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as the spec says
     spec = info.spec
-    return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
+    pool = keras.layers.MaxPooling2D if info.type == "maxpool2d" else keras.layers.AveragePooling2D
+    return pool(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
 
 
-@LAYERS.builder("avgpool2d")
-def avgpool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as the spec says
-    spec = info.spec
-    return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding,
-                                         **_named(info, net))
+# the layers Keras builds from their name alone; residual's Add is called as layer([main, shortcut]) (_apply runs
+# the block's branches)
+NAMED_ONLY = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
+              "residual": keras.layers.Add}
 
 
-@LAYERS.builder("global_avgpool2d")
-def global_avgpool2d(info, net):
-    return keras.layers.GlobalAveragePooling2D(**_named(info, net))
-
-
-@LAYERS.builder("flatten")
-def flatten(info, net):
-    return keras.layers.Flatten(**_named(info, net))
+@LAYERS.builder(*NAMED_ONLY)
+def named_only(info, net):
+    return NAMED_ONLY[info.type](**_named(info, net))
 
 
 @LAYERS.builder("relu", "tanh", "sigmoid")
@@ -331,11 +305,6 @@ def activation(info, net):
 @LAYERS.builder("softmax")
 def softmax(info, net):
     return keras.layers.Softmax(axis=-1, **_named(info, net))
-
-
-@LAYERS.builder("gelu")
-def gelu(info, net):
-    return GELU(info.spec.approximate, **_named(info, net))
 
 
 @LAYERS.builder("batchnorm")
@@ -349,46 +318,16 @@ def layernorm(info, net):
     return keras.layers.LayerNormalization(axis=-1, epsilon=info.spec.epsilon, **_named(info, net))
 
 
-@LAYERS.builder("dropout")
-def dropout(info, net):  # called as layer(x, mask): _apply passes the core's mask
-    return MaskedDropout(info.spec.rate, **_named(info, net))
-
-
 @LAYERS.builder("embedding")
 def embedding(info, net):  # the ids stay integer: Keras' own lookup (ops.take), its output in the compute dtype
     vocab, dim = info.params["embeddings"]
     return keras.layers.Embedding(vocab, dim, **_named(info, net))
 
 
-@LAYERS.builder("position_embedding")
-def position_embedding(info, net):
-    return PositionEmbedding(info, net)
-
-
-@LAYERS.builder("attention")
-def attention(info, net):  # called as layer(x, mask) in training with attention dropout: _apply passes the mask
-    return SelfAttention(info, net)
-
-
-@LAYERS.builder("rmsnorm")
-def rmsnorm(info, net):
-    return RMSNorm(info, net)
-
-
-@LAYERS.builder("sequence_pool")
-def sequence_pool(info, net):
-    return SequencePool(info.spec.mode, **_named(info, net))
-
-
 @LAYERS.builder("patches")
 def patches(info, net):
     size = info.spec.size
     return Patches(info.spec.dim, size, strides=size, padding="valid", fp8=net.fp8, **_named(info, net))
-
-
-@LAYERS.builder("residual")
-def residual(info, net):  # called as layer([main, shortcut]): _apply runs the block's branches
-    return keras.layers.Add(**_named(info, net))
 
 
 def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict | None = None):
@@ -401,12 +340,9 @@ def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict
             shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, record) \
                 if spec.projection else x
             x = layers[path]([main, shortcut])
-        elif spec.type == "dropout":
-            if masks is not None and path in masks:
-                x = layers[path](x, masks[path])
-        elif spec.type == "attention" and masks is not None and path in masks:
+        elif masks is not None and path in masks:  # a dropout's (or attention dropout's) mask, in training
             x = layers[path](x, masks[path])
-        else:
+        elif spec.type != "dropout":  # a dropout without its mask drops nothing
             x = layers[path](x)
         if record is not None:
             record[path] = x
@@ -448,5 +384,4 @@ class Network:
         return outputs, out
 
     def canonical_weights(self) -> dict[str, np.ndarray]:
-        values = {name: keras.ops.convert_to_numpy(v) for name, v in self.variables.items()}
-        return {name: v if v.dtype == np.float64 else v.astype(np.float32) for name, v in values.items()}
+        return {name: as_output(keras.ops.convert_to_numpy(v)) for name, v in self.variables.items()}
