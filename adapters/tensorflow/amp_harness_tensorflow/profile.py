@@ -22,10 +22,9 @@ function was traced; the trace records none). Three kinds of time get their scop
 XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
 and the profile carries the program's HLO, whose instructions keep the TensorFlow op they came from (op_name, with
 its scopes; GradientTape's "gradient_tape/" marks a backward op) and their operands' and results' dtypes. The
-instructions' scopes, dtypes and casts are read by harness.run.xla_profile, by the rules JAX's profile follows too
-(fusions, the instructions XLA adds: a layout transpose, the indices of a max-pool gradient, a float16 convolution
-redone in float32). XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their
-times can add up to more than the step.
+instructions' scopes, dtypes and casts are read by harness.run.xla_profile's rules, which JAX's profile follows too.
+XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their times can add up to more
+than the step.
 """
 from __future__ import annotations
 
@@ -34,6 +33,8 @@ import shutil
 import tempfile
 from bisect import bisect_left
 from collections import defaultdict
+from dataclasses import replace
+from os.path import commonprefix
 from pathlib import Path
 
 import tensorflow as tf
@@ -85,7 +86,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     if not graphs:
         raise HarnessError(f"TensorFlow's profile shows none of the step's functions running (it ran: "
                            f"{', '.join(sorted(ran)) or 'no function'})")
-    hlo = _hlo_modules(serialized)
+    # the XLA programs in the profile by module name (none for a graph step)
+    hlo = {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
     ops = []
     for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
         if key[0] == "hlo":
@@ -103,8 +105,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
         if executor_ps:  # the executor handling this node's tensors
-            ops.append(OpTime(op=PROCESS, scope=scope, seconds=executor_ps * 1e-12, backward=backward, calls=calls,
-                              **dtypes))
+            ops.append(replace(ops[-1], op=PROCESS, seconds=executor_ps * 1e-12, cast=False))
     if not hlo:
         dispatch_ps, calls = _dispatch(host, step.__name__)
         if calls:
@@ -115,9 +116,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
 
 
 def _dispatch(plane, function: str) -> tuple[int, int]:
-    """(picoseconds, calls) the calling thread spent in the tf.function's own trace event (named after the
-    function) outside the run of its graph: Python handling arguments and outputs and the eager runtime launching
-    the function, before any op starts and after the last ends."""
+    """(picoseconds, calls) of the runtime's dispatch: the calling thread's time in the tf.function's own trace
+    event (named after the function) outside the run of its graph, before any op starts and after the last ends."""
     total = calls = 0
     for line in plane.lines:
         spans: dict[str, list[tuple[int, int]]] = {function: [], GRAPH_RUN: []}
@@ -232,7 +232,7 @@ def _scope(node) -> str:
     if node.type != "AddN" or GRADIENT in scope.split("/"):
         return scope
     summed = [_scope(t.op).split("/") for t in node.inputs]
-    return "/".join(_shared(summed)) if all(GRADIENT in s for s in summed) else scope
+    return "/".join(commonprefix(summed)) if all(GRADIENT in s for s in summed) else scope
 
 
 def _base_type(op_type: str) -> str:
@@ -256,27 +256,12 @@ def _fused_root(node, op_type: str):
     return None
 
 
-def _hlo_modules(serialized: bytes) -> dict[str, xla_profile.Module]:
-    """The XLA programs in the profile by module name (none for a graph step)."""
-    return {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
-
-
 def _hlo_op(module: xla_profile.Module, name: str, seconds: float, calls: int) -> OpTime:
     """An instruction that ran, as an op named by XLA (the instruction's name without its number)."""
     i = module.by_name[name]
     scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
     return OpTime(op=re.sub(r"\.\d+$", "", name), scope=scope, seconds=seconds, backward=backward,
                   cast=module.is_cast(i), calls=calls, inputs=module.inputs(i), outputs=module.by_id[i].dtypes)
-
-
-def _shared(scopes: list[list[str]]) -> list[str]:
-    """The scopes all of `scopes` share, outermost first."""
-    shared = []
-    for parts in zip(*scopes):
-        if len(set(parts)) > 1:
-            break
-        shared.append(parts[0])
-    return shared
 
 
 def _floats(dtypes) -> tuple[str, ...]:
