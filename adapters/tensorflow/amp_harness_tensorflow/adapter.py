@@ -1,8 +1,5 @@
 """TensorFlow adapter: Keras 3 on the TensorFlow backend, keras.mixed_precision policies, Keras'
-LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step.
-
-Variants (`run --variant`): the step as a tf.function graph (the default), or compiled with XLA.
-"""
+LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step."""
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +19,6 @@ from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-
-def keras_policy(precision) -> tuple[str, str]:
-    """(Keras dtype policy, floatx) of a core precision: "mixed_float16" / "mixed_bfloat16" for mixed ones,
-    else the weights' dtype (pure fp16 is the old `"floatx": "float16"` keras.json setup)."""
-    policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
-    return policy, precision.param_dtype
 
 
 class TensorFlowAdapter(Adapter):
@@ -121,7 +111,10 @@ class TensorFlowTrainer(Trainer):
         self.tf, self.loss_fn = tf, loss_fn
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
-        self.policy, self.floatx = keras_policy(precision)
+        # the Keras dtype policy: "mixed_float16" / "mixed_bfloat16" for mixed precisions, else the weights' dtype
+        # (pure fp16 is the old `"floatx": "float16"` keras.json setup)
+        self.policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
+        self.floatx = precision.param_dtype
         # global, process-wide state: set before building (the runner gives each precision its own process)
         keras.config.set_floatx(self.floatx)
         keras.mixed_precision.set_global_policy(self.policy)
@@ -142,19 +135,21 @@ class TensorFlowTrainer(Trainer):
         return attention_mask(info, precision, device_kind)
 
     def build_optimizer(self, optimizer):
-        from amp_harness_tensorflow.optimizers import make_optimizer
+        from amp_harness_tensorflow.optimizers import OPTIMIZERS
 
-        self.spec_optimizer = make_optimizer(optimizer, self.trainable, self._trainable_names)
+        self.spec_optimizer = OPTIMIZERS[optimizer.type](optimizer, self._trainable_names)
+        self.spec_optimizer.build(self.trainable)  # every slot created now
 
     def build_rounded_optimizer(self, optimizer):
-        from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
+        from amp_harness_tensorflow.rounding import OPS, RoundedOptimizer
         from harness.rounding import round_nearest_with
 
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             for variable in self.trainable:
                 variable.assign(round_nearest_with(OPS, variable, self.rounding))
-        self.spec_optimizer = self.rounded = make_rounded_optimizer(optimizer, self.trainable, self._trainable_names,
-                                                                    self.rounding, self.rounding_seed)
+        self.spec_optimizer = self.rounded = RoundedOptimizer(optimizer, self._trainable_names, self.rounding,
+                                                              self.rounding_seed)
+        self.rounded.build(self.trainable)
 
     def build_step(self, spec, precision, loss_scale, variant):
         import keras
@@ -177,8 +172,7 @@ class TensorFlowTrainer(Trainer):
 
         def step(x, y, *masks, capture=False):
             """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update.
-            Name scopes mark the parts of a profile (the layers' are their names, the update's the optimizer's):
-            names in the graph, free at run time, and their gradients are named after them."""
+            The parts' name scopes are names in the graph, free at run time; their gradients are named after them."""
             with tf.GradientTape() as tape:
                 outputs = model([x, *masks] if masks else x, training=True)
                 with tf.name_scope(LOSS_SCOPE):
@@ -186,21 +180,21 @@ class TensorFlowTrainer(Trainer):
                 with tf.name_scope(LOSS_SCALE_SCOPE):
                     scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
             grads = [_dense(g) for g in tape.gradient(scaled, variables)]
-            if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
+            if fixed_scale:
+                def apply():
+                    optimizer.apply(grads, variables)
+                    return tf.constant(True)
+
+                with tf.name_scope(LOSS_SCALE_SCOPE):
+                    grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
+                    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+                    applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            else:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
                 with tf.name_scope(LOSS_SCALE_SCOPE) if self.scaler else contextlib.nullcontext():
                     unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
                         if capture and self.scaler else grads  # read before apply() moves the scale
                     optimizer.apply(grads, variables)
-                return (loss, tf.constant(True), unscaled) if capture else (loss, tf.constant(True))
-
-            def apply():
-                optimizer.apply(grads, variables)
-                return tf.constant(True)
-
-            with tf.name_scope(LOSS_SCALE_SCOPE):
-                grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
-                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-                applied = tf.cond(finite, apply, lambda: tf.constant(False))
+                applied, grads = tf.constant(True), unscaled
             return (loss, applied, grads) if capture else (loss, applied)
 
         self._step = tf.function(step, jit_compile=self.xla)
@@ -209,11 +203,10 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
 
     def framework_options(self, precision, variant):
-        tf = self.tf
         return {"xla": self.xla, "tf32": precision.tf32, "policy": self.policy, "floatx": self.floatx,
                 "loss_scaler": self.scaler, "train_step": "tf.function",
                 **({"attention": dict(self.net.attention)} if self.net.attention else {}),
-                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+                "inter_op_threads": self.tf.config.threading.get_inter_op_parallelism_threads()}
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
@@ -230,7 +223,7 @@ class TensorFlowTrainer(Trainer):
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         if self.spec_optimizer.scheduled_rate is not None:  # a variable the traced step reads: no retrace
-            self.spec_optimizer.set_rate(self.learning_rate())
+            self.spec_optimizer.scheduled_rate.assign(self.learning_rate())
         if capture is None:
             loss, self._applied = self._step(*batch)
         else:  # diagnose and fingerprint runs: the step's capturing twin
@@ -280,6 +273,3 @@ class TensorFlowTrainer(Trainer):
 
     def _memory_peak(self) -> int:
         return self.tf.config.experimental.get_memory_info("GPU:0")["peak"]
-
-    def _numpy(self, tensor) -> np.ndarray:
-        return tensor.numpy()

@@ -22,8 +22,8 @@ class SpecOptimizer(keras.optimizers.Optimizer):
     variable (decay_of) and the clipping of the gradients it is given (apply)."""
     SLOTS: tuple[str, ...] = ()
 
-    def __init__(self, spec, weight_names, name):
-        super().__init__(learning_rate=spec.learning_rate, name=name)
+    def __init__(self, spec, weight_names, name=None):
+        super().__init__(learning_rate=spec.learning_rate, name=name or f"spec_{spec.type}")
         self.spec = spec
         # by the order of the variables build is given: the decay harness.model.optimizer gives each weight
         self.decays = [weight_decay(spec, weight) for weight in weight_names]
@@ -42,10 +42,6 @@ class SpecOptimizer(keras.optimizers.Optimizer):
     def decay_of(self, variable) -> float:
         return self.decays[self._get_variable_index(variable)]
 
-    def set_rate(self, learning_rate: float) -> None:
-        """Before a step of a scheduled spec: the step's learning rate."""
-        self.scheduled_rate.assign(learning_rate)
-
     def rate(self, dtype):
         """The step's learning rate in `dtype`: the spec's constant converted directly, or the schedule's."""
         if self.scheduled_rate is None:
@@ -58,18 +54,14 @@ class SpecOptimizer(keras.optimizers.Optimizer):
         # run time
         with tf.name_scope(UPDATE_SCOPE):
             if self.spec.clip_norm is not None:
-                grads = clip_by_global_norm(grads, self.spec.clip_norm)
+                # the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients and float64
+                # for float64 ones: the update casts them to its own dtype
+                dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
+                grads = [tf.cast(g, dtype) for g in grads]
+                norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+                scale = clip_factor_with(CLIP_OPS, norm, self.spec.clip_norm)
+                grads = [g * scale for g in grads]
             return super().apply(grads, trainable_variables)
-
-
-def clip_by_global_norm(grads, clip_norm: float):
-    """Every gradient times the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients
-    and float64 for float64 ones: the update casts them to its own dtype."""
-    dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
-    grads = [tf.cast(g, dtype) for g in grads]
-    norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
-    scale = clip_factor_with(CLIP_OPS, norm, clip_norm)
-    return [g * scale for g in grads]
 
 
 def _const(value: float, like):
@@ -80,7 +72,7 @@ def _const(value: float, like):
 
 class SGD(SpecOptimizer):
     def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name="spec_sgd")
+        super().__init__(spec, weight_names)
         self.SLOTS = ("momentum",) if spec.momentum else ()  # plain SGD has no state
 
     def update_step(self, gradient, variable, learning_rate):
@@ -105,13 +97,9 @@ class Adam(SpecOptimizer):
     """Adam, and AdamW: the decay of the weights decay_of names."""
     SLOTS = ("m", "v")
 
-    def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name=f"spec_{spec.type}")
-
     def update_step(self, gradient, variable, learning_rate):
         spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
-        lr = self.rate(variable.dtype)
-        decay = self.decay_of(variable)
+        lr, decay = self.rate(variable.dtype), self.decay_of(variable)
         if decay:  # decoupled, of the weight before the update: p*(1 - lr*wd), then the kernel's Adam step
             self.assign(variable, variable * ops.cast(1 - self.rate(tf.float64) * decay, variable.dtype))
         t = ops.cast(self.iterations + 1, variable.dtype)
@@ -128,9 +116,6 @@ class Adam(SpecOptimizer):
 class RMSprop(SpecOptimizer):
     SLOTS = ("square_avg",)
 
-    def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name="spec_rmsprop")
-
     def update_step(self, gradient, variable, learning_rate):
         spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
         g = ops.cast(gradient, variable.dtype)
@@ -140,15 +125,7 @@ class RMSprop(SpecOptimizer):
         self.assign_sub(variable, self.rate(variable.dtype) * g / denom)
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}
-
-
-def make_optimizer(spec, variables, weight_names) -> keras.optimizers.Optimizer:
-    """The spec's optimizer over these trainable variables (canonically named `weight_names`), built: every slot
-    created now."""
-    optimizer = OPTIMIZERS[spec.type](spec, weight_names)
-    optimizer.build(variables)
-    return optimizer
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}  # each takes (spec, weight_names)
 
 
 def _nll(logp, labels):
