@@ -7,14 +7,7 @@ import os
 
 import numpy as np
 
-from harness.adapter import (
-    LOSS_SCALE_SCOPE,
-    LOSS_SCOPE,
-    Adapter,
-    Capabilities,
-    Device,
-    Trainer,
-)
+from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, Adapter, Capabilities, Device, Trainer
 from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
@@ -81,11 +74,7 @@ class TensorFlowAdapter(Adapter):
         with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
             a, b = (tf.cast(tf.random.normal(dims), dtype) for dims in ((m, k), (k, n)))
         product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
-
-        def run():
-            product().numpy()  # a blocking fetch
-
-        return run
+        return lambda: product().numpy()  # a blocking fetch
 
 
 def _dense(gradient):
@@ -124,10 +113,8 @@ class TensorFlowTrainer(Trainer):
         from amp_harness_tensorflow.network import Network
 
         self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
-        self.input_dtype, self.mask_dtype = self.net.input_dtype, self.floatx  # token ids stay integer
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
-        self.rounded = None
 
     def attention_mask(self, info, precision, device_kind):
         from amp_harness_tensorflow.network import attention_mask
@@ -147,16 +134,14 @@ class TensorFlowTrainer(Trainer):
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             for variable in self.trainable:
                 variable.assign(round_nearest_with(OPS, variable, self.rounding))
-        self.spec_optimizer = self.rounded = RoundedOptimizer(optimizer, self._trainable_names, self.rounding,
-                                                              self.rounding_seed)
-        self.rounded.build(self.trainable)
+        self.spec_optimizer = RoundedOptimizer(optimizer, self._trainable_names, self.rounding, self.rounding_seed)
+        self.spec_optimizer.build(self.trainable)
 
     def build_step(self, spec, precision, loss_scale, variant):
         import keras
 
         tf, loss_fn, model, variables = self.tf, self.loss_fn, self.net.train_model, self.trainable
-        # the spec's optimizer (spec_optimizer, whose schedule's rate the step sets) inside the loss-scale wrapper
-        # if there is one
+        # the spec's optimizer (whose schedule's rate run_step sets) inside the loss-scale wrapper if there is one
         optimizer, self.scaler = self.spec_optimizer, None
         if loss_scale.mode == "dynamic":
             optimizer = keras.mixed_precision.LossScaleOptimizer(
@@ -210,15 +195,15 @@ class TensorFlowTrainer(Trainer):
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
-            batch = (self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y),
-                     *(self.tf.constant(masks[path], dtype=self.mask_dtype) for path in self.net.mask_paths))
+            batch = (self.tf.constant(x, dtype=self.net.input_dtype), self.tf.constant(y),
+                     *(self.tf.constant(masks[path], dtype=self.floatx) for path in self.net.mask_paths))
         if self.is_gpu:
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch
 
     def set_rounding_noise(self, bits):
         for name, value in bits.items():  # Keras' layouts are the canonical ones
-            self.rounded.set_bits(self.net.variables[name], value)
+            self.spec_optimizer.set_bits(self.net.variables[name], value)
 
     # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
@@ -234,7 +219,7 @@ class TensorFlowTrainer(Trainer):
     def layer_outputs(self, x, y):
         tf = self.tf
         with tf.GradientTape() as tape:
-            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.input_dtype))
+            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.net.input_dtype))
             tape.watch(list(outputs.values()))
             loss = self.loss_fn(self.spec.loss, out, tf.constant(y))
         grads = tape.gradient(loss, list(outputs.values()))
@@ -248,7 +233,7 @@ class TensorFlowTrainer(Trainer):
 
     # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return self.output(self._predict(self.tf.constant(x, dtype=self.input_dtype)))
+        return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.net.canonical_weights()

@@ -218,34 +218,32 @@ class SelfAttention(CanonicalLayer):
 
     def __init__(self, info, net, **kwargs):
         super().__init__(info, net, **kwargs)
-        spec = info.spec
-        self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
-        self.implementation = attention_implementation(spec)
+        self.implementation = attention_implementation(info.spec)
         self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
 
     def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
         out = ops.matmul(x, kernel) if self.fp8 is None else self.fp8[name].product(tf.matmul, x, kernel, training)
-        return out + getattr(self, f"{name}_bias") if self.use_bias else out
+        return out + getattr(self, f"{name}_bias") if self.spec.use_bias else out
 
     def call(self, x, mask=None, training=None):
         length, dim = x.shape[1], x.shape[2]
-        head_dim = dim // self.heads
+        head_dim = dim // self.spec.heads
         # [N, T, H, Dh]: head h is columns h*Dh .. (h+1)*Dh-1
-        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.heads, head_dim))
+        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.spec.heads, head_dim))
                    for name in PROJECTIONS[:3])
         scale = 1 / math.sqrt(head_dim)
         if self.implementation == FUSED:
             scale = ops.convert_to_tensor(scale, dtype=keras.backend.result_type(x.dtype, "float32"))
-            heads = ops.dot_product_attention(q, k, v, scale=scale, is_causal=self.causal)
+            heads = ops.dot_product_attention(q, k, v, scale=scale, is_causal=self.spec.causal)
         else:
             scores = ops.einsum("btnh,bsnh->bnts", q, k) * ops.convert_to_tensor(scale, dtype=x.dtype)
-            if self.causal:  # j > i: above the diagonal
+            if self.spec.causal:  # j > i: above the diagonal
                 above = ops.triu(ops.ones((length, length), dtype="bool"), k=1)
                 scores = ops.where(above, ops.convert_to_tensor(-math.inf, dtype=x.dtype), scores)
             probs = ops.softmax(scores, axis=-1)
             if mask is not None:
-                probs = _dropped(probs, mask, self.rate)
+                probs = _dropped(probs, mask, self.spec.dropout)
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
         return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
 
@@ -354,8 +352,6 @@ class Network:
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
     def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None):
-        # token ids stay integer (int64, as the core gives them: the lookup takes them without a cast); images and
-        # vectors come in floatx
         self.input_dtype = TOKEN_DTYPE if spec.tokens else floatx
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
         dropouts = DropoutMasks(graph, spec.seed).layers

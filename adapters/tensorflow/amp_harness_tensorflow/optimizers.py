@@ -5,7 +5,7 @@ SGD here run on TensorFlow's fused training kernels (one pass per variable; `tf.
 arguments chosen so that each computes the spec's math; RMSprop, which has no fused kernel without a momentum
 slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (not Keras' float
 learning-rate variable): exact in float64. A schedule's rate is a float64 variable the trainer sets before each
-step (set_rate), so the compiled step is traced once."""
+step (scheduled_rate), so the compiled step is traced once."""
 from __future__ import annotations
 
 import keras
@@ -50,8 +50,7 @@ class SpecOptimizer(keras.optimizers.Optimizer):
 
     def apply(self, grads, trainable_variables=None):
         # a profile's update part, also where LossScaleOptimizer (the loss-scale part) calls this, with the
-        # unscaled gradients of a step its finite check let through: a name scope is a name in the graph, free at
-        # run time
+        # unscaled gradients of a step its finite check let through
         with tf.name_scope(UPDATE_SCOPE):
             if self.spec.clip_norm is not None:
                 # the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients and float64

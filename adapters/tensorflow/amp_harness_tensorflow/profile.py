@@ -29,7 +29,6 @@ than the step.
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from bisect import bisect_left
 from collections import defaultdict
@@ -38,6 +37,7 @@ from os.path import commonprefix
 from pathlib import Path
 
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from harness.adapter import RUNTIME_SCOPE, OpTime, ProfiledOps
 from harness.errors import HarnessError
@@ -64,8 +64,7 @@ FUSED_HOPS = 4  # a fused pattern's start lies this many first-input hops back a
 def profile_steps(trainer, run_steps) -> ProfiledOps:
     """Run the core's steps under the profiler and return every op (or XLA thunk) that ran on the host."""
     step = trainer._step  # the tf.function: its traced graphs give the ops' dtypes
-    logdir = tempfile.mkdtemp(prefix="amp-harness-tf-profile-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="amp-harness-tf-profile-", ignore_cleanup_errors=True) as logdir:
         # host events only (this is the CPU path); Python calls are not traced
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                            device_tracer_level=0)
@@ -74,9 +73,12 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
             run_steps()
         finally:
             tf.profiler.experimental.stop()
-        space, serialized = _read_space(Path(logdir))
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+        files = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
+        if len(files) != 1:
+            raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
+        serialized = files[0].read_bytes()
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(serialized)
     host = next((plane for plane in space.planes if plane.name == "/host:CPU"), None)
     if host is None:
         raise HarnessError("TensorFlow's profiler wrote no host plane")
@@ -90,8 +92,12 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     hlo = {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
     ops = []
     for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
-        if key[0] == "hlo":
-            ops.append(_hlo_op(hlo[key[1]], key[2], self_ps * 1e-12, calls))
+        if key[0] == "hlo":  # an instruction that ran, as an op named by XLA (its name without its number)
+            module, i = hlo[key[1]], hlo[key[1]].by_name[key[2]]
+            scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
+            ops.append(OpTime(op=re.sub(r"\.\d+$", "", key[2]), scope=scope, seconds=self_ps * 1e-12, backward=backward,
+                              cast=module.is_cast(i), calls=calls, inputs=module.inputs(i),
+                              outputs=module.by_id[i].dtypes))
             continue
         _, name, op_type = key
         if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
@@ -100,8 +106,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         where = (_fused_root(node, op_type) or node) if node is not None else None
         scope = _scope(where) if where is not None else name.rpartition("/")[0]
         backward = GRADIENT in scope.split("/")
-        dtypes = {"inputs": _floats(t.dtype.name for t in where.inputs),
-                  "outputs": _floats(t.dtype.name for t in where.outputs)} if where is not None else {}
+        dtypes = {side: tuple(t.dtype.name for t in getattr(where, side) if t.dtype.name in FLOATS)
+                  for side in ("inputs", "outputs")} if where is not None else {}
         ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
         if executor_ps:  # the executor handling this node's tensors
@@ -129,18 +135,6 @@ def _dispatch(plane, function: str) -> tuple[int, int]:
             total += end - start - sum(e - s for s, e in spans[GRAPH_RUN] if start <= s and e <= end)
             calls += 1
     return total, calls
-
-
-def _read_space(logdir: Path):
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    files = sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
-    if len(files) != 1:
-        raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
-    serialized = files[0].read_bytes()
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(serialized)
-    return space, serialized
 
 
 def _stats(plane, event) -> dict:
@@ -254,15 +248,3 @@ def _fused_root(node, op_type: str):
         if node.type == start:
             return node
     return None
-
-
-def _hlo_op(module: xla_profile.Module, name: str, seconds: float, calls: int) -> OpTime:
-    """An instruction that ran, as an op named by XLA (the instruction's name without its number)."""
-    i = module.by_name[name]
-    scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
-    return OpTime(op=re.sub(r"\.\d+$", "", name), scope=scope, seconds=seconds, backward=backward,
-                  cast=module.is_cast(i), calls=calls, inputs=module.inputs(i), outputs=module.by_id[i].dtypes)
-
-
-def _floats(dtypes) -> tuple[str, ...]:
-    return tuple(d for d in dtypes if d in FLOATS)
