@@ -18,13 +18,12 @@ class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
-    capabilities = Capabilities(no_fp8=None,
-                                no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" "
-                                              "dtype policy) scales by its delayed recipe, not harness.fp8's, so its "
-                                              "runs would not be this precision (not built)",
-                                no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
-                                               "device planes are not read",
-                                dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
+    capabilities = Capabilities(
+        no_fp8=None,
+        no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" dtype policy) scales by "
+                      "its delayed recipe, not harness.fp8's, so its runs would not be this precision (not built)",
+        no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the device planes are not read",
+        dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 
     def framework_version(self) -> str:
         import keras
@@ -100,8 +99,7 @@ class TensorFlowTrainer(Trainer):
         self.tf, self.loss_fn = tf, loss_fn
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
-        # the Keras dtype policy: "mixed_float16" / "mixed_bfloat16" for mixed precisions, else the weights' dtype
-        # (pure fp16 is the old `"floatx": "float16"` keras.json setup)
+        # Keras' dtype policy: mixed_float16 / mixed_bfloat16, else the weights' dtype (pure fp16: "floatx": "float16")
         self.policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
         self.floatx = precision.param_dtype
         # global, process-wide state: set before building (the runner gives each precision its own process)
@@ -142,15 +140,12 @@ class TensorFlowTrainer(Trainer):
 
         tf, loss_fn, model, variables = self.tf, self.loss_fn, self.net.train_model, self.trainable
         # the spec's optimizer (whose schedule's rate run_step sets) inside the loss-scale wrapper if there is one
-        optimizer, self.scaler = self.spec_optimizer, None
+        self.scaler = {"dynamic": "LossScaleOptimizer", "fixed": "harness (fixed)"}.get(loss_scale.mode)
+        optimizer = self.optimizer = self.spec_optimizer
         if loss_scale.mode == "dynamic":
-            optimizer = keras.mixed_precision.LossScaleOptimizer(
+            optimizer = self.optimizer = keras.mixed_precision.LossScaleOptimizer(
                 optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
-            self.scaler = "LossScaleOptimizer"
-        elif loss_scale.mode == "fixed":
-            self.scaler = "harness (fixed)"
-        optimizer.build(variables)  # the loss-scale wrapper's own state (the inner one is built)
-        self.optimizer = optimizer
+            optimizer.build(variables)  # the wrapper's own state (the inner one is built)
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
         self.xla = variant == "xla"
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
@@ -205,7 +200,6 @@ class TensorFlowTrainer(Trainer):
         for name, value in bits.items():  # Keras' layouts are the canonical ones
             self.spec_optimizer.set_bits(self.net.variables[name], value)
 
-    # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         if self.spec_optimizer.scheduled_rate is not None:  # a variable the traced step reads: no retrace
             self.spec_optimizer.scheduled_rate.assign(self.learning_rate())
@@ -231,17 +225,15 @@ class TensorFlowTrainer(Trainer):
 
         return profile_steps(self, run_steps)
 
-    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return self.net.canonical_weights()
+        return {name: self.output(v) for name, v in self.net.variables.items()}  # Keras' layouts are the canonical
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
 
-    # -- the core's bookkeeping's primitives ----------------------------------------------------------
     def _loss_scale_now(self):
         if self.loss_scale.mode == "fixed":
             return self.loss_scale.initial, not bool(self._applied.numpy())

@@ -12,34 +12,31 @@ the policy's float16/bfloat16, with float32 variables cast on read, unless said;
 - the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
-recipe: recipe_amax_with; a tf.custom_gradient passing the gradient straight through) and cast the gradient of the
-product on its way back (a second custom gradient), the bias added after, as the torch adapter does (Fp8Casts).
+multiply by Fp8Casts.product, the bias added after, as the torch adapter does.
 """
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from harness.adapter import as_output, layer_scope
+from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
 
-TOKEN_DTYPE = "int64"  # never a float: bfloat16 holds integers exactly up to 256 only
 LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
 
 
 class CanonicalLayer(keras.layers.Layer):
-    """A layer of this adapter's own, built from its LayerInfo: named by its scope, keeping the spec's layer (`spec`)
-    and holding the core's canonical weights as attributes named as they are (`query_kernel`, `embeddings`...),
-    created holding them (_given)."""
+    """A layer of this adapter's own, built from its LayerInfo: named by its scope, keeping the spec's layer (`spec`),
+    its canonical weights attributes of their names (`query_kernel`, `embeddings`...) created holding them."""
 
     def __init__(self, info, net, **kwargs):
         super().__init__(name=layer_scope(info.path), **kwargs)
@@ -103,10 +100,11 @@ class SequencePool(CanonicalLayer):
 
 
 class Fp8Casts:
-    """One matmul's FP8 casts (harness.fp8): its input and kernel on the way forward, its output's gradient on the
-    way back (custom gradients: the forward casts pass their gradient through), each scaled by the recipe; under
-    the delayed one each keeps its amax history in a variable, assigned in training only (in the backward pass for
-    the gradient's: the step's tf.function runs the assignment with the gradient it belongs to)."""
+    """One matmul's FP8 casts by the core's rule (fake_quantize_with over rounding.OPS, the amax by the recipe:
+    recipe_amax_with): its input and kernel on the way forward, its output's gradient on the way back (custom
+    gradients: the forward casts pass their gradient through); under the delayed recipe each keeps its amax history
+    in a variable, assigned in training only (in the backward pass for the gradient's: the step's tf.function runs
+    the assignment with the gradient it belongs to)."""
 
     def __init__(self, policy: Fp8Policy):
         self.policy, n = policy, policy.recipe.history
@@ -156,8 +154,7 @@ class Fp8Dense(_Fp8Product, keras.layers.Dense):
 
 
 class Fp8Conv2D(_Fp8Product, keras.layers.Conv2D):
-    def product(self, x, kernel):
-        return self.convolution_op(x, kernel)
+    product = keras.layers.Conv2D.convolution_op
 
 
 class Patches(Fp8Conv2D):
@@ -186,9 +183,8 @@ def attention_implementation(spec) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    docs/diagnose.md "Masks in 16 bits"; SelfAttention says where each comes from). The same on any device (Keras'
-    TensorFlow backend takes this path everywhere)."""
+    """What a causal attention layer's mask leaves in the scores it masks (measured, docs/diagnose.md "Masks in 16
+    bits"; SelfAttention says where from), the same on any device (Keras' TensorFlow backend has one path)."""
     compute = precision.compute_dtype
     if attention_implementation(info.spec) == FUSED:
         wide = "float64" if compute == "float64" else "float32"
@@ -203,18 +199,15 @@ PROJECTIONS = ("query", "key", "value", "output")
 class SelfAttention(CanonicalLayer):
     """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec), switching as
     keras.layers.MultiHeadAttention does (measured under the mixed policies, Keras 3.15 on TensorFlow 2.21):
-
-    - without dropout, Keras' own fused op, ops.dot_product_attention (on TensorFlow an einsum, the scale, a
-      tf.where mask and a softmax): q k^T in the compute dtype, then the scores cast to result_type(compute dtype,
-      float32), float32 (float64 in fp64 runs), for the scale, the causal mask (KERAS_LARGE_NEGATIVE, never -inf;
-      the float16 constant -0.7 * 65500 only for float16 scores, which this path never has) and the softmax; the
-      probabilities go back to the compute dtype before p v. The scale goes in as a tensor of the scores' dtype,
-      since the op casts a Python float through float32 (inexact in fp64).
-    - with dropout, which the fused op would draw itself, the same math written out in keras.ops in the compute
-      dtype with the core's mask [N, H, T, T] (a second input in training: called as layer(x, mask)): scores
-      scaled, -inf where j > i when causal, softmax over keys, p * mask / (1 - rate), as MultiHeadAttention's
-      explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else: -9.98e8 once
-      rounded to bfloat16)."""
+    - without dropout, Keras' fused ops.dot_product_attention (on TensorFlow an einsum, the scale, a tf.where mask
+      and a softmax): q k^T in the compute dtype, then the scale, the causal mask (KERAS_LARGE_NEGATIVE, never
+      -inf; -0.7 * 65500 only for float16 scores, which this path never has) and the softmax on the scores cast to
+      result_type(compute dtype, float32), float32 (float64 in fp64 runs); p v in the compute dtype. The scale goes
+      in as a tensor of that dtype: the op casts a Python float through float32 (inexact in fp64).
+    - with dropout, which the fused op would draw itself, the same math in keras.ops in the compute dtype with the
+      core's mask [N, H, T, T] (a second input in training: called as layer(x, mask)): scores scaled, -inf where
+      j > i when causal, softmax over keys, p * mask / (1 - rate), as MultiHeadAttention's explicit path does with
+      its Softmax layer (which masks with -3e4 in float16, -1e9 else: -9.98e8 once rounded to bfloat16)."""
 
     def __init__(self, info, net, **kwargs):
         super().__init__(info, net, **kwargs)
@@ -252,9 +245,8 @@ class SelfAttention(CanonicalLayer):
 
 
 def _given(weights: dict[str, np.ndarray], name: str):
-    """An initialiser returning the core's canonical weight: the variable is created holding it, without
-    Keras drawing a random tensor first only to be overwritten (build-time temporaries that would sit in the
-    process's memory figure)."""
+    """An initialiser returning the core's canonical weight: the variable is created holding it, with no random tensor
+    drawn first only to be overwritten (a build-time temporary that would sit in the process's memory figure)."""
     return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
 
 
@@ -284,25 +276,17 @@ def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as
     return pool(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
 
 
-# the layers Keras builds from their name alone; residual's Add is called as layer([main, shortcut]) (_apply runs
-# the block's branches)
-NAMED_ONLY = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
-              "residual": keras.layers.Add}
+# the Keras layers built from fixed arguments and their name; residual's Add is called as layer([main, shortcut])
+# (_apply runs the block's branches)
+FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
+         "residual": keras.layers.Add, "softmax": partial(keras.layers.Softmax, axis=-1),
+         "relu": partial(keras.layers.Activation, "relu"), "tanh": partial(keras.layers.Activation, "tanh"),
+         "sigmoid": partial(keras.layers.Activation, "sigmoid")}
 
 
-@LAYERS.builder(*NAMED_ONLY)
-def named_only(info, net):
-    return NAMED_ONLY[info.type](**_named(info, net))
-
-
-@LAYERS.builder("relu", "tanh", "sigmoid")
-def activation(info, net):
-    return keras.layers.Activation(info.type, **_named(info, net))
-
-
-@LAYERS.builder("softmax")
-def softmax(info, net):
-    return keras.layers.Softmax(axis=-1, **_named(info, net))
+@LAYERS.builder(*FIXED)
+def fixed(info, net):
+    return FIXED[info.type](**_named(info, net))
 
 
 @LAYERS.builder("batchnorm")
@@ -352,11 +336,10 @@ class Network:
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
     def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None):
-        self.input_dtype = TOKEN_DTYPE if spec.tokens else floatx
+        self.input_dtype = "int64" if spec.tokens else floatx  # never a float: bfloat16 holds integers up to 256 only
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
-        dropouts = DropoutMasks(graph, spec.seed).layers
-        self.mask_paths = [path for path, _, _ in dropouts]
-        masks = {path: keras.Input(shape=shape, dtype=floatx) for path, _, shape in dropouts}
+        masks = {path: keras.Input(shape, dtype=floatx) for path, _, shape in DropoutMasks(graph, spec.seed).layers}
+        self.mask_paths = list(masks)
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
@@ -366,18 +349,13 @@ class Network:
         #: which attention ran, by canonical layer path (the trainer's options["attention"])
         self.attention = {path: layer.implementation for path, layer in layers.items()
                           if isinstance(layer, SelfAttention)}
-        self.variables = {}
-        for name in graph.param_shapes():  # Keras' attribute names (and this adapter's layers') are the canonical
-            path, param = name.rsplit(".", 1)
-            self.variables[name] = getattr(layers[path], param)
+        # by canonical name: Keras' attribute names (and this adapter's layers') are the canonical ones
+        self.variables = {f"{info.path}.{param}": getattr(layers[info.path], param)
+                          for info in graph.layers for param in info.params}
         self.name_of = {id(v): name for name, v in self.variables.items()}  # canonical name of each variable
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): the inference network run eagerly,
         so that a GradientTape can differentiate the loss with respect to every output."""
         outputs: dict = {}
-        out = _apply(self.spec.layers, "", x, self.layers, None, outputs)
-        return outputs, out
-
-    def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: as_output(keras.ops.convert_to_numpy(v)) for name, v in self.variables.items()}
+        return outputs, _apply(self.spec.layers, "", x, self.layers, None, outputs)

@@ -3,9 +3,8 @@ rate ("epsilon hat") and its AdamW decays every variable not excluded by name, s
 spec's, and its optimizers are written out in Keras ops, a pass over memory per operation. Adam (AdamW too) and
 SGD here run on TensorFlow's fused training kernels (one pass per variable; `tf.raw_ops.ResourceApply*`) with
 arguments chosen so that each computes the spec's math; RMSprop, which has no fused kernel without a momentum
-slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (not Keras' float
-learning-rate variable): exact in float64. A schedule's rate is a float64 variable the trainer sets before each
-step (scheduled_rate), so the compiled step is traced once."""
+slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (_const; not Keras' float
+learning-rate variable), and a schedule's rate is a float64 variable the trainer sets (scheduled_rate)."""
 from __future__ import annotations
 
 import keras
@@ -18,8 +17,7 @@ from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
-    """The spec's rules every optimizer here shares: the step's learning rate (rate), AdamW's decay of each
-    variable (decay_of) and the clipping of the gradients it is given (apply)."""
+    """The spec's rules every optimizer here shares: the step's learning rate, AdamW's decay, the clipping."""
     SLOTS: tuple[str, ...] = ()
 
     def __init__(self, spec, weight_names, name=None):
@@ -79,17 +77,14 @@ class SGD(SpecOptimizer):
         if spec.momentum == 0:
             tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=g)
             return
+        # ResourceApplyKerasMomentum keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the
+        # spec's w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf). Under a
+        # schedule that velocity would sum earlier steps' rates: ResourceApplyMomentum keeps the spec's buf (gradient
+        # units) and multiplies by this step's rate, w -= lr*buf or lr*(g + m*buf)
+        kernel = (tf.raw_ops.ResourceApplyKerasMomentum if self.scheduled_rate is None
+                  else tf.raw_ops.ResourceApplyMomentum)
         buffer, momentum = self.slot("momentum", variable), _const(spec.momentum, variable)
-        if self.scheduled_rate is None:
-            # the kernel keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the spec's
-            # w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf)
-            tf.raw_ops.ResourceApplyKerasMomentum(var=variable.handle, accum=buffer.handle, lr=lr,
-                                                  grad=g, momentum=momentum, use_nesterov=spec.nesterov)
-            return
-        # a velocity in learning-rate units would sum earlier steps' rates: under a schedule the kernel that keeps
-        # the spec's buf (gradient units) and multiplies by this step's rate, w -= lr*buf or lr*(g + m*buf)
-        tf.raw_ops.ResourceApplyMomentum(var=variable.handle, accum=buffer.handle, lr=lr, grad=g, momentum=momentum,
-                                         use_nesterov=spec.nesterov)
+        kernel(var=variable.handle, accum=buffer.handle, lr=lr, grad=g, momentum=momentum, use_nesterov=spec.nesterov)
 
 
 class Adam(SpecOptimizer):

@@ -5,7 +5,7 @@ Graph steps: the executor traces every op it runs as "node_name:OpType" on the h
 the name scopes it was built in: each Keras layer's (its name, network.py), the parts' (adapter.py, optimizers.py)
 and, for a gradient, "gradient_tape/<the forward op's scopes>/", which GradientTape gives every op of a backward
 function. Each op is joined by name to the graph of the tf.function that ran, for its dtypes (fixed when the
-function was traced; the trace records none). Three kinds of time get their scopes otherwise:
+function was traced; the trace records none). Four kinds of time get their scopes otherwise:
 - Grappler's remapper (oneDNN on CPU) fuses a matmul or convolution with the bias add and activation after it into
   one kernel named after the last node it fused, often the next layer's activation: the kernel gets the scopes and
   dtypes of the matmul or convolution it starts from, the node doing its work.
@@ -20,11 +20,9 @@ function was traced; the trace records none). Three kinds of time get their scop
   On a small model it is a large share of the step (mnist_mlp: about 0.6 of 2.5 ms).
 
 XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
-and the profile carries the program's HLO, whose instructions keep the TensorFlow op they came from (op_name, with
-its scopes; GradientTape's "gradient_tape/" marks a backward op) and their operands' and results' dtypes. The
-instructions' scopes, dtypes and casts are read by harness.run.xla_profile's rules, which JAX's profile follows too.
-XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their times can add up to more
-than the step.
+and the profile carries the program's HLO, whose instructions' scopes, dtypes and casts harness.run.xla_profile
+reads (as JAX's). XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their times
+can add up to more than the step.
 """
 from __future__ import annotations
 
@@ -51,7 +49,6 @@ LOWERED = re.compile(r"^(.+?)/(then|else)/_\d+/(.+)$")  # a cond branch's node i
 REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
 GRADIENT = "gradient_tape"  # GradientTape's scope for backward ops
 BACKWARD_MARK = f"{GRADIENT}/"  # in the op_name of an XLA instruction a backward op became
-FLOATS = {"float16", "bfloat16", "float32", "float64"}
 # the xla variant's profile (measured, resnet8 at batch 4 on 32x32 inputs, two intra-op threads: layers and parts
 # held 43% of the fp32 step and 51% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32; 36% and
 # 26% when the instructions XLA made were left unattributed)
@@ -106,7 +103,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         where = (_fused_root(node, op_type) or node) if node is not None else None
         scope = _scope(where) if where is not None else name.rpartition("/")[0]
         backward = GRADIENT in scope.split("/")
-        dtypes = {side: tuple(t.dtype.name for t in getattr(where, side) if t.dtype.name in FLOATS)
+        dtypes = {side: tuple(t.dtype.name for t in getattr(where, side) if t.dtype.name in xla_profile.FLOATS.values())
                   for side in ("inputs", "outputs")} if where is not None else {}
         ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
@@ -122,8 +119,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
 
 
 def _dispatch(plane, function: str) -> tuple[int, int]:
-    """(picoseconds, calls) of the runtime's dispatch: the calling thread's time in the tf.function's own trace
-    event (named after the function) outside the run of its graph, before any op starts and after the last ends."""
+    """(picoseconds, calls) of the runtime's dispatch (the module docstring), by the event named after `function`."""
     total = calls = 0
     for line in plane.lines:
         spans: dict[str, list[tuple[int, int]]] = {function: [], GRAPH_RUN: []}
@@ -144,8 +140,7 @@ def _stats(plane, event) -> dict:
 
 
 def _functions_run(plane) -> set[str]:
-    """The functions the trace shows running: an eager call of one is traced with its name in an "eager_op"
-    stat."""
+    """The functions the trace shows running: an eager call of one has its name in an "eager_op" stat."""
     ids = {i for i, meta in plane.stat_metadata.items() if meta.name == "eager_op"}
     return {_stats(plane, event)["eager_op"] for line in plane.lines for event in line.events
             if any(s.metadata_id in ids for s in event.stats)}
@@ -203,15 +198,13 @@ def _node(graphs, name: str):
             return graph.get_operation_by_name(name)
         except (KeyError, ValueError):
             pass
-    lowered = LOWERED.match(name)
-    if lowered:
+    if lowered := LOWERED.match(name):
         cond, branch, inner = lowered.groups()
         op = _node(graphs, cond)
         # cond_v2 keeps each branch's graph on the If op (its gradient needs them)
         graph = getattr(op, "_true_graph" if branch == "then" else "_false_graph", None) if op is not None else None
         return _node([graph], inner) if graph is not None else None
-    rewritten = REWRITTEN.match(name)
-    if rewritten:
+    if rewritten := REWRITTEN.match(name):
         scope, stage = rewritten.groups()
         tails = stage.split("_")
         return next((node for node in (_node(graphs, f"{scope}/{'_'.join(tails[i:])}") for i in range(1, len(tails)))
@@ -220,8 +213,7 @@ def _node(graphs, name: str):
 
 
 def _scope(node) -> str:
-    """The scopes a graph node ran in: those of its name, or for GradientTape's sum of a tensor's gradients,
-    those the summed gradients share."""
+    """The scopes a graph node ran in: its name's, or for GradientTape's AddN, those its summed gradients share."""
     scope = node.name.rpartition("/")[0]
     if node.type != "AddN" or GRADIENT in scope.split("/"):
         return scope
@@ -235,8 +227,7 @@ def _base_type(op_type: str) -> str:
 
 
 def _fused_root(node, op_type: str):
-    """For a kernel that fused several nodes (e.g. _MklNativeFusedMatMul named after a Relu), the node its
-    pattern starts from (the MatMul); None when `node` is the op that ran."""
+    """The node a fused kernel's pattern starts from (_MklNativeFusedMatMul named after a Relu: the MatMul), or None."""
     base = _base_type(op_type)
     if base == node.type or "Fused" not in base:
         return None

@@ -1,6 +1,5 @@
-"""harness.rounding's primitives in TensorFlow (RoundingOps: bit-casts through tf.bitcast), and the optimizer
-that computes its update in float32 and writes the new weights by the core's rules (the precisions with a
-`rounding`)."""
+"""harness.rounding's primitives in TensorFlow (RoundingOps: bit-casts through tf.bitcast), and the optimizer of the
+precisions with a `rounding`."""
 from __future__ import annotations
 
 import tensorflow as tf
