@@ -229,7 +229,7 @@ class TensorFlowTrainer(Trainer):
         return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return {name: self.output(v) for name, v in self.net.variables.items()}  # Keras' layouts are the canonical
+        return {name: self.output(v) for name, v in self.net.variables.items()}  # Keras' layouts: the canonical
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
