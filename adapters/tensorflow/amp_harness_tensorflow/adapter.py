@@ -1,8 +1,5 @@
 """TensorFlow adapter: Keras 3 on the TensorFlow backend, keras.mixed_precision policies, Keras'
-LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step.
-
-Variants (`run --variant`): the step as a tf.function graph (the default), or compiled with XLA.
-"""
+LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training step."""
 from __future__ import annotations
 
 import contextlib
@@ -10,38 +7,23 @@ import os
 
 import numpy as np
 
-from harness.adapter import (
-    LOSS_SCALE_SCOPE,
-    LOSS_SCOPE,
-    Adapter,
-    Capabilities,
-    Device,
-    Trainer,
-)
+from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, Adapter, Capabilities, Device, Trainer
 from harness.errors import HarnessError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
-def keras_policy(precision) -> tuple[str, str]:
-    """(Keras dtype policy, floatx) of a core precision: "mixed_float16" / "mixed_bfloat16" for mixed ones,
-    else the weights' dtype (pure fp16 is the old `"floatx": "float16"` keras.json setup)."""
-    policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
-    return policy, precision.param_dtype
-
-
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
-    capabilities = Capabilities(no_fp8=None,
-                                no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" "
-                                              "dtype policy) scales by its delayed recipe, not harness.fp8's, so its "
-                                              "runs would not be this precision (not built)",
-                                no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the "
-                                               "device planes are not read",
-                                dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
+    capabilities = Capabilities(
+        no_fp8=None,
+        no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" dtype policy) scales by "
+                      "its delayed recipe, not harness.fp8's, so its runs would not be this precision (not built)",
+        no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the device planes are not read",
+        dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 
     def framework_version(self) -> str:
         import keras
@@ -91,11 +73,7 @@ class TensorFlowAdapter(Adapter):
         with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
             a, b = (tf.cast(tf.random.normal(dims), dtype) for dims in ((m, k), (k, n)))
         product = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
-
-        def run():
-            product().numpy()  # a blocking fetch
-
-        return run
+        return lambda: product().numpy()  # a blocking fetch
 
 
 def _dense(gradient):
@@ -121,7 +99,9 @@ class TensorFlowTrainer(Trainer):
         self.tf, self.loss_fn = tf, loss_fn
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
-        self.policy, self.floatx = keras_policy(precision)
+        # Keras' dtype policy: mixed_float16 / mixed_bfloat16, else the weights' dtype (pure fp16: "floatx": "float16")
+        self.policy = f"mixed_{precision.compute_dtype}" if precision.mixed else precision.param_dtype
+        self.floatx = precision.param_dtype
         # global, process-wide state: set before building (the runner gives each precision its own process)
         keras.config.set_floatx(self.floatx)
         keras.mixed_precision.set_global_policy(self.policy)
@@ -131,10 +111,8 @@ class TensorFlowTrainer(Trainer):
         from amp_harness_tensorflow.network import Network
 
         self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
-        self.input_dtype, self.mask_dtype = self.net.input_dtype, self.floatx  # token ids stay integer
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
-        self.rounded = None
 
     def attention_mask(self, info, precision, device_kind):
         from amp_harness_tensorflow.network import attention_mask
@@ -142,43 +120,39 @@ class TensorFlowTrainer(Trainer):
         return attention_mask(info, precision, device_kind)
 
     def build_optimizer(self, optimizer):
-        from amp_harness_tensorflow.optimizers import make_optimizer
+        from amp_harness_tensorflow.optimizers import OPTIMIZERS
 
-        self.spec_optimizer = make_optimizer(optimizer, self.trainable, self._trainable_names)
+        self.spec_optimizer = OPTIMIZERS[optimizer.type](optimizer, self._trainable_names)
+        self.spec_optimizer.build(self.trainable)  # every slot created now
 
     def build_rounded_optimizer(self, optimizer):
-        from amp_harness_tensorflow.rounding import OPS, make_rounded_optimizer
+        from amp_harness_tensorflow.rounding import OPS, RoundedOptimizer
         from harness.rounding import round_nearest_with
 
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             for variable in self.trainable:
                 variable.assign(round_nearest_with(OPS, variable, self.rounding))
-        self.spec_optimizer = self.rounded = make_rounded_optimizer(optimizer, self.trainable, self._trainable_names,
-                                                                    self.rounding, self.rounding_seed)
+        self.spec_optimizer = RoundedOptimizer(optimizer, self._trainable_names, self.rounding, self.rounding_seed)
+        self.spec_optimizer.build(self.trainable)
 
     def build_step(self, spec, precision, loss_scale, variant):
         import keras
 
         tf, loss_fn, model, variables = self.tf, self.loss_fn, self.net.train_model, self.trainable
-        # the spec's optimizer (spec_optimizer, whose schedule's rate the step sets) inside the loss-scale wrapper
-        # if there is one
-        optimizer, self.scaler = self.spec_optimizer, None
+        # the spec's optimizer (whose schedule's rate run_step sets) inside the loss-scale wrapper if there is one
+        self.scaler = {"dynamic": "LossScaleOptimizer", "fixed": "harness (fixed)"}.get(loss_scale.mode)
+        optimizer = self.optimizer = self.spec_optimizer
         if loss_scale.mode == "dynamic":
-            optimizer = keras.mixed_precision.LossScaleOptimizer(
+            optimizer = self.optimizer = keras.mixed_precision.LossScaleOptimizer(
                 optimizer, initial_scale=loss_scale.initial, dynamic_growth_steps=loss_scale.growth_interval)
-            self.scaler = "LossScaleOptimizer"
-        elif loss_scale.mode == "fixed":
-            self.scaler = "harness (fixed)"
-        optimizer.build(variables)  # the loss-scale wrapper's own state (the inner one is built)
-        self.optimizer = optimizer
+            optimizer.build(variables)  # the wrapper's own state (the inner one is built)
         self.applied_steps = 0  # the LossScaleOptimizer's iterations advance only on applied steps
         self.xla = variant == "xla"
         fixed_scale = loss_scale.initial if loss_scale.mode == "fixed" else None
 
         def step(x, y, *masks, capture=False):
             """(loss, applied) of one step; with `capture`, also the gradients unscaled and before the update.
-            Name scopes mark the parts of a profile (the layers' are their names, the update's the optimizer's):
-            names in the graph, free at run time, and their gradients are named after them."""
+            The parts' name scopes are names in the graph, free at run time; their gradients are named after them."""
             with tf.GradientTape() as tape:
                 outputs = model([x, *masks] if masks else x, training=True)
                 with tf.name_scope(LOSS_SCOPE):
@@ -186,21 +160,21 @@ class TensorFlowTrainer(Trainer):
                 with tf.name_scope(LOSS_SCALE_SCOPE):
                     scaled = loss * fixed_scale if fixed_scale else optimizer.scale_loss(loss)
             grads = [_dense(g) for g in tape.gradient(scaled, variables)]
-            if not fixed_scale:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
+            if fixed_scale:
+                def apply():
+                    optimizer.apply(grads, variables)
+                    return tf.constant(True)
+
+                with tf.name_scope(LOSS_SCALE_SCOPE):
+                    grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
+                    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+                    applied = tf.cond(finite, apply, lambda: tf.constant(False))
+            else:  # LossScaleOptimizer unscales, skips non-finite steps and adapts the scale
                 with tf.name_scope(LOSS_SCALE_SCOPE) if self.scaler else contextlib.nullcontext():
                     unscaled = [g / tf.cast(optimizer.dynamic_scale, g.dtype) for g in grads] \
                         if capture and self.scaler else grads  # read before apply() moves the scale
                     optimizer.apply(grads, variables)
-                return (loss, tf.constant(True), unscaled) if capture else (loss, tf.constant(True))
-
-            def apply():
-                optimizer.apply(grads, variables)
-                return tf.constant(True)
-
-            with tf.name_scope(LOSS_SCALE_SCOPE):
-                grads = [g / tf.cast(fixed_scale, g.dtype) for g in grads]
-                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-                applied = tf.cond(finite, apply, lambda: tf.constant(False))
+                applied, grads = tf.constant(True), unscaled
             return (loss, applied, grads) if capture else (loss, applied)
 
         self._step = tf.function(step, jit_compile=self.xla)
@@ -209,28 +183,26 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
 
     def framework_options(self, precision, variant):
-        tf = self.tf
         return {"xla": self.xla, "tf32": precision.tf32, "policy": self.policy, "floatx": self.floatx,
                 "loss_scaler": self.scaler, "train_step": "tf.function",
                 **({"attention": dict(self.net.attention)} if self.net.attention else {}),
-                "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads()}
+                "inter_op_threads": self.tf.config.threading.get_inter_op_parallelism_threads()}
 
     def to_device(self, x, y, masks):
         with self.tf.device("/GPU:0" if self.is_gpu else "/CPU:0"):
-            batch = (self.tf.constant(x, dtype=self.input_dtype), self.tf.constant(y),
-                     *(self.tf.constant(masks[path], dtype=self.mask_dtype) for path in self.net.mask_paths))
+            batch = (self.tf.constant(x, dtype=self.net.input_dtype), self.tf.constant(y),
+                     *(self.tf.constant(masks[path], dtype=self.floatx) for path in self.net.mask_paths))
         if self.is_gpu:
             batch[0].numpy()  # wait for the copy (a blocking fetch is TF's synchronisation)
         return batch
 
     def set_rounding_noise(self, bits):
         for name, value in bits.items():  # Keras' layouts are the canonical ones
-            self.rounded.set_bits(self.net.variables[name], value)
+            self.spec_optimizer.set_bits(self.net.variables[name], value)
 
-    # -- training -------------------------------------------------------------------------------------
     def run_step(self, batch, capture: dict | None) -> float:
         if self.spec_optimizer.scheduled_rate is not None:  # a variable the traced step reads: no retrace
-            self.spec_optimizer.set_rate(self.learning_rate())
+            self.spec_optimizer.scheduled_rate.assign(self.learning_rate())
         if capture is None:
             loss, self._applied = self._step(*batch)
         else:  # diagnose and fingerprint runs: the step's capturing twin
@@ -241,7 +213,7 @@ class TensorFlowTrainer(Trainer):
     def layer_outputs(self, x, y):
         tf = self.tf
         with tf.GradientTape() as tape:
-            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.input_dtype))
+            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.net.input_dtype))
             tape.watch(list(outputs.values()))
             loss = self.loss_fn(self.spec.loss, out, tf.constant(y))
         grads = tape.gradient(loss, list(outputs.values()))
@@ -253,17 +225,15 @@ class TensorFlowTrainer(Trainer):
 
         return profile_steps(self, run_steps)
 
-    # -- inspection -----------------------------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return self.output(self._predict(self.tf.constant(x, dtype=self.input_dtype)))
+        return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return self.net.canonical_weights()
+        return {name: self.output(v) for name, v in self.net.variables.items()}  # Keras' layouts: the canonical
 
     def param_count(self) -> int:
         return int(sum(np.prod(v.shape) for v in self.net.model.trainable_variables))
 
-    # -- the core's bookkeeping's primitives ----------------------------------------------------------
     def _loss_scale_now(self):
         if self.loss_scale.mode == "fixed":
             return self.loss_scale.initial, not bool(self._applied.numpy())
@@ -280,6 +250,3 @@ class TensorFlowTrainer(Trainer):
 
     def _memory_peak(self) -> int:
         return self.tf.config.experimental.get_memory_info("GPU:0")["peak"]
-
-    def _numpy(self, tensor) -> np.ndarray:
-        return tensor.numpy()

@@ -4,30 +4,20 @@ Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in, out] a
 flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
 load without conversion. Token ids stay int64 from the input to Keras' Embedding (ops.take on the float32 table).
 
-Attention: SelfAttention below, Keras' fused ops.dot_product_attention where the layer has no dropout, the math
-written out in keras.ops with the core's masks where it has (as keras.layers.MultiHeadAttention itself switches).
 Under the mixed policies (measured from the traced graphs, Keras 3.15 on TensorFlow 2.21; the layers compute in
-the policy's float16/bfloat16, with float32 variables cast on read, unless said):
-- ops.dot_product_attention multiplies q k^T in the compute dtype, then casts the scores to
-  result_type(compute dtype, float32) = float32: the scale, the causal mask (tf.where with -0.7 * 3.38953e38 =
-  -2.37e38 in float32, never -inf; the float16 constant -0.7 * 65500 only for float16 scores, which this path
-  never has) and the softmax run in float32; the probabilities go back to the compute dtype before p v.
-- the unfused path (attention dropout) scales, masks (-inf) and takes the softmax in the compute dtype, as
-  MultiHeadAttention's explicit path does with its Softmax layer (which masks with -3e4 in float16, -1e9 else:
-  -9.98e8 once rounded to bfloat16).
+the policy's float16/bfloat16, with float32 variables cast on read, unless said; attention: SelfAttention):
 - keras.layers.Softmax (the spec's softmax) runs in the compute dtype: float16 / bfloat16 in and out.
 - LayerNormalization (autocast off) and ops.rms_normalization (the spec's rmsnorm) compute in float32 (moments,
   rsqrt) and return the compute dtype; rmsnorm's gamma is read cast to the compute dtype first, layernorm's is not.
 - the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply their inputs and kernels cast by the core's rule (fake_quantize_with over rounding.OPS, the amax by the
-recipe: recipe_amax_with; a tf.custom_gradient passing the gradient straight through) and cast the gradient of the
-product on its way back (a second custom gradient), the bias added after, as the torch adapter does (Fp8Casts).
+multiply by Fp8Casts.product, the bias added after, as the torch adapter does.
 """
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import keras
 import numpy as np
@@ -41,17 +31,32 @@ from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders
 from harness.numerics import AttentionMask
 
-class GELU(keras.layers.Layer):
+LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
+
+
+class CanonicalLayer(keras.layers.Layer):
+    """A layer of this adapter's own, built from its LayerInfo: named by its scope, keeping the spec's layer (`spec`),
+    its canonical weights attributes of their names (`query_kernel`, `embeddings`...) created holding them."""
+
+    def __init__(self, info, net, **kwargs):
+        super().__init__(name=layer_scope(info.path), **kwargs)
+        self.spec = info.spec
+        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
+                           for param, shape in info.params.items()]
+
+    def build(self, input_shape):
+        for param, shape, initializer in self._canonical:
+            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
+
+
+@LAYERS.builder("gelu")
+class GELU(CanonicalLayer):
     """GELU with its constants in the compute dtype: Keras' (tf.nn.gelu) rounds them to float32 first,
     which an fp64 run must not."""
 
-    def __init__(self, approximate: bool, **kwargs):
-        super().__init__(**kwargs)
-        self.approximate = approximate
-
     def call(self, x):
         c = lambda v: ops.convert_to_tensor(v, dtype=x.dtype)  # noqa: E731
-        if self.approximate:
+        if self.spec.approximate:
             inner = c(math.sqrt(2 / math.pi)) * (x + c(0.044715) * x * x * x)
             return c(0.5) * x * (c(1.0) + ops.tanh(inner))
         return c(0.5) * x * (c(1.0) + ops.erf(x / c(math.sqrt(2.0))))
@@ -62,64 +67,44 @@ def _dropped(x, mask, rate: float):
     return x * ops.cast(mask, x.dtype) / ops.convert_to_tensor(1 - rate, dtype=x.dtype)
 
 
-class MaskedDropout(keras.layers.Layer):
-    """Dropout with the core's mask (harness.model.dropout), a second input of the training model."""
-
-    def __init__(self, rate: float, **kwargs):
-        super().__init__(**kwargs)
-        self.rate = rate
+@LAYERS.builder("dropout")
+class MaskedDropout(CanonicalLayer):
+    """Dropout with the core's mask (harness.model.dropout), a second input of the training model: called as
+    layer(x, mask), _apply passing the mask."""
 
     def call(self, x, mask):
-        return _dropped(x, mask, self.rate)
+        return _dropped(x, mask, self.spec.rate)
 
 
-class CanonicalLayer(keras.layers.Layer):
-    """A layer of this adapter's own, holding the core's canonical weights as attributes named as they are
-    (`query_kernel`, `embeddings`...), created holding them (_given)."""
-
-    def __init__(self, info, net, **kwargs):
-        super().__init__(name=layer_scope(info.path), **kwargs)
-        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
-                           for param, shape in info.params.items()]
-
-    def build(self, input_shape):
-        for param, shape, initializer in self._canonical:
-            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
-
-
+@LAYERS.builder("position_embedding")
 class PositionEmbedding(CanonicalLayer):
     def call(self, x):  # the table's first T rows, autocast to the compute dtype by the policy
         return x + self.embeddings[:x.shape[1]]
 
 
+@LAYERS.builder("rmsnorm")
 class RMSNorm(CanonicalLayer):
-    def __init__(self, info, net, **kwargs):
-        super().__init__(info, net, **kwargs)
-        self.epsilon = info.spec.epsilon
-
     def call(self, x):  # Keras' own op: x * rsqrt(mean(x^2) + epsilon) * scale, in at least float32
-        return ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.epsilon)
+        return ops.rms_normalization(x, scale=self.gamma, axis=-1, epsilon=self.spec.epsilon)
 
 
-class SequencePool(keras.layers.Layer):
-    def __init__(self, mode: str, **kwargs):
-        super().__init__(**kwargs)
-        self.mode = mode
-
+@LAYERS.builder("sequence_pool")
+class SequencePool(CanonicalLayer):
     def call(self, x):
-        if self.mode == "mean":
+        if self.spec.mode == "mean":
             return ops.mean(x, axis=1)
-        return x[:, 0] if self.mode == "first" else x[:, -1]
+        return x[:, 0] if self.spec.mode == "first" else x[:, -1]
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
 
 class Fp8Casts:
-    """One matmul's FP8 casts (harness.fp8): its input and kernel on the way forward, its output's gradient on the
-    way back (custom gradients: the forward casts pass their gradient through), each scaled by the recipe; under
-    the delayed one each keeps its amax history in a variable, assigned in training only (in the backward pass for
-    the gradient's: the step's tf.function runs the assignment with the gradient it belongs to)."""
+    """One matmul's FP8 casts by the core's rule (fake_quantize_with over rounding.OPS, the amax by the recipe:
+    recipe_amax_with): its input and kernel on the way forward, its output's gradient on the way back (custom
+    gradients: the forward casts pass their gradient through); under the delayed recipe each keeps its amax history
+    in a variable, assigned in training only (in the backward pass for the gradient's: the step's tf.function runs
+    the assignment with the gradient it belongs to)."""
 
     def __init__(self, policy: Fp8Policy):
         self.policy, n = policy, policy.recipe.history
@@ -150,13 +135,16 @@ class Fp8Casts:
 
 
 class _Fp8Product:
-    """A Keras Dense or Conv2D whose product (`product`) is FP8's (Fp8Casts.product), the bias added after."""
+    """A Keras Dense or Conv2D whose product (`product`) is FP8's under an FP8 policy (`fp8`; Fp8Casts.product),
+    the bias added after; Keras' own call without one."""
 
-    def __init__(self, *args, fp8, **kwargs):
+    def __init__(self, *args, fp8=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fp8 = Fp8Casts(fp8)
+        self.fp8 = Fp8Casts(fp8) if fp8 else None
 
     def call(self, x, training=None):
+        if self.fp8 is None:
+            return super().call(x)
         y = self.fp8.product(self.product, x, self.kernel, training)
         return y + self.bias if self.use_bias else y
 
@@ -166,24 +154,15 @@ class Fp8Dense(_Fp8Product, keras.layers.Dense):
 
 
 class Fp8Conv2D(_Fp8Product, keras.layers.Conv2D):
-    def product(self, x, kernel):
-        return self.convolution_op(x, kernel)
+    product = keras.layers.Conv2D.convolution_op
 
 
-class Patches(keras.layers.Conv2D):
+class Patches(Fp8Conv2D):
     """The spec's patch embedding: a conv2d of kernel and stride P ('valid'), whose [N, H/P, W/P, D] output read
-    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one); under
-    FP8 (`fp8`, the policy) its product is FP8's."""
-
-    def __init__(self, *args, fp8=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fp8 = Fp8Casts(fp8) if fp8 else None
+    in row-major order is the [N, H/P * W/P, D] sequence (Keras' kernel [P, P, C, D] is the canonical one)."""
 
     def call(self, x, training=None):
-        if self.fp8 is None:
-            out = super().call(x)
-        else:
-            out = self.fp8.product(self.convolution_op, x, self.kernel, training) + self.bias
+        out = super().call(x, training)
         return ops.reshape(out, (-1, out.shape[1] * out.shape[2], out.shape[3]))
 
     def compute_output_shape(self, input_shape):
@@ -204,11 +183,8 @@ def attention_implementation(spec) -> str:
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
-    """What a causal attention layer's mask leaves in the scores it masks (harness.numerics.AttentionMask; measured,
-    docs/diagnose.md "Masks in 16 bits"). Fused: ops.dot_product_attention casts the scores to result_type(compute
-    dtype, float32), float32 for 16-bit inputs, and tf.where puts Keras' large negative there (KERAS_LARGE_NEGATIVE,
-    -2.37e38, never -inf); its softmax runs in float32. Unfused: -inf, and ops.softmax, in the compute dtype. The same
-    on any device (Keras' TensorFlow backend takes this path everywhere)."""
+    """What a causal attention layer's mask leaves in the scores it masks (measured, docs/diagnose.md "Masks in 16
+    bits"; SelfAttention says where from), the same on any device (Keras' TensorFlow backend has one path)."""
     compute = precision.compute_dtype
     if attention_implementation(info.spec) == FUSED:
         wide = "float64" if compute == "float64" else "float32"
@@ -219,46 +195,48 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask:
 PROJECTIONS = ("query", "key", "value", "output")
 
 
+@LAYERS.builder("attention")
 class SelfAttention(CanonicalLayer):
-    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec).
-
-    Without dropout: Keras' own fused op, ops.dot_product_attention (on TensorFlow an einsum, the scale, a
-    tf.where mask and a softmax, with the scores in result_type(compute dtype, float32): float32 under the mixed
-    policies, float64 in fp64 runs); the scale goes in as a tensor of that dtype, since the op casts a Python float
-    through float32 (inexact in fp64). With dropout, which the fused op would draw itself, the same math written
-    out in keras.ops in the compute dtype with the core's mask [N, H, T, T] (a second input in training):
-    scores scaled before the softmax, -inf where j > i when causal, softmax over keys, p * mask / (1 - rate)."""
+    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec), switching as
+    keras.layers.MultiHeadAttention does (measured under the mixed policies, Keras 3.15 on TensorFlow 2.21):
+    - without dropout, Keras' fused ops.dot_product_attention (on TensorFlow an einsum, the scale, a tf.where mask
+      and a softmax): q k^T in the compute dtype, then the scale, the causal mask (KERAS_LARGE_NEGATIVE, never
+      -inf; -0.7 * 65500 only for float16 scores, which this path never has) and the softmax on the scores cast to
+      result_type(compute dtype, float32), float32 (float64 in fp64 runs); p v in the compute dtype. The scale goes
+      in as a tensor of that dtype: the op casts a Python float through float32 (inexact in fp64).
+    - with dropout, which the fused op would draw itself, the same math in keras.ops in the compute dtype with the
+      core's mask [N, H, T, T] (a second input in training: called as layer(x, mask)): scores scaled, -inf where
+      j > i when causal, softmax over keys, p * mask / (1 - rate), as MultiHeadAttention's explicit path does with
+      its Softmax layer (which masks with -3e4 in float16, -1e9 else: -9.98e8 once rounded to bfloat16)."""
 
     def __init__(self, info, net, **kwargs):
         super().__init__(info, net, **kwargs)
-        spec = info.spec
-        self.heads, self.causal, self.use_bias, self.rate = spec.heads, spec.causal, spec.use_bias, spec.dropout
-        self.implementation = attention_implementation(spec)
+        self.implementation = attention_implementation(info.spec)
         self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
 
     def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
         out = ops.matmul(x, kernel) if self.fp8 is None else self.fp8[name].product(tf.matmul, x, kernel, training)
-        return out + getattr(self, f"{name}_bias") if self.use_bias else out
+        return out + getattr(self, f"{name}_bias") if self.spec.use_bias else out
 
     def call(self, x, mask=None, training=None):
         length, dim = x.shape[1], x.shape[2]
-        head_dim = dim // self.heads
+        head_dim = dim // self.spec.heads
         # [N, T, H, Dh]: head h is columns h*Dh .. (h+1)*Dh-1
-        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.heads, head_dim))
+        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.spec.heads, head_dim))
                    for name in PROJECTIONS[:3])
         scale = 1 / math.sqrt(head_dim)
         if self.implementation == FUSED:
             scale = ops.convert_to_tensor(scale, dtype=keras.backend.result_type(x.dtype, "float32"))
-            heads = ops.dot_product_attention(q, k, v, scale=scale, is_causal=self.causal)
+            heads = ops.dot_product_attention(q, k, v, scale=scale, is_causal=self.spec.causal)
         else:
             scores = ops.einsum("btnh,bsnh->bnts", q, k) * ops.convert_to_tensor(scale, dtype=x.dtype)
-            if self.causal:  # j > i: above the diagonal
+            if self.spec.causal:  # j > i: above the diagonal
                 above = ops.triu(ops.ones((length, length), dtype="bool"), k=1)
                 scores = ops.where(above, ops.convert_to_tensor(-math.inf, dtype=x.dtype), scores)
             probs = ops.softmax(scores, axis=-1)
             if mask is not None:
-                probs = _dropped(probs, mask, self.rate)
+                probs = _dropped(probs, mask, self.spec.dropout)
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
         return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
 
@@ -267,14 +245,9 @@ class SelfAttention(CanonicalLayer):
 
 
 def _given(weights: dict[str, np.ndarray], name: str):
-    """An initialiser returning the core's canonical weight: the variable is created holding it, without
-    Keras drawing a random tensor first only to be overwritten (build-time temporaries that would sit in the
-    process's memory figure)."""
+    """An initialiser returning the core's canonical weight: the variable is created holding it, with no random tensor
+    drawn first only to be overwritten (a build-time temporary that would sit in the process's memory figure)."""
     return lambda shape, dtype=None: weights[name].astype(dtype, copy=False)
-
-
-TOKEN_DTYPE = "int64"  # never a float: bfloat16 holds integers exactly up to 256 only
-LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
 
 
 def _named(info, net) -> dict:
@@ -286,56 +259,34 @@ def _named(info, net) -> dict:
 
 @LAYERS.builder("dense")
 def dense(info, net):
-    fp8 = {"fp8": net.fp8} if net.fp8 else {}
-    return (Fp8Dense if net.fp8 else keras.layers.Dense)(info.spec.units, use_bias=info.spec.use_bias,
-                                                         **_named(info, net), **fp8)
+    return Fp8Dense(info.spec.units, use_bias=info.spec.use_bias, fp8=net.fp8, **_named(info, net))
 
 
 @LAYERS.builder("conv2d")
 def conv2d(info, net):
     spec = info.spec
-    fp8 = {"fp8": net.fp8} if net.fp8 else {}
-    return (Fp8Conv2D if net.fp8 else keras.layers.Conv2D)(spec.filters, spec.kernel_size, strides=spec.strides,
-                                                           padding=spec.padding, use_bias=spec.use_bias,
-                                                           **_named(info, net), **fp8)
+    return Fp8Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
+                     use_bias=spec.use_bias, fp8=net.fp8, **_named(info, net))
 
 
-@LAYERS.builder("maxpool2d")
-def maxpool2d(info, net):
+@LAYERS.builder("maxpool2d", "avgpool2d")
+def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as the spec says
     spec = info.spec
-    return keras.layers.MaxPooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
+    pool = keras.layers.MaxPooling2D if info.type == "maxpool2d" else keras.layers.AveragePooling2D
+    return pool(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
 
 
-@LAYERS.builder("avgpool2d")
-def avgpool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as the spec says
-    spec = info.spec
-    return keras.layers.AveragePooling2D(spec.pool_size, strides=spec.strides, padding=spec.padding,
-                                         **_named(info, net))
+# the Keras layers built from fixed arguments and their name; residual's Add is called as layer([main, shortcut])
+# (_apply runs the block's branches)
+FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
+         "residual": keras.layers.Add, "softmax": partial(keras.layers.Softmax, axis=-1),
+         "relu": partial(keras.layers.Activation, "relu"), "tanh": partial(keras.layers.Activation, "tanh"),
+         "sigmoid": partial(keras.layers.Activation, "sigmoid")}
 
 
-@LAYERS.builder("global_avgpool2d")
-def global_avgpool2d(info, net):
-    return keras.layers.GlobalAveragePooling2D(**_named(info, net))
-
-
-@LAYERS.builder("flatten")
-def flatten(info, net):
-    return keras.layers.Flatten(**_named(info, net))
-
-
-@LAYERS.builder("relu", "tanh", "sigmoid")
-def activation(info, net):
-    return keras.layers.Activation(info.type, **_named(info, net))
-
-
-@LAYERS.builder("softmax")
-def softmax(info, net):
-    return keras.layers.Softmax(axis=-1, **_named(info, net))
-
-
-@LAYERS.builder("gelu")
-def gelu(info, net):
-    return GELU(info.spec.approximate, **_named(info, net))
+@LAYERS.builder(*FIXED)
+def fixed(info, net):
+    return FIXED[info.type](**_named(info, net))
 
 
 @LAYERS.builder("batchnorm")
@@ -349,46 +300,16 @@ def layernorm(info, net):
     return keras.layers.LayerNormalization(axis=-1, epsilon=info.spec.epsilon, **_named(info, net))
 
 
-@LAYERS.builder("dropout")
-def dropout(info, net):  # called as layer(x, mask): _apply passes the core's mask
-    return MaskedDropout(info.spec.rate, **_named(info, net))
-
-
 @LAYERS.builder("embedding")
 def embedding(info, net):  # the ids stay integer: Keras' own lookup (ops.take), its output in the compute dtype
     vocab, dim = info.params["embeddings"]
     return keras.layers.Embedding(vocab, dim, **_named(info, net))
 
 
-@LAYERS.builder("position_embedding")
-def position_embedding(info, net):
-    return PositionEmbedding(info, net)
-
-
-@LAYERS.builder("attention")
-def attention(info, net):  # called as layer(x, mask) in training with attention dropout: _apply passes the mask
-    return SelfAttention(info, net)
-
-
-@LAYERS.builder("rmsnorm")
-def rmsnorm(info, net):
-    return RMSNorm(info, net)
-
-
-@LAYERS.builder("sequence_pool")
-def sequence_pool(info, net):
-    return SequencePool(info.spec.mode, **_named(info, net))
-
-
 @LAYERS.builder("patches")
 def patches(info, net):
     size = info.spec.size
     return Patches(info.spec.dim, size, strides=size, padding="valid", fp8=net.fp8, **_named(info, net))
-
-
-@LAYERS.builder("residual")
-def residual(info, net):  # called as layer([main, shortcut]): _apply runs the block's branches
-    return keras.layers.Add(**_named(info, net))
 
 
 def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict | None = None):
@@ -401,12 +322,9 @@ def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict
             shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, record) \
                 if spec.projection else x
             x = layers[path]([main, shortcut])
-        elif spec.type == "dropout":
-            if masks is not None and path in masks:
-                x = layers[path](x, masks[path])
-        elif spec.type == "attention" and masks is not None and path in masks:
+        elif masks is not None and path in masks:  # a dropout's (or attention dropout's) mask, in training
             x = layers[path](x, masks[path])
-        else:
+        elif spec.type != "dropout":  # a dropout without its mask drops nothing
             x = layers[path](x)
         if record is not None:
             record[path] = x
@@ -418,13 +336,10 @@ class Network:
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
     def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None):
-        # token ids stay integer (int64, as the core gives them: the lookup takes them without a cast); images and
-        # vectors come in floatx
-        self.input_dtype = TOKEN_DTYPE if spec.tokens else floatx
+        self.input_dtype = "int64" if spec.tokens else floatx  # never a float: bfloat16 holds integers up to 256 only
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
-        dropouts = DropoutMasks(graph, spec.seed).layers
-        self.mask_paths = [path for path, _, _ in dropouts]
-        masks = {path: keras.Input(shape=shape, dtype=floatx) for path, _, shape in dropouts}
+        masks = {path: keras.Input(shape, dtype=floatx) for path, _, shape in DropoutMasks(graph, spec.seed).layers}
+        self.mask_paths = list(masks)
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
@@ -434,19 +349,13 @@ class Network:
         #: which attention ran, by canonical layer path (the trainer's options["attention"])
         self.attention = {path: layer.implementation for path, layer in layers.items()
                           if isinstance(layer, SelfAttention)}
-        self.variables = {}
-        for name in graph.param_shapes():  # Keras' attribute names (and this adapter's layers') are the canonical
-            path, param = name.rsplit(".", 1)
-            self.variables[name] = getattr(layers[path], param)
+        # by canonical name: Keras' attribute names (and this adapter's layers') are the canonical ones
+        self.variables = {f"{info.path}.{param}": getattr(layers[info.path], param)
+                          for info in graph.layers for param in info.params}
         self.name_of = {id(v): name for name, v in self.variables.items()}  # canonical name of each variable
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): the inference network run eagerly,
         so that a GradientTape can differentiate the loss with respect to every output."""
         outputs: dict = {}
-        out = _apply(self.spec.layers, "", x, self.layers, None, outputs)
-        return outputs, out
-
-    def canonical_weights(self) -> dict[str, np.ndarray]:
-        values = {name: keras.ops.convert_to_numpy(v) for name, v in self.variables.items()}
-        return {name: v if v.dtype == np.float64 else v.astype(np.float32) for name, v in values.items()}
+        return outputs, _apply(self.spec.layers, "", x, self.layers, None, outputs)

@@ -3,9 +3,8 @@ rate ("epsilon hat") and its AdamW decays every variable not excluded by name, s
 spec's, and its optimizers are written out in Keras ops, a pass over memory per operation. Adam (AdamW too) and
 SGD here run on TensorFlow's fused training kernels (one pass per variable; `tf.raw_ops.ResourceApply*`) with
 arguments chosen so that each computes the spec's math; RMSprop, which has no fused kernel without a momentum
-slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (not Keras' float
-learning-rate variable): exact in float64. A schedule's rate is a float64 variable the trainer sets before each
-step (set_rate), so the compiled step is traced once."""
+slot, is written out. Hyper-parameters are Python floats converted to the variable's dtype (_const; not Keras' float
+learning-rate variable), and a schedule's rate is a float64 variable the trainer sets (scheduled_rate)."""
 from __future__ import annotations
 
 import keras
@@ -18,12 +17,11 @@ from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
-    """The spec's rules every optimizer here shares: the step's learning rate (rate), AdamW's decay of each
-    variable (decay_of) and the clipping of the gradients it is given (apply)."""
+    """The spec's rules every optimizer here shares: the step's learning rate, AdamW's decay, the clipping."""
     SLOTS: tuple[str, ...] = ()
 
-    def __init__(self, spec, weight_names, name):
-        super().__init__(learning_rate=spec.learning_rate, name=name)
+    def __init__(self, spec, weight_names, name=None):
+        super().__init__(learning_rate=spec.learning_rate, name=name or f"spec_{spec.type}")
         self.spec = spec
         # by the order of the variables build is given: the decay harness.model.optimizer gives each weight
         self.decays = [weight_decay(spec, weight) for weight in weight_names]
@@ -42,10 +40,6 @@ class SpecOptimizer(keras.optimizers.Optimizer):
     def decay_of(self, variable) -> float:
         return self.decays[self._get_variable_index(variable)]
 
-    def set_rate(self, learning_rate: float) -> None:
-        """Before a step of a scheduled spec: the step's learning rate."""
-        self.scheduled_rate.assign(learning_rate)
-
     def rate(self, dtype):
         """The step's learning rate in `dtype`: the spec's constant converted directly, or the schedule's."""
         if self.scheduled_rate is None:
@@ -54,22 +48,17 @@ class SpecOptimizer(keras.optimizers.Optimizer):
 
     def apply(self, grads, trainable_variables=None):
         # a profile's update part, also where LossScaleOptimizer (the loss-scale part) calls this, with the
-        # unscaled gradients of a step its finite check let through: a name scope is a name in the graph, free at
-        # run time
+        # unscaled gradients of a step its finite check let through
         with tf.name_scope(UPDATE_SCOPE):
             if self.spec.clip_norm is not None:
-                grads = clip_by_global_norm(grads, self.spec.clip_norm)
+                # the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients and float64
+                # for float64 ones: the update casts them to its own dtype
+                dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
+                grads = [tf.cast(g, dtype) for g in grads]
+                norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+                scale = clip_factor_with(CLIP_OPS, norm, self.spec.clip_norm)
+                grads = [g * scale for g in grads]
             return super().apply(grads, trainable_variables)
-
-
-def clip_by_global_norm(grads, clip_norm: float):
-    """Every gradient times the spec's clipping factor (harness.model.training), in float32 for 16-bit gradients
-    and float64 for float64 ones: the update casts them to its own dtype."""
-    dtype = tf.float64 if grads[0].dtype == tf.float64 else tf.float32
-    grads = [tf.cast(g, dtype) for g in grads]
-    norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
-    scale = clip_factor_with(CLIP_OPS, norm, clip_norm)
-    return [g * scale for g in grads]
 
 
 def _const(value: float, like):
@@ -80,7 +69,7 @@ def _const(value: float, like):
 
 class SGD(SpecOptimizer):
     def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name="spec_sgd")
+        super().__init__(spec, weight_names)
         self.SLOTS = ("momentum",) if spec.momentum else ()  # plain SGD has no state
 
     def update_step(self, gradient, variable, learning_rate):
@@ -88,30 +77,23 @@ class SGD(SpecOptimizer):
         if spec.momentum == 0:
             tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=g)
             return
+        # ResourceApplyKerasMomentum keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the
+        # spec's w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf). Under a
+        # schedule that velocity would sum earlier steps' rates: ResourceApplyMomentum keeps the spec's buf (gradient
+        # units) and multiplies by this step's rate, w -= lr*buf or lr*(g + m*buf)
+        kernel = (tf.raw_ops.ResourceApplyKerasMomentum if self.scheduled_rate is None
+                  else tf.raw_ops.ResourceApplyMomentum)
         buffer, momentum = self.slot("momentum", variable), _const(spec.momentum, variable)
-        if self.scheduled_rate is None:
-            # the kernel keeps a velocity in learning-rate units, v = m*v - lr*g = -lr*buf: w += v is the spec's
-            # w -= lr*buf (buf = m*buf + g), and with Nesterov w += m*v - lr*g its w -= lr*(g + m*buf)
-            tf.raw_ops.ResourceApplyKerasMomentum(var=variable.handle, accum=buffer.handle, lr=lr,
-                                                  grad=g, momentum=momentum, use_nesterov=spec.nesterov)
-            return
-        # a velocity in learning-rate units would sum earlier steps' rates: under a schedule the kernel that keeps
-        # the spec's buf (gradient units) and multiplies by this step's rate, w -= lr*buf or lr*(g + m*buf)
-        tf.raw_ops.ResourceApplyMomentum(var=variable.handle, accum=buffer.handle, lr=lr, grad=g, momentum=momentum,
-                                         use_nesterov=spec.nesterov)
+        kernel(var=variable.handle, accum=buffer.handle, lr=lr, grad=g, momentum=momentum, use_nesterov=spec.nesterov)
 
 
 class Adam(SpecOptimizer):
     """Adam, and AdamW: the decay of the weights decay_of names."""
     SLOTS = ("m", "v")
 
-    def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name=f"spec_{spec.type}")
-
     def update_step(self, gradient, variable, learning_rate):
         spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
-        lr = self.rate(variable.dtype)
-        decay = self.decay_of(variable)
+        lr, decay = self.rate(variable.dtype), self.decay_of(variable)
         if decay:  # decoupled, of the weight before the update: p*(1 - lr*wd), then the kernel's Adam step
             self.assign(variable, variable * ops.cast(1 - self.rate(tf.float64) * decay, variable.dtype))
         t = ops.cast(self.iterations + 1, variable.dtype)
@@ -128,9 +110,6 @@ class Adam(SpecOptimizer):
 class RMSprop(SpecOptimizer):
     SLOTS = ("square_avg",)
 
-    def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names, name="spec_rmsprop")
-
     def update_step(self, gradient, variable, learning_rate):
         spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
         g = ops.cast(gradient, variable.dtype)
@@ -140,15 +119,7 @@ class RMSprop(SpecOptimizer):
         self.assign_sub(variable, self.rate(variable.dtype) * g / denom)
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}
-
-
-def make_optimizer(spec, variables, weight_names) -> keras.optimizers.Optimizer:
-    """The spec's optimizer over these trainable variables (canonically named `weight_names`), built: every slot
-    created now."""
-    optimizer = OPTIMIZERS[spec.type](spec, weight_names)
-    optimizer.build(variables)
-    return optimizer
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}  # each takes (spec, weight_names)
 
 
 def _nll(logp, labels):

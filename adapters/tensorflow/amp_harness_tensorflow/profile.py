@@ -5,7 +5,7 @@ Graph steps: the executor traces every op it runs as "node_name:OpType" on the h
 the name scopes it was built in: each Keras layer's (its name, network.py), the parts' (adapter.py, optimizers.py)
 and, for a gradient, "gradient_tape/<the forward op's scopes>/", which GradientTape gives every op of a backward
 function. Each op is joined by name to the graph of the tf.function that ran, for its dtypes (fixed when the
-function was traced; the trace records none). Three kinds of time get their scopes otherwise:
+function was traced; the trace records none). Four kinds of time get their scopes otherwise:
 - Grappler's remapper (oneDNN on CPU) fuses a matmul or convolution with the bias add and activation after it into
   one kernel named after the last node it fused, often the next layer's activation: the kernel gets the scopes and
   dtypes of the matmul or convolution it starts from, the node doing its work.
@@ -20,23 +20,22 @@ function was traced; the trace records none). Three kinds of time get their scop
   On a small model it is a large share of the step (mnist_mlp: about 0.6 of 2.5 ms).
 
 XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
-and the profile carries the program's HLO, whose instructions keep the TensorFlow op they came from (op_name, with
-its scopes; GradientTape's "gradient_tape/" marks a backward op) and their operands' and results' dtypes. The
-instructions' scopes, dtypes and casts are read by harness.run.xla_profile, by the rules JAX's profile follows too
-(fusions, the instructions XLA adds: a layout transpose, the indices of a max-pool gradient, a float16 convolution
-redone in float32). XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their
-times can add up to more than the step.
+and the profile carries the program's HLO, whose instructions' scopes, dtypes and casts harness.run.xla_profile
+reads (as JAX's). XLA runs independent thunks at once (the caller's thread and the intra-op pool), so their times
+can add up to more than the step.
 """
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from bisect import bisect_left
 from collections import defaultdict
+from dataclasses import replace
+from os.path import commonprefix
 from pathlib import Path
 
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from harness.adapter import RUNTIME_SCOPE, OpTime, ProfiledOps
 from harness.errors import HarnessError
@@ -50,7 +49,6 @@ LOWERED = re.compile(r"^(.+?)/(then|else)/_\d+/(.+)$")  # a cond branch's node i
 REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
 GRADIENT = "gradient_tape"  # GradientTape's scope for backward ops
 BACKWARD_MARK = f"{GRADIENT}/"  # in the op_name of an XLA instruction a backward op became
-FLOATS = {"float16", "bfloat16", "float32", "float64"}
 # the xla variant's profile (measured, resnet8 at batch 4 on 32x32 inputs, two intra-op threads: layers and parts
 # held 43% of the fp32 step and 51% of the amp_fp16 step, whose float16 convolutions XLA redoes in float32; 36% and
 # 26% when the instructions XLA made were left unattributed)
@@ -63,8 +61,7 @@ FUSED_HOPS = 4  # a fused pattern's start lies this many first-input hops back a
 def profile_steps(trainer, run_steps) -> ProfiledOps:
     """Run the core's steps under the profiler and return every op (or XLA thunk) that ran on the host."""
     step = trainer._step  # the tf.function: its traced graphs give the ops' dtypes
-    logdir = tempfile.mkdtemp(prefix="amp-harness-tf-profile-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="amp-harness-tf-profile-", ignore_cleanup_errors=True) as logdir:
         # host events only (this is the CPU path); Python calls are not traced
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                            device_tracer_level=0)
@@ -73,9 +70,12 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
             run_steps()
         finally:
             tf.profiler.experimental.stop()
-        space, serialized = _read_space(Path(logdir))
-    finally:
-        shutil.rmtree(logdir, ignore_errors=True)
+        files = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
+        if len(files) != 1:
+            raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
+        serialized = files[0].read_bytes()
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(serialized)
     host = next((plane for plane in space.planes if plane.name == "/host:CPU"), None)
     if host is None:
         raise HarnessError("TensorFlow's profiler wrote no host plane")
@@ -85,11 +85,16 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     if not graphs:
         raise HarnessError(f"TensorFlow's profile shows none of the step's functions running (it ran: "
                            f"{', '.join(sorted(ran)) or 'no function'})")
-    hlo = _hlo_modules(serialized)
+    # the XLA programs in the profile by module name (none for a graph step)
+    hlo = {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
     ops = []
     for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
-        if key[0] == "hlo":
-            ops.append(_hlo_op(hlo[key[1]], key[2], self_ps * 1e-12, calls))
+        if key[0] == "hlo":  # an instruction that ran, as an op named by XLA (its name without its number)
+            module, i = hlo[key[1]], hlo[key[1]].by_name[key[2]]
+            scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
+            ops.append(OpTime(op=re.sub(r"\.\d+$", "", key[2]), scope=scope, seconds=self_ps * 1e-12, backward=backward,
+                              cast=module.is_cast(i), calls=calls, inputs=module.inputs(i),
+                              outputs=module.by_id[i].dtypes))
             continue
         _, name, op_type = key
         if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
@@ -98,13 +103,12 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         where = (_fused_root(node, op_type) or node) if node is not None else None
         scope = _scope(where) if where is not None else name.rpartition("/")[0]
         backward = GRADIENT in scope.split("/")
-        dtypes = {"inputs": _floats(t.dtype.name for t in where.inputs),
-                  "outputs": _floats(t.dtype.name for t in where.outputs)} if where is not None else {}
+        dtypes = {side: tuple(t.dtype.name for t in getattr(where, side) if t.dtype.name in xla_profile.FLOATS.values())
+                  for side in ("inputs", "outputs")} if where is not None else {}
         ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
         if executor_ps:  # the executor handling this node's tensors
-            ops.append(OpTime(op=PROCESS, scope=scope, seconds=executor_ps * 1e-12, backward=backward, calls=calls,
-                              **dtypes))
+            ops.append(replace(ops[-1], op=PROCESS, seconds=executor_ps * 1e-12, cast=False))
     if not hlo:
         dispatch_ps, calls = _dispatch(host, step.__name__)
         if calls:
@@ -115,9 +119,7 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
 
 
 def _dispatch(plane, function: str) -> tuple[int, int]:
-    """(picoseconds, calls) the calling thread spent in the tf.function's own trace event (named after the
-    function) outside the run of its graph: Python handling arguments and outputs and the eager runtime launching
-    the function, before any op starts and after the last ends."""
+    """(picoseconds, calls) of the runtime's dispatch (the module docstring), by the event named after `function`."""
     total = calls = 0
     for line in plane.lines:
         spans: dict[str, list[tuple[int, int]]] = {function: [], GRAPH_RUN: []}
@@ -131,18 +133,6 @@ def _dispatch(plane, function: str) -> tuple[int, int]:
     return total, calls
 
 
-def _read_space(logdir: Path):
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    files = sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
-    if len(files) != 1:
-        raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
-    serialized = files[0].read_bytes()
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(serialized)
-    return space, serialized
-
-
 def _stats(plane, event) -> dict:
     return {plane.stat_metadata[s.metadata_id].name: s.str_value or (plane.stat_metadata[s.ref_value].name
                                                                       if s.ref_value else s.int64_value)
@@ -150,8 +140,7 @@ def _stats(plane, event) -> dict:
 
 
 def _functions_run(plane) -> set[str]:
-    """The functions the trace shows running: an eager call of one is traced with its name in an "eager_op"
-    stat."""
+    """The functions the trace shows running: an eager call of one has its name in an "eager_op" stat."""
     ids = {i for i, meta in plane.stat_metadata.items() if meta.name == "eager_op"}
     return {_stats(plane, event)["eager_op"] for line in plane.lines for event in line.events
             if any(s.metadata_id in ids for s in event.stats)}
@@ -209,15 +198,13 @@ def _node(graphs, name: str):
             return graph.get_operation_by_name(name)
         except (KeyError, ValueError):
             pass
-    lowered = LOWERED.match(name)
-    if lowered:
+    if lowered := LOWERED.match(name):
         cond, branch, inner = lowered.groups()
         op = _node(graphs, cond)
         # cond_v2 keeps each branch's graph on the If op (its gradient needs them)
         graph = getattr(op, "_true_graph" if branch == "then" else "_false_graph", None) if op is not None else None
         return _node([graph], inner) if graph is not None else None
-    rewritten = REWRITTEN.match(name)
-    if rewritten:
+    if rewritten := REWRITTEN.match(name):
         scope, stage = rewritten.groups()
         tails = stage.split("_")
         return next((node for node in (_node(graphs, f"{scope}/{'_'.join(tails[i:])}") for i in range(1, len(tails)))
@@ -226,13 +213,12 @@ def _node(graphs, name: str):
 
 
 def _scope(node) -> str:
-    """The scopes a graph node ran in: those of its name, or for GradientTape's sum of a tensor's gradients,
-    those the summed gradients share."""
+    """The scopes a graph node ran in: its name's, or for GradientTape's AddN, those its summed gradients share."""
     scope = node.name.rpartition("/")[0]
     if node.type != "AddN" or GRADIENT in scope.split("/"):
         return scope
     summed = [_scope(t.op).split("/") for t in node.inputs]
-    return "/".join(_shared(summed)) if all(GRADIENT in s for s in summed) else scope
+    return "/".join(commonprefix(summed)) if all(GRADIENT in s for s in summed) else scope
 
 
 def _base_type(op_type: str) -> str:
@@ -241,8 +227,7 @@ def _base_type(op_type: str) -> str:
 
 
 def _fused_root(node, op_type: str):
-    """For a kernel that fused several nodes (e.g. _MklNativeFusedMatMul named after a Relu), the node its
-    pattern starts from (the MatMul); None when `node` is the op that ran."""
+    """The node a fused kernel's pattern starts from (_MklNativeFusedMatMul named after a Relu: the MatMul), or None."""
     base = _base_type(op_type)
     if base == node.type or "Fused" not in base:
         return None
@@ -254,30 +239,3 @@ def _fused_root(node, op_type: str):
         if node.type == start:
             return node
     return None
-
-
-def _hlo_modules(serialized: bytes) -> dict[str, xla_profile.Module]:
-    """The XLA programs in the profile by module name (none for a graph step)."""
-    return {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
-
-
-def _hlo_op(module: xla_profile.Module, name: str, seconds: float, calls: int) -> OpTime:
-    """An instruction that ran, as an op named by XLA (the instruction's name without its number)."""
-    i = module.by_name[name]
-    scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
-    return OpTime(op=re.sub(r"\.\d+$", "", name), scope=scope, seconds=seconds, backward=backward,
-                  cast=module.is_cast(i), calls=calls, inputs=module.inputs(i), outputs=module.by_id[i].dtypes)
-
-
-def _shared(scopes: list[list[str]]) -> list[str]:
-    """The scopes all of `scopes` share, outermost first."""
-    shared = []
-    for parts in zip(*scopes):
-        if len(set(parts)) > 1:
-            break
-        shared.append(parts[0])
-    return shared
-
-
-def _floats(dtypes) -> tuple[str, ...]:
-    return tuple(d for d in dtypes if d in FLOATS)

@@ -1,6 +1,5 @@
-"""harness.rounding's primitives in TensorFlow (RoundingOps: bit-casts through tf.bitcast), and the optimizer
-that computes its update in float32 and writes the new weights by the core's rules (the precisions with a
-`rounding`)."""
+"""harness.rounding's primitives in TensorFlow (RoundingOps: bit-casts through tf.bitcast), and the optimizer of the
+precisions with a `rounding`."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -8,11 +7,6 @@ import tensorflow as tf
 from amp_harness_tensorflow.optimizers import SpecOptimizer
 from harness.errors import HarnessError
 from harness.rounding import NOISE_RANGE, Rounding, RoundingOps, rounded_slots, rounded_update
-
-
-def device_name(device) -> str:
-    """TensorFlow's name of a harness.adapter.Device."""
-    return "/GPU:0" if device.kind == "gpu" else "/CPU:0"
 
 
 def draw_bits(shape, generator: tf.random.Generator):
@@ -26,9 +20,9 @@ def _copysign(magnitude, sign):
 
 
 def _placed(fn, device):
-    """fn with its ops placed on `device`."""
+    """fn with its ops placed on `device` (a harness.adapter.Device)."""
     def run(*args):
-        with tf.device(device_name(device)):
+        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
             return fn(*args)
     return run
 
@@ -54,14 +48,6 @@ OPS = RoundingOps(
     scalars=lambda fn, lr, t: tuple(tf.cast(x, tf.float32) for x in fn(tf.cast(lr, tf.float64), tf.cast(t, tf.float64),
                                                                        tf.sqrt)),
 )
-
-
-def make_rounded_optimizer(spec, variables, weight_names, rounding: Rounding, seed: int) -> RoundedOptimizer:
-    """The spec's optimizer writing the weights by the rounding's rule, over these variables (canonically named
-    `weight_names`), built."""
-    optimizer = RoundedOptimizer(spec, weight_names, rounding, seed)
-    optimizer.build(variables)
-    return optimizer
 
 
 class RoundedOptimizer(SpecOptimizer):
