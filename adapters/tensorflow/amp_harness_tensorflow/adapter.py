@@ -16,6 +16,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
+    rounding_module = "amp_harness_tensorflow.rounding"  # its OPS: harness.rounding's primitives
     variants = {"graph": "the training step as one tf.function graph",
                 "xla": "the training step compiled with XLA (jit_compile=True)"}
     capabilities = Capabilities(
@@ -34,8 +35,6 @@ class TensorFlowAdapter(Adapter):
     def device(self, requested: str) -> Device:
         import tensorflow as tf
 
-        from harness.run.measure import cpu_info
-
         gpus = tf.config.list_physical_devices("GPU")
         if requested == "gpu" and not gpus:
             raise HarnessError("--device gpu: TensorFlow sees no GPU (tensorflow-cpu, or no CUDA build)")
@@ -50,7 +49,7 @@ class TensorFlowAdapter(Adapter):
             return Device("gpu:0", "gpu", details.get("device_name", "GPU"),
                           {"compute_capability": ".".join(map(str, cc)) if cc else None,
                            "cuda": tf.sysconfig.get_build_info().get("cuda_version")})
-        return Device("cpu", "cpu", cpu_info()[0])
+        return Device.cpu()
 
     def set_threads(self, threads: int) -> None:
         import tensorflow as tf
@@ -60,11 +59,6 @@ class TensorFlowAdapter(Adapter):
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
-
-    def rounding_ops(self):
-        from amp_harness_tensorflow.rounding import OPS
-
-        return OPS
 
     def matmul(self, shape, dtype, device):
         import tensorflow as tf
@@ -90,6 +84,9 @@ def _dense(gradient):
 
 
 class TensorFlowTrainer(Trainer):
+    network_module = "amp_harness_tensorflow.network"  # its attention_mask
+    profile_module = "amp_harness_tensorflow.profile"  # its profile_steps
+
     def configure(self, spec, precision, device, variant):
         import keras
         import tensorflow as tf
@@ -113,11 +110,6 @@ class TensorFlowTrainer(Trainer):
         self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
-
-    def attention_mask(self, info, precision, device_kind):
-        from amp_harness_tensorflow.network import attention_mask
-
-        return attention_mask(info, precision, device_kind)
 
     def build_optimizer(self, optimizer):
         from amp_harness_tensorflow.optimizers import OPTIMIZERS
@@ -219,11 +211,6 @@ class TensorFlowTrainer(Trainer):
         grads = tape.gradient(loss, list(outputs.values()))
         return {path: (self.output(value), self.output(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
-
-    def profile(self, run_steps):
-        from amp_harness_tensorflow.profile import profile_steps
-
-        return profile_steps(self, run_steps)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))

@@ -89,12 +89,9 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     hlo = {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
     ops = []
     for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
-        if key[0] == "hlo":  # an instruction that ran, as an op named by XLA (its name without its number)
-            module, i = hlo[key[1]], hlo[key[1]].by_name[key[2]]
-            scope, backward = module.owner(i, {})  # no weight is named by a TensorFlow step's arguments: none to find
-            ops.append(OpTime(op=re.sub(r"\.\d+$", "", key[2]), scope=scope, seconds=self_ps * 1e-12, backward=backward,
-                              cast=module.is_cast(i), calls=calls, inputs=module.inputs(i),
-                              outputs=module.by_id[i].dtypes))
+        if key[0] == "hlo":  # an instruction that ran, as an op named by XLA (its name without its number); no
+            # weight is named by a TensorFlow step's arguments: none to find
+            ops.append(hlo[key[1]].op_time(key[2], self_ps * 1e-12, calls, {}, op=re.sub(r"\.\d+$", "", key[2])))
             continue
         _, name, op_type = key
         if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
