@@ -61,6 +61,7 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 
@@ -385,6 +386,16 @@ class ModelSpec(_Strict):
     # the factor a scaling study's --widths scaled the layers by (with_overrides); None: the file's own widths
     width: Optional[float] = Field(None, gt=0, le=MAX_WIDTH)
 
+    @model_serializer(mode="wrap")
+    def _one_network(self, handler):
+        """A spec's dump holds the network it has: `layers`, or `native` (a spec written before native models
+        existed dumps, embeds and hashes as it did)."""
+        data = handler(self)
+        for key in ("layers", "native"):
+            if data.get(key, ...) is None:
+                del data[key]
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _framework_optimizer_defaults(cls, data):
@@ -486,9 +497,8 @@ class ModelSpec(_Strict):
     def spec_hash(self) -> str:
         """Equal for the same spec, seed and overrides, whatever the framework (description excluded)."""
         data = self.model_dump(exclude={"description"})
-        for key in ("width", "native", "layers"):  # added later (or absent): every earlier spec keeps its hash
-            if data[key] is None:
-                del data[key]
+        if data["width"] is None:  # added for scaling studies: every earlier spec keeps its hash
+            del data["width"]
         # fields added for token sequences hash only when set, so that every earlier spec keeps its hash
         for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash"),
                           ("optimizer", "clip_norm"), ("optimizer", "schedule")):

@@ -39,7 +39,7 @@ def test_hashes_of_specs_without_width_are_unchanged():
     assert spec.spec_hash() == spec.model_copy(update={"width": None}).spec_hash()
     import hashlib
 
-    data = spec.model_dump(exclude={"description", "width", "native"})  # (native: added later, None here)
+    data = spec.model_dump(exclude={"description", "width"})
     for part, key in (("input", "vocab"), ("dataset", "task"), ("dataset", "corpus_hash"),
                       ("optimizer", "clip_norm"), ("optimizer", "schedule")):
         if data[part][key] is None:
