@@ -8,6 +8,9 @@ dataset, the weights' kinds for AdamW, the training state's size, and the precis
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -16,13 +19,77 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import HarnessError, one_line
+from harness.errors import HarnessError, clip, one_line
 from harness.model.graph import state_memory_of
 from harness.model.native import Modules, output_problem
 
 CHECK_TIMEOUT_S = 600  # building a large model on a slow CPU: minutes
 FP8_REASON = ("FP8 on a native model would swap its linear layers for FP8 ones, which is not built; translate the "
               "model to a spec with `amp-harness import` to train it in FP8")
+
+
+def load_object(target: str, is_model, what: str):
+    """The model `target` ("package.module:attr", "path/to/file.py:attr") names: the attribute itself where
+    `is_model(it)`, else what it returns when called with no arguments (a class or a builder function), which must
+    pass `is_model`; HarnessError in one line naming the target and the problem (`what`: "an nn.Module"...). The
+    module is found as Python finds modules from the current folder and PYTHONPATH; a file's own folder is on the
+    path while it runs, for its sibling imports."""
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise HarnessError(f"{clip(target, 80)}: give MODULE:ATTR (a module or path/to/file.py, and an attribute)")
+    try:
+        if where.endswith(".py") or "/" in where or "\\" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise HarnessError(f"{clip(where, 120)}: no such file")
+            found = importlib.util.spec_from_file_location(f"_amp_harness_import_{path.stem}", path)
+            module = importlib.util.module_from_spec(found)
+            sys.modules[found.name] = module  # dataclasses and pickling look their module up there
+            with _on_path(str(path.resolve().parent)):
+                found.loader.exec_module(module)
+        else:
+            with _on_path(""):  # as `python -m`: modules in the working directory
+                module = importlib.import_module(where)
+    except HarnessError:
+        raise
+    except BaseException as exc:  # the user's code: anything, SystemExit included
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise HarnessError(f"{clip(target, 80)}: importing {clip(where, 80)} failed: {_first_line(exc)}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise HarnessError(f"{clip(target, 80)}: {clip(where, 80)} has no attribute {clip(attr, 60)}")
+        obj = getattr(obj, part)
+    if is_model(obj):
+        return obj
+    if not callable(obj):
+        raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)} is a {type(obj).__name__}, not {what} (or a class "
+                           f"or function of no arguments that returns one)")
+    try:
+        made = obj()
+    except Exception as exc:
+        raise HarnessError(f"{clip(target, 80)}: calling {clip(attr, 60)}() failed: {_first_line(exc)} (give {what}, "
+                           f"or a class or function of no arguments that returns one)") from None
+    if not is_model(made):
+        raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)}() returned a {type(made).__name__}, not {what}")
+    return made
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {clip(str(exc).splitlines()[0] if str(exc) else '', 120)}"
+
+
+@contextlib.contextmanager
+def _on_path(folder: str):
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
 
 
 def refusal(precision) -> str | None:

@@ -105,16 +105,21 @@ class TensorFlowTrainer(Trainer):
         keras.utils.set_random_seed(spec.seed)
 
     def build_network(self, spec, graph, weights, precision, device, variant):
-        from amp_harness_tensorflow.network import Network
+        if spec.native is not None:
+            from amp_harness_tensorflow.native import NativeNetwork
 
-        self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
+            self.net = NativeNetwork(spec, self.policy, self.floatx)
+        else:
+            from amp_harness_tensorflow.network import Network
+
+            self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
 
     def build_optimizer(self, optimizer):
         from amp_harness_tensorflow.optimizers import OPTIMIZERS
 
-        self.spec_optimizer = OPTIMIZERS[optimizer.type](optimizer, self._trainable_names)
+        self.spec_optimizer = OPTIMIZERS[optimizer.type](optimizer, self._trainable_names, self.net.weight_kinds)
         self.spec_optimizer.build(self.trainable)  # every slot created now
 
     def build_rounded_optimizer(self, optimizer):
@@ -124,7 +129,8 @@ class TensorFlowTrainer(Trainer):
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             for variable in self.trainable:
                 variable.assign(round_nearest_with(OPS, variable, self.rounding))
-        self.spec_optimizer = RoundedOptimizer(optimizer, self._trainable_names, self.rounding, self.rounding_seed)
+        self.spec_optimizer = RoundedOptimizer(optimizer, self._trainable_names, self.rounding, self.rounding_seed,
+                                               self.net.weight_kinds)
         self.spec_optimizer.build(self.trainable)
 
     def build_step(self, spec, precision, loss_scale, variant):
@@ -211,6 +217,9 @@ class TensorFlowTrainer(Trainer):
         grads = tape.gradient(loss, list(outputs.values()))
         return {path: (self.output(value), self.output(grad))
                 for (path, value), grad in zip(outputs.items(), grads) if grad is not None}
+
+    def native_info(self):
+        return self.net.info
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.tf.constant(x, dtype=self.net.input_dtype)))

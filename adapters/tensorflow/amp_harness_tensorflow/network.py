@@ -353,6 +353,7 @@ class Network:
         self.variables = {f"{info.path}.{param}": getattr(layers[info.path], param)
                           for info in graph.layers for param in info.params}
         self.name_of = {id(v): name for name, v in self.variables.items()}  # canonical name of each variable
+        self.weight_kinds = None  # the canonical names say each weight's kind (a native model's do not)
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): the inference network run eagerly,

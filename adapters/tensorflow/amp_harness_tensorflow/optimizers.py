@@ -20,11 +20,12 @@ class SpecOptimizer(keras.optimizers.Optimizer):
     """The spec's rules every optimizer here shares: the step's learning rate, AdamW's decay, the clipping."""
     SLOTS: tuple[str, ...] = ()
 
-    def __init__(self, spec, weight_names, name=None):
+    def __init__(self, spec, weight_names, kinds=None, name=None):
         super().__init__(learning_rate=spec.learning_rate, name=name or f"spec_{spec.type}")
         self.spec = spec
-        # by the order of the variables build is given: the decay harness.model.optimizer gives each weight
-        self.decays = [weight_decay(spec, weight) for weight in weight_names]
+        # by the order of the variables build is given: the decay harness.model.optimizer gives each weight (a
+        # native model's by its kind)
+        self.decays = [weight_decay(spec, weight, (kinds or {}).get(weight)) for weight in weight_names]
         self.scheduled_rate = tf.Variable(spec.learning_rate, dtype=tf.float64, trainable=False,
                                           name="scheduled_rate") if scheduled(spec) else None
 
@@ -68,8 +69,8 @@ def _const(value: float, like):
 
 
 class SGD(SpecOptimizer):
-    def __init__(self, spec, weight_names):
-        super().__init__(spec, weight_names)
+    def __init__(self, spec, weight_names, kinds=None):
+        super().__init__(spec, weight_names, kinds)
         self.SLOTS = ("momentum",) if spec.momentum else ()  # plain SGD has no state
 
     def update_step(self, gradient, variable, learning_rate):
@@ -119,7 +120,7 @@ class RMSprop(SpecOptimizer):
         self.assign_sub(variable, self.rate(variable.dtype) * g / denom)
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}  # each takes (spec, weight_names)
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": Adam, "rmsprop": RMSprop}  # each takes (spec, weight_names, kinds)
 
 
 def _nll(logp, labels):

@@ -54,8 +54,8 @@ class RoundedOptimizer(SpecOptimizer):
     """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
     gradients and state stored in 16 bits; every slot is created in build."""
 
-    def __init__(self, spec, weight_names, rounding: Rounding, seed: int):
-        super().__init__(spec, weight_names, name="spec_rounded")
+    def __init__(self, spec, weight_names, rounding: Rounding, seed: int, kinds=None):
+        super().__init__(spec, weight_names, kinds, name="spec_rounded")
         self.rounding = rounding
         self.SLOTS = rounded_slots(spec, rounding)
         self.generator = tf.random.Generator.from_seed(seed)

@@ -26,14 +26,10 @@ Conventions that differ from the spec's and how they map:
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import io
 import math
 import operator
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.errors import HarnessError, clip
+from harness.run.native import load_object
 from harness.model.importers import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_STEPS,
@@ -63,61 +60,7 @@ DEFAULT_OPTIMIZER = {"type": "adam", "learning_rate": 0.001, "beta_1": 0.9, "bet
 # ---- loading ------------------------------------------------------------------------------------------------
 def load_module(target: str) -> nn.Module:
     """The nn.Module that `target` ("MODULE:ATTR", "path/to/file.py:ATTR") names; HarnessError in one line."""
-    where, sep, attr = target.rpartition(":")
-    if not sep or not where or not attr:
-        raise HarnessError(f"{clip(target, 80)}: give MODULE:ATTR (a module or path/to/file.py, and an attribute)")
-    try:
-        if where.endswith(".py") or "/" in where or "\\" in where:
-            path = Path(where)
-            if not path.is_file():
-                raise HarnessError(f"{clip(where, 120)}: no such file")
-            spec = importlib.util.spec_from_file_location(f"_amp_harness_import_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # dataclasses and pickling look their module up there
-            with _on_path(str(path.resolve().parent)):  # its own sibling imports
-                spec.loader.exec_module(module)
-        else:
-            with _on_path(""):  # as `python -m`: modules in the working directory
-                module = importlib.import_module(where)
-    except HarnessError:
-        raise
-    except BaseException as exc:  # the user's code: anything, SystemExit included
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise HarnessError(f"{clip(target, 80)}: importing {clip(where, 80)} failed: {type(exc).__name__}: "
-                           f"{clip(str(exc).splitlines()[0] if str(exc) else '', 120)}") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise HarnessError(f"{clip(target, 80)}: {clip(where, 80)} has no attribute {clip(attr, 60)}")
-        obj = getattr(obj, part)
-    if isinstance(obj, nn.Module):
-        return obj
-    if callable(obj):
-        try:
-            made = obj()
-        except Exception as exc:
-            raise HarnessError(f"{clip(target, 80)}: calling {clip(attr, 60)}() failed: {type(exc).__name__}: "
-                               f"{clip(str(exc).splitlines()[0] if str(exc) else '', 120)} (give an nn.Module, "
-                               f"or a class or function of no arguments that returns one)") from None
-        if isinstance(made, nn.Module):
-            return made
-        raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)}() returned a {type(made).__name__}, not an "
-                           f"nn.Module")
-    raise HarnessError(f"{clip(target, 80)}: {clip(attr, 60)} is a {type(obj).__name__}, not an nn.Module (or a class "
-                       f"or function of no arguments that returns one)")
-
-
-@contextlib.contextmanager
-def _on_path(folder: str):
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
+    return load_object(target, lambda obj: isinstance(obj, nn.Module), "an nn.Module")
 
 
 # ---- the graph's nodes --------------------------------------------------------------------------------------

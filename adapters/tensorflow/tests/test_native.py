@@ -1,0 +1,83 @@
+"""Native specs in TensorFlow (`native: {keras: ...}`): the user's own Keras 3 model (a builder, or a saved .keras
+file with its own weights), trained as it is in every precision, from the same initial weights; keras.applications
+models with Keras' own parameter counts; and the mistakes that stop the command in one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import native_models as M  # noqa: E402
+from harness.adapter import load_adapter  # noqa: E402
+from harness.run import native, worker  # noqa: E402
+
+MODELS_FILE = Path(__file__).resolve().parent / "native_models.py"
+IMAGES = {"name": "native_convnet", "native": {"keras": f"{MODELS_FILE}:convnet"}, "input": {"shape": [16, 16, 3]},
+          "dataset": {"name": "synthetic", "num_classes": 4, "size": 64},
+          "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
+          "optimizer": {"type": "adamw", "learning_rate": 1e-3, "weight_decay": 0.01}, "batch_size": 8, "steps": 3,
+          "seed": 5}
+APPLICATION = {**IMAGES, "input": {"shape": [32, 32, 3]}, "dataset": {"name": "synthetic", "num_classes": 10,
+                                                                       "size": 64},
+               "loss": {"type": "sparse_categorical_crossentropy", "from_logits": False}}
+
+
+def _run(spec: dict, precision: str) -> dict:
+    return worker.run(worker.RunRequest(framework="tensorflow", model=spec["name"], spec=spec, precision=precision,
+                                        run_id=f"native-{precision}", warmup=0, device="cpu", measure_peak=False))
+
+
+def _check(spec: dict, tmp_path) -> dict:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return native.check_here("tensorflow", str(path))
+
+
+def test_a_keras_model_trains_in_each_precision_from_the_same_weights():
+    records = {p: _run(IMAGES, p) for p in ("fp32", "amp_bf16", "amp_fp16", "fp16", "bf16_sr")}
+    assert all(r["status"] in ("ok", "diverged") for r in records.values()), {p: r["reason"] for p, r in records.items()}
+    assert len({r["options"]["native"]["initial_weights"] for r in records.values()}) == 1
+    first = records["fp32"]["loss"][0]
+    for precision, record in records.items():  # the same first batch through the same weights
+        assert abs(record["loss"][0] - first) < 0.02, (precision, record["loss"][0], first)
+    assert records["amp_bf16"]["options"]["policy"] == "mixed_bfloat16"
+    assert records["amp_fp16"]["options"]["loss_scaler"] == "LossScaleOptimizer"
+
+
+def test_a_saved_keras_model_trains_with_its_own_weights(tmp_path):
+    load_adapter("tensorflow").set_threads(1)  # as the worker does, before this test's own model starts TensorFlow
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")  # saved in a policy of its own: re-made in each run's
+    model = M.convnet()
+    model.save(tmp_path / "mine.keras")
+    spec = {**IMAGES, "native": {"keras": str(tmp_path / "mine.keras")}}
+    records = {p: _run(spec, p) for p in ("fp32", "amp_bf16")}  # each re-made in its policy from the layers' configs
+    assert all(r["status"] == "ok" for r in records.values()), {p: r["reason"] for p, r in records.items()}
+    assert records["fp32"]["options"]["policy"] == "float32"
+    saved = native.weights_digest(model.get_weights())
+    assert {r["options"]["native"]["initial_weights"] for r in records.values()} == {saved}
+
+
+@pytest.mark.parametrize("build, params", [("mobilenet_v2", None), ("resnet50", None)])
+def test_keras_applications_build_with_keras_s_own_parameter_counts(build, params, tmp_path):
+    spec = {**APPLICATION, "name": build, "native": {"keras": f"{MODELS_FILE}:{build}"}}
+    answer = _check(spec, tmp_path)
+    assert "error" not in answer, answer
+    model = getattr(M, build)()
+    assert answer["params"] == sum(int(v.numpy().size) for v in model.trainable_weights)
+    assert answer["output"] == [2, 10]
+
+
+def test_mistakes_are_one_line_naming_the_spec(tmp_path):
+    missing = _check({**IMAGES, "native": {"keras": str(tmp_path / "nowhere.keras")}}, tmp_path)["error"]
+    assert missing == f"native_convnet: native keras {tmp_path / 'nowhere.keras'}: no such file"
+    (tmp_path / "broken.keras").write_text("not a zip")
+    refused = _check({**IMAGES, "native": {"keras": str(tmp_path / "broken.keras")}}, tmp_path)["error"]
+    assert refused.startswith("native_convnet: native keras") and "Keras cannot load it" in refused
+    wrong = _check({**IMAGES, "native": {"keras": f"{MODELS_FILE}:not_a_model"}}, tmp_path)["error"]
+    assert "not_a_model() returned a str, not a Keras model" in wrong
+    shape = _check({**IMAGES, "dataset": {"name": "synthetic", "num_classes": 3, "size": 64}}, tmp_path)["error"]
+    assert "its output for 2 samples is [2, 4]" in shape
+    assert all("\n" not in e for e in (missing, refused, wrong, shape))
