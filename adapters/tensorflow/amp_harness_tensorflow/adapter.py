@@ -54,8 +54,11 @@ class TensorFlowAdapter(Adapter):
     def set_threads(self, threads: int) -> None:
         import tensorflow as tf
 
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)  # N threads inside an op, 1 across ops
+        try:  # N threads inside an op, 1 across ops
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:  # TensorFlow had started in this process (a test's own model): its pools stay as they
+            pass  # are (the record's options say the inter-op one)
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)

@@ -9,12 +9,13 @@ keras.models.clone_model) holding those float32 weights, as a torch module is ca
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
 import keras
 
-from harness.adapter import NativeInfo
+from harness.adapter import NativeInfo, layer_scope
 from harness.errors import HarnessError, one_line
 from harness.model.native import weight_kind
 from harness.run.native import load_object, weights_digest
@@ -100,13 +101,15 @@ class NativeNetwork:
                                weights=int(sum(math.prod(v.shape) for v in made.weights)),
                                modules={layer.name: type(layer).__name__ for layer in layers},
                                digest=weights_digest(made.get_weights()))
+        for layer in layers:  # a profile finds each layer's ops by its scope (names in the graph, free at run time)
+            layer.call = _scoped(layer.call, layer_scope(layer.name))
         self._probe = None
 
     def layer_outputs(self, x):
         """(each layer's output by its name, the model's output): a functional model's layers' outputs at once."""
         if self._probe is None:
             layers = [layer for layer in self.model.layers if not isinstance(layer, keras.layers.InputLayer)]
-            self._probe = keras.Model(self.model.inputs, [*(layer.output for layer in layers), self.model.output])
+            self._probe = keras.Model(self.model.inputs, [*(layer.output for layer in layers), *self.model.outputs])
             self._names = [layer.name for layer in layers]
         *values, out = self._probe(x, training=False)
         return dict(zip(self._names, values)), out
@@ -116,3 +119,15 @@ def _within(path: str, layer: str) -> str:
     """A variable's path within its layer ("model/block_1/kernel" in layer "block_1": "kernel"), dotted."""
     parts = path.split("/")
     return ".".join(parts[parts.index(layer) + 1:] if layer in parts else parts[-1:])
+
+
+def _scoped(call, scope: str):
+    """A layer's call inside a name scope of its own, its signature kept (Keras reads it)."""
+    import tensorflow as tf
+
+    @functools.wraps(call)
+    def run(*args, **kwargs):
+        with tf.name_scope(scope):
+            return call(*args, **kwargs)
+
+    return run

@@ -11,7 +11,6 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import native_models as M  # noqa: E402
-from harness.adapter import load_adapter  # noqa: E402
 from harness.run import native, worker  # noqa: E402
 
 MODELS_FILE = Path(__file__).resolve().parent / "native_models.py"
@@ -48,7 +47,6 @@ def test_a_keras_model_trains_in_each_precision_from_the_same_weights():
 
 
 def test_a_saved_keras_model_trains_with_its_own_weights(tmp_path):
-    load_adapter("tensorflow").set_threads(1)  # as the worker does, before this test's own model starts TensorFlow
     keras.mixed_precision.set_global_policy("mixed_bfloat16")  # saved in a policy of its own: re-made in each run's
     model = M.convnet()
     model.save(tmp_path / "mine.keras")
@@ -81,3 +79,21 @@ def test_mistakes_are_one_line_naming_the_spec(tmp_path):
     shape = _check({**IMAGES, "dataset": {"name": "synthetic", "num_classes": 3, "size": 64}}, tmp_path)["error"]
     assert "its output for 2 samples is [2, 4]" in shape
     assert all("\n" not in e for e in (missing, refused, wrong, shape))
+
+
+def test_diagnose_and_the_profile_name_each_keras_layer():
+    diagnosed = worker.run(worker.RunRequest(framework="tensorflow", model="native_convnet", spec=IMAGES,
+                                             precision="fp32", run_id="native-diagnose", warmup=0, device="cpu",
+                                             mode="diagnose", every=2))
+    assert diagnosed["status"] == "ok", diagnosed["reason"]
+    assert diagnosed["diagnosis"]["layer_types"] == {"conv2d": "Conv2D", "batch_normalization": "BatchNormalization",
+                                                     "global_average_pooling2d": "GlobalAveragePooling2D",
+                                                     "dense": "Dense"}
+    assert {"conv2d", "batch_normalization", "dense"} <= set(diagnosed["diagnosis"]["groups"]["gradients"])
+    profiled = worker.run(worker.RunRequest(framework="tensorflow", model="native_convnet", spec={**IMAGES, "steps": 2},
+                                            precision="amp_bf16", run_id="native-profile", warmup=2, device="cpu",
+                                            mode="profile"))
+    assert profiled["status"] == "ok", profiled["reason"]
+    layers = {layer["path"]: layer for layer in profiled["profile"]["layers"]}
+    assert (layers["conv2d"]["compute"], layers["batch_normalization"]["compute"]) == ("bfloat16", "float32")
+    assert layers["conv2d"]["forward_ms"] > 0 and layers["conv2d"]["backward_ms"] > 0

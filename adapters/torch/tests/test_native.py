@@ -62,7 +62,7 @@ def test_a_native_module_trains_in_each_precision_from_the_same_weights_and_batc
 def test_hugging_face_models_and_torch_s_transformer_build_with_the_outputs_their_specs_need(tmp_path):
     pytest.importorskip("transformers")
     for base, target in ((TOKENS, "gpt2"), (TOKENS, "llama"), (TOKENS, "encoder"), (CLASSIFY_TOKENS, "bert"),
-                         (IMAGES, "vit")):
+                         (IMAGES, "vit"), (IMAGES, "mobilenet_v2")):
         answer = _check(_spec(base, target), tmp_path)
         assert "error" not in answer, (target, answer)
         assert answer["output"][0] == 2 and answer["params"] > 0
