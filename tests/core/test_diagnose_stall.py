@@ -95,8 +95,8 @@ def test_the_numpy_trainer_is_the_spec_s_math():
 def test_diagnose_names_the_norm_that_bf16_never_moves_and_finds_stochastic_rounding_and_kahan_safe():
     graph = infer(SPEC)
     record: dict = {}
-    diagnose(SPEC, Data(SPEC), DropoutMasks(graph, SPEC.seed), NumpyTrainer(SPEC, initial_weights(graph, SPEC.seed)),
-             record, every=10)
+    diagnose(SPEC, graph, Data(SPEC), DropoutMasks(graph, SPEC.seed),
+             NumpyTrainer(SPEC, initial_weights(graph, SPEC.seed)), record, every=10)
     assert record["status"] == "ok", record
     d = record["diagnosis"]
     assert d["captured_steps"] == [0, 10, 20, 30, 40, 49] and d["layer_types"]["1"] == "rmsnorm"
