@@ -42,13 +42,13 @@ class SamePaddingTopLeft(_Broken):
 
 def _adam(real, epsilon_inside: bool, float32_lr: bool):
     """torch's make_optimizer (`real`) with Adam's epsilon inside the square root, or a float32 learning rate."""
-    def make_optimizer(spec, named_params):
+    def make_optimizer(spec, named_params, kinds=None):
         import numpy as np
         import torch
 
         lr = float(np.float32(spec.learning_rate)) if float32_lr else spec.learning_rate
         if spec.type != "adam" or not epsilon_inside:
-            return real(spec.model_copy(update={"learning_rate": lr}), named_params)
+            return real(spec.model_copy(update={"learning_rate": lr}), named_params, kinds)
 
         class Adam(torch.optim.Optimizer):  # lr*m_hat/sqrt(v_hat + eps) instead of lr*m_hat/(sqrt(v_hat) + eps)
             @torch.no_grad()
