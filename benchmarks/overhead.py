@@ -85,6 +85,19 @@ def model_name(source: str) -> str:
 
 
 # ---- plain loops: build(spec, graph, precision) -> run(batches, warmup) -> ms per step ----------------------
+def per_step(batches, warmup: int, prepare, step) -> dict:
+    """Each batch made ready by prepare(i, x, y) outside the clock, then step(*it) timed: the median and mean ms of
+    the steps after the first `warmup`."""
+    times = []
+    for i, (x, y) in enumerate(batches):
+        ready = prepare(i, x, y)
+        t0 = time.perf_counter_ns()
+        step(*ready)
+        if i >= warmup:
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+    return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+
+
 # Each framework's loop builds one of two networks (_plain_network): a stack of layers, or a transformer
 @dataclass(frozen=True)
 class Transformer:
@@ -238,18 +251,11 @@ def plain_torch(spec, graph, precision):
         optimizer.step()
         return loss.item()
 
-    def run(batches, warmup):
-        times = []
-        for i, (x, y) in enumerate(batches):
-            x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous() if x.ndim == 4 else torch.from_numpy(x)
-            y = torch.from_numpy(y) if categorical else torch.from_numpy(y).float()
-            t0 = time.perf_counter_ns()
-            step(x, y)
-            if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+    def prepare(i, x, y):
+        x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous() if x.ndim == 4 else torch.from_numpy(x)
+        return x, torch.from_numpy(y) if categorical else torch.from_numpy(y).float()
 
-    return run
+    return lambda batches, warmup: per_step(batches, warmup, prepare, step)
 
 
 def _keras_stack(spec, graph):
@@ -461,19 +467,12 @@ def plain_mxnet(spec, graph, precision):
         mx.nd.waitall()
         return loss.mean().asscalar()  # the batch loss read back each step, as the harness step and torch's loop do
 
-    def run(batches, warmup):
-        times = []
-        for i, (x, y) in enumerate(batches):
-            x = mx.nd.array(x.transpose(0, 3, 1, 2) if x.ndim == 4 else x)
-            y = mx.nd.array(y)
-            mx.nd.waitall()
-            t0 = time.perf_counter_ns()
-            step(x, y)
-            if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+    def prepare(i, x, y):
+        x, y = mx.nd.array(x.transpose(0, 3, 1, 2) if x.ndim == 4 else x), mx.nd.array(y)
+        mx.nd.waitall()
+        return x, y
 
-    return run
+    return lambda batches, warmup: per_step(batches, warmup, prepare, step)
 
 
 def _jax_stack(spec, graph):
@@ -624,18 +623,13 @@ def plain_jax(spec, graph, precision):
     step = jax.jit(train_step, donate_argnums=(0, 1))
     weights = [params, state]
 
-    def run(batches, warmup):
-        times = []
-        for i, (x, y) in enumerate(batches):
-            x, y = jax.block_until_ready((jax.device_put(x), jax.device_put(y.astype(np.int32))))
-            t0 = time.perf_counter_ns()
-            weights[0], weights[1], loss = step(*weights, x, y)
-            jax.block_until_ready(loss)
-            if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
+    def stepped(x, y):
+        weights[0], weights[1], loss = step(*weights, x, y)
+        jax.block_until_ready(loss)
 
-    return run
+    return lambda batches, warmup: per_step(
+        batches, warmup, lambda i, x, y: jax.block_until_ready((jax.device_put(x), jax.device_put(y.astype(np.int32)))),
+        stepped)
 
 
 PLAIN = {"torch": plain_torch, "tensorflow": plain_tensorflow, "mxnet": plain_mxnet, "jax": plain_jax}
@@ -677,17 +671,8 @@ def plain_native_torch(spec, precision):
             scaler.update()
         return loss.item()
 
-    def run(batches, warmup):
-        times = []
-        for i, (x, y) in enumerate(batches):
-            x, y = torch.from_numpy(x), torch.from_numpy(y)
-            t0 = time.perf_counter_ns()
-            step(x, y)
-            if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
-
-    return run
+    return lambda batches, warmup: per_step(batches, warmup, lambda i, x, y: (torch.from_numpy(x), torch.from_numpy(y)),
+                                            step)
 
 
 # ---- the harness side, as harness.run.worker builds and times it --------------------------------------------
@@ -700,17 +685,8 @@ def harness_loop(adapter, spec, graph, precision, masks):
     trainer = adapter.build(spec, graph, initial_weights(graph, spec.seed) if graph else None, precision, loss_scale,
                             adapter.device("cpu"), HARNESS_VARIANT[adapter.name])
 
-    def run(batches, warmup):
-        times = []
-        for i, (x, y) in enumerate(batches):
-            batch = trainer.to_device(x, y, masks.for_step(i, len(y)))
-            t0 = time.perf_counter_ns()
-            trainer.train_step(batch)
-            if i >= warmup:
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return {"median_ms": statistics.median(times), "mean_ms": statistics.mean(times)}
-
-    return run
+    return lambda batches, warmup: per_step(
+        batches, warmup, lambda i, x, y: (trainer.to_device(x, y, masks.for_step(i, len(y))),), trainer.train_step)
 
 
 def worker(framework: str, precision_name: str, rounds: int, steps: int, warmup: int, models: list[str]) -> None:
