@@ -75,11 +75,8 @@ def _harness(python: str, *args: str) -> int:
 
 
 def compare(spec: str, out: Path, envs: dict[str, str], total_s: float, precisions: list[str],
-            steps: int | None, native: bool = False) -> tuple[dict[str, list[str]], float]:
-    """Every step of the comparison in every environment; ({framework: the steps that failed}, seconds taken). A
-    native model (`native`) runs the commands that take one (harness.run.modes: Mode.native)."""
-    from harness.run.modes import MODES
-
+            steps: int | None) -> tuple[dict[str, list[str]], float]:
+    """Every step of the comparison in every environment; ({framework: the steps that failed}, seconds taken)."""
     started = time.monotonic()
     failed: dict[str, list[str]] = {}
     common = ["--model", spec, "--out", str(out), "--no-progress"]
@@ -97,9 +94,6 @@ def compare(spec: str, out: Path, envs: dict[str, str], total_s: float, precisio
                 ("profile", ["profile", "--framework", framework,
                              "--precision", ",".join(p for p in PROFILED if p in precisions), *common])]
         for name, args in plan:
-            if native and not MODES[name].native:
-                print(f"compare: {framework}: {name} skipped: it does not take native models yet", flush=True)
-                continue
             if name != "run" and time.monotonic() >= deadline:
                 print(f"compare: {framework}: {name} skipped: its share of the budget is spent", flush=True)
                 continue
@@ -154,7 +148,7 @@ def cmd_compare(args) -> int:
         raise HarnessError(f"--steps {args.steps}: at least 1")
     out = Path(args.out)
     print(f"compare: {', '.join(envs)}; precisions {', '.join(precisions)}; budget {args.budget:.0f} s; into {out}")
-    failed, took = compare(spec, out, envs, args.budget, precisions, args.steps, native=model.native is not None)
+    failed, took = compare(spec, out, envs, args.budget, precisions, args.steps)
     report = out / "index.html"
     # the report reads the directory's diagnoses and profiles too
     code = subprocess.run([sys.executable, "-m", "harness", "report", str(out), "-o", str(report)]).returncode

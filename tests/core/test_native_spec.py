@@ -125,3 +125,13 @@ def test_check_without_the_model_s_framework_validates_the_spec_and_says_what_it
     out = capsys.readouterr().out
     assert f"{path}: ok  hf_gpt2" in out and "native torch model my_models:gpt2" in out
     assert "the torch adapter is not installed here: its parameters are counted where it is" in out
+
+
+def test_compare_runs_a_native_model_in_its_framework_only_and_says_so(tmp_path, capsys):
+    path = _file(tmp_path, SPEC)
+    assert main(["compare", str(path), "--frameworks", "fake", "--python", "fake=python3", "--out",
+                 str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "compare: fake: not run: a native torch model runs in torch; `amp-harness import torch my_models:gpt2" \
+        in captured.out
+    assert "a native torch model runs in torch, and no torch environment was found (`tox -e torch`)" in captured.err
