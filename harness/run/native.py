@@ -9,6 +9,7 @@ dataset, the weights' kinds for AdamW, the training state's size, and the precis
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -112,8 +113,6 @@ def describe_built(trainer, spec, precision, record: dict) -> Modules:
 
 def weights_digest(arrays) -> str:
     """A digest of a model's initial weights (numpy arrays in the model's order), equal for equal values."""
-    import hashlib
-
     digest = hashlib.sha256()
     for a in arrays:
         digest.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
