@@ -402,9 +402,9 @@ class ModelSpec(_Strict):
         """A native model's optimizer may leave out what its framework defaults (FRAMEWORK_OPTIMIZER_DEFAULTS): the
         user's model trains with its framework's optimizer as that framework's users write it. A spec's layers
         train in every framework, whose defaults differ, so their optimizer says everything."""
-        native, optimizer = data.get("native") if isinstance(data, dict) else None, None
-        if isinstance(native, dict) and isinstance(data.get("optimizer"), dict):
-            optimizer = data["optimizer"]
+        native = data.get("native") if isinstance(data, dict) else None
+        optimizer = data.get("optimizer") if isinstance(native, dict) else None
+        if isinstance(optimizer, dict):
             kind = next((key for key in NATIVE_FRAMEWORKS if native.get(key) is not None), None)
             defaults = FRAMEWORK_OPTIMIZER_DEFAULTS.get(kind, {}).get(optimizer.get("type"), {})
             data = {**data, "optimizer": {**defaults, **optimizer}}
