@@ -215,6 +215,10 @@ def avgpool_divisors(in_shape: tuple[int, ...], kernel: int, stride: int, paddin
 
 def infer(spec: ModelSpec, source: str | None = None) -> Graph:
     source = source or spec.name
+    if spec.native is not None:  # the commands that take a native model never ask for its graph
+        raise SpecError(f"{source}: native: a {spec.native.kind} model's own code has no spec layers, which this "
+                        f"command needs; `amp-harness import {spec.native.kind} {spec.native.target} ...` translates "
+                        f"it to a spec")
     out: list[LayerInfo] = []
     if spec.tokens and spec.layers[0].type != "embedding":
         raise SpecError(f"{source}: layers[0] ({spec.layers[0].type}): the input is token ids: the first layer must "

@@ -135,3 +135,12 @@ def test_compare_runs_a_native_model_in_its_framework_only_and_says_so(tmp_path,
     assert "compare: fake: not run: a native torch model runs in torch; `amp-harness import torch my_models:gpt2" \
         in captured.out
     assert "a native torch model runs in torch, and no torch environment was found (`tox -e torch`)" in captured.err
+
+
+def test_export_which_writes_a_spec_s_layers_refuses_a_native_model_in_one_line(tmp_path, capsys):
+    path = _file(tmp_path, SPEC)
+    assert main(["export", str(path), "--framework", "torch", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("native: a torch model's own code has no spec layers, which this command needs; "
+                        "`amp-harness import torch my_models:gpt2 ...` translates it to a spec")
+    assert len(err.splitlines()) == 1
