@@ -103,7 +103,7 @@ class NativeNetwork:
                                digest=weights_digest(made.get_weights()))
         for layer in layers:  # a profile finds each layer's ops by its scope (names in the graph, free at run time)
             layer.call = _scoped(layer.call, layer_scope(layer.name))
-        self._probe = None
+        self._probe, self._names = None, []  # layer_outputs' model of every layer's output, made on first use
 
     def layer_outputs(self, x):
         """(each layer's output by its name, the model's output): a functional model's layers' outputs at once."""
