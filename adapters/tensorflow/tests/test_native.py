@@ -43,7 +43,8 @@ def _check(spec: dict, tmp_path) -> dict:
 
 def test_a_keras_model_trains_in_each_precision_from_the_same_weights():
     records = {p: _run(IMAGES, p) for p in ("fp32", "amp_bf16", "amp_fp16", "fp16", "bf16_sr")}
-    assert all(r["status"] in ("ok", "diverged") for r in records.values()), {p: r["reason"] for p, r in records.items()}
+    reasons = {p: r["reason"] for p, r in records.items()}
+    assert all(r["status"] in ("ok", "diverged") for r in records.values()), reasons
     assert len({r["options"]["native"]["initial_weights"] for r in records.values()}) == 1
     first = records["fp32"]["loss"][0]
     for precision, record in records.items():  # the same first batch through the same weights
