@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import tempfile
@@ -61,23 +62,17 @@ class Node:
     backward: bool = False
     dynamic: bool = False  # runs outside the static plan, as an ImperativeBulk event
 
-    @property
-    def cast(self) -> bool:
-        return self.op.removeprefix("_backward_") in CASTS
-
 
 class Ranges:
     """MXNetTrainer._range while profiling: profiler events on the Python thread naming the part (or the step)
     whose operators are dispatched inside; `drain`: the range lasts until they have run."""
 
     def __init__(self):
-        self.events: dict[str, mx.profiler.Event] = {}  # one per name, made once: a range costs two C calls
+        self.event = functools.cache(mx.profiler.Event)  # one per name, made once: a range costs two C calls
 
     @contextlib.contextmanager
     def __call__(self, name: str, drain: bool = False):
-        if name not in self.events:
-            self.events[name] = mx.profiler.Event(name)
-        event = self.events[name]
+        event = self.event(name)
         event.start()
         try:
             yield
@@ -162,9 +157,14 @@ def _executed_nodes(trainer, batch) -> list[Node]:
 
     graph = json.loads(out.tojson(remove_amp_cast=False))["nodes"]
     forward = {n["name"]: n for n in graph if n["op"] != "null"}
-    nodes = _group(dynamic, forward)
-    names = [n.name for n in nodes]
-    outside = {name for name, _, _ in _group_names(static, names)}
+    nodes = []
+    for name, opr, entries in _group_names(dynamic, [*forward, *(f"{n}_backward" for n in forward)]):
+        # the hook reports a forward node's inputs, then its outputs; a backward node's outputs only
+        inputs = len(forward[name]["inputs"]) if name in forward else 0
+        dtypes = [dtype for _, dtype in entries]
+        nodes.append(Node(name, opr, inputs=[d for d in dtypes[:inputs] if d],
+                          outputs=[d for d in dtypes[inputs:] if d]))
+    outside = {name for name, _, _ in _group_names(static, [n.name for n in nodes])}
     index = {n.name: i for i, n in enumerate(nodes)}
     consumers = defaultdict(list)  # forward node -> the forward nodes reading its outputs
     for name, n in forward.items():
@@ -235,17 +235,6 @@ def _group_names(calls, names):
     return groups
 
 
-def _group(calls, forward: dict) -> list[Node]:
-    nodes = []
-    for name, opr, entries in _group_names(calls, [*forward, *(f"{n}_backward" for n in forward)]):
-        # the hook reports a forward node's inputs, then its outputs; a backward node's outputs only
-        inputs = len(forward[name]["inputs"]) if name in forward else 0
-        dtypes = [dtype for _, dtype in entries]
-        nodes.append(Node(name, opr, inputs=[d for d in dtypes[:inputs] if d],
-                          outputs=[d for d in dtypes[inputs:] if d]))
-    return nodes
-
-
 def _sum_scope(following: list[Node], consumers) -> str:
     """A sum of gradients comes just before the backward node of the forward node whose output it is the gradient
     of: the scopes that output's readers share."""
@@ -291,7 +280,8 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
             (start, end, name, _), inside[k] = ops[k], True
             if match is not None:
                 n = nodes[match]
-                add((n.op, n.scope, n.backward, n.cast, tuple(n.inputs), tuple(n.outputs)), end - start)
+                cast = n.op.removeprefix("_backward_") in CASTS  # a cast's gradient is cast back
+                add((n.op, n.scope, n.backward, cast, tuple(n.inputs), tuple(n.outputs)), end - start)
                 continue
             if name == SEED:  # run whenever the engine gets to it
                 scope = LOSS_SCOPE
@@ -301,31 +291,25 @@ def _attribute(nodes: list[Node], ops, ranges) -> list[OpTime]:
                 scope = next((p[2] for p in reversed(parts) if p[0] <= start), "")
             add((name, scope, False, name in CASTS, (), ()), end - start)
         # the engine idle: waiting for the Python thread, whose range says what it was dispatching
-        busy = _union([ops[k][:2] for k in step])
+        busy = sorted(ops[k][:2] for k in step)
         for r_start, r_end, name, _ in within:
-            idle = (r_end - r_start) - _overlap(busy, r_start, r_end)
+            idle = _idle(busy, r_start, r_end)
             if idle > 0:
                 add((IDLE, name, False, False, (), ()), idle)
     for (start, end, name, _), seen in zip(ops, inside):
         if not seen:  # between steps: the engine freeing the last step's arrays
             add((name, "", False, False, (), ()), end - start)
-    return [OpTime(op=op, scope=scope, seconds=seconds, backward=backward, cast=cast, calls=calls,
-                   inputs=inputs, outputs=outputs)
+    return [OpTime(op, scope, seconds, backward, cast, calls, inputs, outputs)
             for (op, scope, backward, cast, inputs, outputs), (seconds, calls) in totals.items()]
 
 
-def _union(spans) -> list[list[int]]:
-    merged: list[list[int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def _overlap(spans, start: int, end: int) -> int:
-    return sum(max(0, min(end, e) - max(start, s)) for s, e in spans)
+def _idle(busy, start: int, end: int) -> int:
+    """Microseconds of [start, end] in none of the `busy` spans (sorted by start)."""
+    idle, reached = 0, start  # reached: where the spans so far cover up to
+    for s, e in busy:
+        idle += max(0, min(s, end) - reached)
+        reached = max(reached, e)
+    return idle + max(0, end - reached)
 
 
 def _match(nodes: list[Node], names: list[str]) -> list[int | None]:
