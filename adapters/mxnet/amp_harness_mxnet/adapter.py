@@ -236,17 +236,14 @@ class MXNetTrainer(Trainer):
                 mx.nd.waitall()
                 return float(loss.asscalar())
 
-    @staticmethod
-    def _range(name: str, drain: bool = False):
-        """No range outside a profile; while profiling, profile.py's Ranges take its place."""
-        return NO_RANGE
+    # no range outside a profile; while profiling, profile.py's Ranges take its place
+    _range = staticmethod(lambda name, drain=False: NO_RANGE)
 
     def _update_running_statistics(self, stats) -> None:
         """Float64 runs: the spec's running-statistics update, in float64 (see Network's docstring). While
         profiling, each layer's operators run inside its range, before the update's are dispatched."""
-        for i, path in enumerate(self.net.batchnorm_paths[:len(stats) // 2]):
+        for path, mean, inv_std in zip(self.net.batchnorm_paths, stats[::2], stats[1::2]):
             layer = self.net.infos[path].spec
-            mean, inv_std = stats[2 * i], stats[2 * i + 1]
             with self._range(layer_scope(path), drain=True):
                 variance = 1 / (inv_std * inv_std) - layer.epsilon
                 for name, batch in (("moving_mean", mean), ("moving_variance", variance)):
@@ -272,7 +269,6 @@ class MXNetTrainer(Trainer):
         # an inference-mode forward, oneDNN's max-pooling backward has no workspace and drops gradients
         with mx.autograd.record(train_mode=True):
             out = self.net.layer_outputs(self._input(x), self.ctx, probe)
-            out = out[0] if isinstance(out, (list, tuple)) else out
             labels = self._array(y, self.label_dtype)
             loss = loss_with(loss_ops(mx.nd, self.block.cast_outputs), self.net.spec.loss, out, labels)
         loss.backward()

@@ -50,9 +50,12 @@ def _scope(F, scope: str):
     return mx.name.Prefix(f"{scope}/") if F is mx.sym else contextlib.nullcontext()
 
 
-def _pad_width(padding) -> tuple[int, ...]:
+def _pad(F, x, padding, value: float = 0.0):
+    """NCHW `x` with the window's explicit padding (where the operators' symmetric `pad` cannot give it)."""
+    if not padding.explicit:
+        return x
     top, bottom, left, right = padding.explicit
-    return 0, 0, 0, 0, top, bottom, left, right  # NCHW
+    return F.pad(x, mode="constant", pad_width=(0, 0, 0, 0, top, bottom, left, right), constant_value=value)
 
 
 def _feature(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
@@ -101,11 +104,8 @@ def conv2d(info, net):
     padding = window_padding(info.in_shape, k, s, spec.padding)
 
     def apply(x, run):
-        F = run.F
-        if padding.explicit:
-            x = F.pad(x, mode="constant", pad_width=_pad_width(padding))
-        bias = run.weight(info.path, "bias") if spec.use_bias else None
-        return F.Convolution(x, run.weight(info.path, "kernel"), bias, kernel=(k, k), stride=(s, s),
+        F, bias = run.F, run.weight(info.path, "bias") if spec.use_bias else None
+        return F.Convolution(_pad(F, x, padding), run.weight(info.path, "kernel"), bias, kernel=(k, k), stride=(s, s),
                              pad=padding.symmetric, num_filter=spec.filters, no_bias=not spec.use_bias)
 
     return apply
@@ -121,12 +121,10 @@ def pool2d(info, net):
     def apply(x, run):
         F = run.F
         if not average:
-            if padding.explicit:
-                x = F.pad(x, mode="constant", pad_width=_pad_width(padding), constant_value=float("-inf"))
-            return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="max")
+            return F.Pooling(_pad(F, x, padding, -math.inf), kernel=(k, k), stride=(s, s), pad=padding.symmetric,
+                             pool_type="max")
         if padding.explicit:
-            sums = F.Pooling(F.pad(x, mode="constant", pad_width=_pad_width(padding)), kernel=(k, k),
-                             stride=(s, s), pool_type="sum")
+            sums = F.Pooling(_pad(F, x, padding), kernel=(k, k), stride=(s, s), pool_type="sum")
             return F.broadcast_div(sums, run.weight(info.path, "divisors"))
         return F.Pooling(x, kernel=(k, k), stride=(s, s), pad=padding.symmetric, pool_type="avg",
                          count_include_pad=False)
@@ -184,15 +182,14 @@ def batchnorm(info, net):
             # layer_outputs is the inference network: the running statistics, which MXNet's BatchNorm uses in
             # its backward too only when told to
             return F.BatchNorm(x, *weights, eps=spec.epsilon, fix_gamma=False, axis=1, use_global_stats=True)
-        # Gluon's momentum form and biased running variance are the spec's
-        if net.float64:
-            # the operator takes momentum as a float32 attribute (0.9 -> 0.8999999762): keep its running
-            # statistics as they are (momentum 1) and update them in float64 from the batch statistics
-            out = F.BatchNorm(x, *weights, eps=spec.epsilon, momentum=1.0, fix_gamma=False, axis=1,
-                              output_mean_var=True)
-            run.stats += [out[1], out[2]]
-            return out[0]
-        return F.BatchNorm(x, *weights, eps=spec.epsilon, momentum=spec.momentum, fix_gamma=False, axis=1)
+        # Gluon's momentum form and biased running variance are the spec's. Momentum is a float32 attribute (0.9 ->
+        # 0.8999999762): float64 runs keep the running statistics (momentum 1), updated in float64 by the trainer
+        out = F.BatchNorm(x, *weights, eps=spec.epsilon, momentum=1.0 if net.float64 else spec.momentum,
+                          fix_gamma=False, axis=1, output_mean_var=net.float64)
+        if not net.float64:
+            return out
+        run.stats += [out[1], out[2]]
+        return out[0]
 
     return apply
 
@@ -334,7 +331,7 @@ def residual(info, net):
 
 
 class Network(gluon.HybridBlock):
-    """Called as net(x, *masks): the dropout masks (dropout layers' and attention dropout's) in `mask_paths`
+    """Called as net(x, *masks): the dropout masks (dropout layers' and attention dropout's) in `masked`
     order, each already divided by its 1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get
     dropout's identity.
 
@@ -346,8 +343,7 @@ class Network(gluon.HybridBlock):
         self.spec, self.dtype, self.float64 = spec, dtype, dtype == "float64"
         self.infos = {info.path: info for info in graph.layers}
         self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
-        self.masked = DropoutMasks(graph, spec.seed).layers
-        self.mask_paths = [path for path, _, _ in self.masked]
+        self.masked = DropoutMasks(graph, spec.seed).layers  # (path, rate, shape) of each mask
         self.handles = {}  # canonical weight name -> Parameter
         self.registered = {}  # what hybrid_forward receives as **params: handles and constants, by key
         with self.name_scope():
@@ -386,7 +382,7 @@ class Network(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, *masks, **params):
         stats = []  # float64 runs: each batchnorm's batch (mean, 1/sqrt(var + eps)), in batchnorm_paths order
-        out = self.run(self.layers, x, Run(F, params, dict(zip(self.mask_paths, masks)), stats))
+        out = self.run(self.layers, x, Run(F, params, {path: m for (path, _, _), m in zip(self.masked, masks)}, stats))
         return (out, *stats) if stats else out
 
     def layer_outputs(self, x, ctx, probe):

@@ -33,7 +33,7 @@ class SpecOptimizer:
         if self.clip_norm is not None:
             # the clip folded into the rescale (the fused operators take scalars as attributes): one host sync
             rescale_grad *= clip_factor_with(HOST_CLIP_OPS, self.global_norm() * rescale_grad, self.clip_norm)
-        self.update(rescale_grad, learning_rate)
+        self.update(rescale_grad, learning_rate)  # the subclass's
 
     def global_norm(self) -> float:
         """sqrt of the sum of squares over every gradient as they are: in float32 (16-bit gradients widened
@@ -44,9 +44,6 @@ class SpecOptimizer:
             wide = [g if g.dtype == np.float32 else g.astype("float32") for g in self.grads]
             squares = nd.sum(nd.multi_sum_sq(*wide, num_arrays=len(wide)))
         return math.sqrt(float(squares.asscalar()))
-
-    def update(self, rescale_grad: float, learning_rate: float) -> None:
-        raise NotImplementedError
 
 
 class SGD(SpecOptimizer):
@@ -61,12 +58,10 @@ class SGD(SpecOptimizer):
         if self.written_out:
             for weight, grad, state in zip(self.weights, self.grads, self.states):
                 g = grad * rescale_grad
-                if momentum == 0:
-                    weight[:] -= lr * g
-                    continue
-                buf = state[0]
-                buf[:] = momentum * buf + g
-                weight[:] -= lr * (g + momentum * buf if self.nesterov else buf)
+                if momentum:  # state[0]: the momentum buffer
+                    state[0][:] = momentum * state[0] + g
+                    g = g + momentum * state[0] if self.nesterov else state[0]
+                weight[:] -= lr * g
             return
         for weight, grad, state in zip(self.weights, self.grads, self.states):
             if momentum == 0:
