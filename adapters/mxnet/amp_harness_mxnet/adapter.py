@@ -27,6 +27,7 @@ from harness.adapter import (
     layer_scope,
 )
 from harness.errors import HarnessError
+from harness.model.weights import from_channels_first
 
 NO_RANGE = contextlib.nullcontext()  # MXNetTrainer._range outside profiles
 
@@ -215,8 +216,8 @@ class MXNetTrainer(Trainer):
                 with part(RUNTIME_SCOPE):  # launching the graph's backward, after autograd's seed (profile.py)
                     mx.autograd.backward(head)
             if capture is not None:
-                capture.update(self.net.canonical_gradients([g / scale if scale else g for g in self.grads],
-                                                            self.trainable_names))
+                capture.update({name: from_channels_first(self.output(g / scale if scale else g), name)
+                                for name, g in zip(self.trainable_names, self.grads)})
             if scale:
                 with part(LOSS_SCALE_SCOPE):
                     if self.scaler is not None:  # MXNet's check; it sets the next scale; an overflow skips the step
@@ -251,11 +252,14 @@ class MXNetTrainer(Trainer):
                     running[:] = layer.momentum * running + (1 - layer.momentum) * batch
 
     def layer_outputs(self, x, y):
-        from amp_harness_mxnet.network import canonical_activation
         from amp_harness_mxnet.optimizers import loss_ops
         from harness.model.training import loss_with
 
         mx, probes = self.mx, {}
+
+        def canonical(a):  # the canonical layouts: an NCHW image as NHWC
+            value = self.output(a)
+            return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value
 
         def probe(path, output):
             # the output plus a zero leaf: the loss's gradient with respect to the leaf is its gradient with
@@ -272,7 +276,7 @@ class MXNetTrainer(Trainer):
             labels = self._array(y, self.label_dtype)
             loss = loss_with(loss_ops(mx.nd, self.block.cast_outputs), self.net.spec.loss, out, labels)
         loss.backward()
-        return {path: (canonical_activation(value), canonical_activation(zero.grad))
+        return {path: (canonical(value), canonical(zero.grad))
                 for path, (value, zero) in probes.items()}
 
     # -- inspection -----------------------------------------------------------------------------------
@@ -282,7 +286,7 @@ class MXNetTrainer(Trainer):
         return self.output(out)
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        return self.net.canonical_weights()
+        return {name: from_channels_first(self.output(p.data()), name) for name, p in self.net.handles.items()}
 
     def param_count(self) -> int:
         return int(sum(np.prod(p.shape) for p in self.net.collect_params().values() if p.grad_req != "null"))

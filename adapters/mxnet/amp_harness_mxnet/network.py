@@ -36,7 +36,7 @@ from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph, avgpool_divisors, window_padding
 from harness.model.layers import LayerBuilders
 from harness.model.training import loss_with
-from harness.model.weights import from_channels_first, to_channels_first
+from harness.model.weights import to_channels_first
 from harness.numerics import AttentionMask
 
 
@@ -369,13 +369,6 @@ class Network(gluon.HybridBlock):
         for name, param in self.handles.items():
             param.set_data(mx.nd.array(to_channels_first(weights[name], name), ctx=ctx, dtype=param.dtype))
 
-    def canonical_weights(self) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(_numpy(p.data()), name) for name, p in self.handles.items()}
-
-    @staticmethod
-    def canonical_gradients(grads: list, names: list[str]) -> dict[str, np.ndarray]:
-        return {name: from_channels_first(_numpy(g), name) for name, g in zip(names, grads)}
-
     def build(self, specs, prefix: str) -> list[tuple[str, object]]:
         """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
         return [(f"{prefix}{index}", LAYERS.build(self.infos[f"{prefix}{index}"], self)) for index in range(len(specs))]
@@ -420,13 +413,3 @@ class TrainingLoss(gluon.HybridBlock):
         with _scope(F, LOSS_SCOPE):
             loss = loss_with(loss_ops(F, self.cast_outputs), self.loss, outputs[0] if stats else outputs, labels)
         return (loss, *stats) if stats else loss
-
-
-def _numpy(a) -> np.ndarray:
-    """float32 numpy (float64 in a float64 run), whatever the array's dtype."""
-    return a.asnumpy() if a.dtype == np.float64 else a.astype("float32").asnumpy()
-
-
-def canonical_activation(a) -> np.ndarray:
-    value = _numpy(a)
-    return value.transpose(0, 2, 3, 1) if value.ndim == 4 else value  # NCHW -> the canonical NHWC
