@@ -14,18 +14,8 @@ import sys
 
 import numpy as np
 
-from harness.adapter import (
-    LOSS_SCALE_SCOPE,
-    RUNTIME_SCOPE,
-    STEP_SCOPE,
-    UPDATE_SCOPE,
-    Adapter,
-    Capabilities,
-    Device,
-    Refusal,
-    Trainer,
-    layer_scope,
-)
+from harness.adapter import (LOSS_SCALE_SCOPE, RUNTIME_SCOPE, STEP_SCOPE, UPDATE_SCOPE, Adapter, Capabilities, Device,
+                             Refusal, Trainer, layer_scope)
 from harness.errors import HarnessError
 from harness.model.weights import from_channels_first
 

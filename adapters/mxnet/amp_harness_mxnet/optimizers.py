@@ -66,12 +66,9 @@ class SGD(SpecOptimizer):
         for weight, grad, state in zip(self.weights, self.grads, self.states):
             if momentum == 0:
                 nd.sgd_update(weight, grad, out=weight, lr=lr, rescale_grad=rescale_grad, wd=0.0)
-            elif self.nesterov:  # v = m*v - lr*g; w += m*v - lr*g: the spec's w -= lr*(g + m*buf), v = -lr*buf
-                nd.nag_mom_update(weight, grad, state[0], out=weight, lr=lr, momentum=momentum,
-                                  rescale_grad=rescale_grad, wd=0.0)
-            else:  # v = m*v - lr*g; w += v, i.e. v = -lr*buf
-                nd.sgd_mom_update(weight, grad, state[0], out=weight, lr=lr, momentum=momentum,
-                                  rescale_grad=rescale_grad, wd=0.0)
+            else:  # v = m*v - lr*g, i.e. v = -lr*buf; w += v, or Nesterov's w += m*v - lr*g: w -= lr*(g + m*buf)
+                update = nd.nag_mom_update if self.nesterov else nd.sgd_mom_update
+                update(weight, grad, state[0], out=weight, lr=lr, momentum=momentum, rescale_grad=rescale_grad, wd=0.0)
 
 
 class Adam(SpecOptimizer):
