@@ -70,31 +70,19 @@ class Fp8Casts(nn.Module):
         return (x * scale).clamp(-fmt.max, fmt.max).to(FP8_DTYPES[fmt.name]), scale
 
 
-class CastInput(torch.autograd.Function):
-    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged, so the backward matmuls
-    multiply the cast output gradient (CastGradient) with the cast values the forward saved, as an FP8 matmul's
-    backward does."""
+class Cast(torch.autograd.Function):
+    """A matmul input (`role` "input" or "weight") as FP8 gives it (harness.fp8), its gradient passed through; or
+    (role None) the identity on a matmul's output, its gradient cast. So the backward matmuls multiply the cast
+    output gradient with the cast values the forward saved, as an FP8 matmul's backward does."""
 
     @staticmethod
     def forward(ctx, x, casts, role):
-        return casts.cast(x, role)
+        ctx.casts, ctx.role = casts, role
+        return x.view_as(x) if role is None else casts.cast(x, role)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None
-
-
-class CastGradient(torch.autograd.Function):
-    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
-
-    @staticmethod
-    def forward(ctx, y, casts):
-        ctx.casts = casts
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.casts.cast(grad, "output_gradient"), None
+        return (grad if ctx.role is not None else ctx.casts.cast(grad, "output_gradient")), None, None
 
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -143,8 +131,7 @@ def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="produc
     if casts.policy.native and product is F.linear:
         y = NativeLinear.apply(x.reshape(-1, x.shape[-1]), kernel, casts).reshape(*x.shape[:-1], kernel.shape[0])
     else:
-        y = CastGradient.apply(product(CastInput.apply(x, casts, "input"), CastInput.apply(kernel, casts, "weight"),
-                                       None), casts)
+        y = Cast.apply(product(Cast.apply(x, casts, "input"), Cast.apply(kernel, casts, "weight"), None), casts, None)
     return y if bias is None else y + bias.view(bias_shape)
 
 
