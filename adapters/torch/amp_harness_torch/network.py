@@ -443,25 +443,20 @@ class Network(nn.Module):
         def close_range(layer, args, out):
             ranges.pop().__exit__(None, None, None)
 
-        hooks = [hook for layer in self._layers
-                 for hook in (layer.register_forward_pre_hook(open_range),
-                              layer.register_forward_hook(close_range, always_call=True))]
-        try:
+        with contextlib.ExitStack() as hooks:  # each removed on leaving
+            for layer in self._layers:
+                hooks.enter_context(layer.register_forward_pre_hook(open_range))
+                hooks.enter_context(layer.register_forward_hook(close_range, always_call=True))
             yield {layer_scope(layer.info.path) for layer in self._layers}
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): one forward with hooks."""
         outputs = {}
-        hooks = [layer.register_forward_hook(lambda m, args, out: outputs.__setitem__(m.info.path, out))
-                 for layer in self._layers]
-        try:
+        with contextlib.ExitStack() as hooks:
+            for layer in self._layers:
+                hooks.enter_context(layer.register_forward_hook(
+                    lambda m, args, out: outputs.__setitem__(m.info.path, out)))
             return outputs, self(x)
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     @staticmethod
     def canonical_activation(t) -> np.ndarray:
