@@ -282,10 +282,9 @@ class Norm(Layer):
     def forward(self, x):
         if self.rms:
             return F.rms_norm(x, (self.channels,), self.gamma, self.eps)  # epsilon inside the root, as the spec's
-        if x.dim() == 4:
-            y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), self.gamma, self.beta, self.eps)
-            return y.permute(0, 3, 1, 2)
-        return F.layer_norm(x, (self.channels,), self.gamma, self.beta, self.eps)
+        nchw = x.dim() == 4  # normalized over the channels, the last axis of NHWC
+        y = F.layer_norm(x.permute(0, 2, 3, 1) if nchw else x, (self.channels,), self.gamma, self.beta, self.eps)
+        return y.permute(0, 3, 1, 2) if nchw else y
 
 
 @LAYERS.builder("dropout")
@@ -385,18 +384,15 @@ class SequencePool(Layer):
         self.mode = info.spec.mode
 
     def forward(self, x):
-        if self.mode == "mean":
-            return x.mean(dim=1)
-        return x[:, 0] if self.mode == "first" else x[:, -1]
+        return x.mean(dim=1) if self.mode == "mean" else x[:, 0 if self.mode == "first" else -1]
 
 
 @LAYERS.builder("residual")
 class Residual(Layer):
     def __init__(self, info, net):
         super().__init__(info, net)
-        spec = info.spec
-        self.main = net.build(spec.layers, f"{info.path}.layers.")
-        self.projection = net.build(spec.projection or [], f"{info.path}.projection.")  # empty: the identity
+        self.main = net.build(info.spec.layers, f"{info.path}.layers.")
+        self.projection = net.build(info.spec.projection or [], f"{info.path}.projection.")  # empty: the identity
 
     def forward(self, x):
         return self.main(x) + self.projection(x)
