@@ -15,7 +15,7 @@ from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
 
-NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
+NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range or autocast
 
 
 class TorchAdapter(Adapter):
@@ -218,9 +218,7 @@ class TorchTrainer(Trainer):
             return loss.item()  # waits for the device
 
     def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return NO_SCOPE if self.autocast_dtype is None else self.torch.autocast(self.device.type, self.autocast_dtype)
 
     def _backward(self, loss) -> None:
         with self._scope(RUNTIME_SCOPE):  # the autograd engine's own work; its nodes' ops keep their layers' scopes
