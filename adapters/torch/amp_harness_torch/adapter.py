@@ -15,7 +15,7 @@ from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
 
-NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range
+NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range or autocast
 
 
 class TorchAdapter(Adapter):
@@ -78,11 +78,7 @@ class TorchAdapter(Adapter):
 
         m, k, n = shape
         a, b = (torch.randn(*dims, device=device.name).to(getattr(torch, dtype)) for dims in ((m, k), (k, n)))
-
-        def run():
-            (a @ b).sum().item()  # .item() waits for the device
-
-        return run
+        return lambda: (a @ b).sum().item()  # .item() waits for the device
 
 
 class TorchTrainer(Trainer):
@@ -112,14 +108,13 @@ class TorchTrainer(Trainer):
         if spec.native is not None:
             from amp_harness_torch.native import NativeNetwork, load
 
-            net = NativeNetwork(load(spec)).to(self.device, dtype=self.param_dtype)
+            net = NativeNetwork(load(spec))
         else:
-            net = Network(spec.layers, graph, weights, precision.fp8).to(self.device, dtype=self.param_dtype)
-        if self.channels_last:
-            net = net.to(memory_format=torch.channels_last)
-        self.net = net.train()
-        self.fp8_matmuls = net.fp8_matmuls or self.fp8_matmuls
-        self.weight_kinds = getattr(net, "weight_kinds", None)  # a native model's (its names are its own)
+            net = Network(spec.layers, graph, weights, precision.fp8)
+        memory_format = torch.channels_last if self.channels_last else None
+        self.net = net.to(self.device, dtype=self.param_dtype, memory_format=memory_format).train()
+        self.fp8_matmuls = self.net.fp8_matmuls or self.fp8_matmuls
+        self.weight_kinds = getattr(self.net, "weight_kinds", None)  # a native model's (its names are its own)
 
     def build_optimizer(self, optimizer):
         from amp_harness_torch.optimizers import make_optimizer
@@ -223,9 +218,7 @@ class TorchTrainer(Trainer):
             return loss.item()  # waits for the device
 
     def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return NO_SCOPE if self.autocast_dtype is None else self.torch.autocast(self.device.type, self.autocast_dtype)
 
     def _backward(self, loss) -> None:
         with self._scope(RUNTIME_SCOPE):  # the autograd engine's own work; its nodes' ops keep their layers' scopes

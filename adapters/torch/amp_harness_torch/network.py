@@ -70,31 +70,19 @@ class Fp8Casts(nn.Module):
         return (x * scale).clamp(-fmt.max, fmt.max).to(FP8_DTYPES[fmt.name]), scale
 
 
-class CastInput(torch.autograd.Function):
-    """A matmul input as FP8 gives it (harness.fp8); its gradient passed through unchanged, so the backward matmuls
-    multiply the cast output gradient (CastGradient) with the cast values the forward saved, as an FP8 matmul's
-    backward does."""
+class Cast(torch.autograd.Function):
+    """A matmul input (`role` "input" or "weight") as FP8 gives it (harness.fp8), its gradient passed through; or
+    (role None) the identity on a matmul's output, its gradient cast. So the backward matmuls multiply the cast
+    output gradient with the cast values the forward saved, as an FP8 matmul's backward does."""
 
     @staticmethod
     def forward(ctx, x, casts, role):
-        return casts.cast(x, role)
+        ctx.casts, ctx.role = casts, role
+        return x.view_as(x) if role is None else casts.cast(x, role)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None
-
-
-class CastGradient(torch.autograd.Function):
-    """The identity on a matmul's output; its gradient cast as FP8 gives it to the backward matmuls."""
-
-    @staticmethod
-    def forward(ctx, y, casts):
-        ctx.casts = casts
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.casts.cast(grad, "output_gradient"), None
+        return (grad if ctx.role is not None else ctx.casts.cast(grad, "output_gradient")), None, None
 
 
 FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -143,8 +131,7 @@ def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="produc
     if casts.policy.native and product is F.linear:
         y = NativeLinear.apply(x.reshape(-1, x.shape[-1]), kernel, casts).reshape(*x.shape[:-1], kernel.shape[0])
     else:
-        y = CastGradient.apply(product(CastInput.apply(x, casts, "input"), CastInput.apply(kernel, casts, "weight"),
-                                       None), casts)
+        y = Cast.apply(product(Cast.apply(x, casts, "input"), Cast.apply(kernel, casts, "weight"), None), casts, None)
     return y if bias is None else y + bias.view(bias_shape)
 
 
@@ -295,10 +282,9 @@ class Norm(Layer):
     def forward(self, x):
         if self.rms:
             return F.rms_norm(x, (self.channels,), self.gamma, self.eps)  # epsilon inside the root, as the spec's
-        if x.dim() == 4:
-            y = F.layer_norm(x.permute(0, 2, 3, 1), (self.channels,), self.gamma, self.beta, self.eps)
-            return y.permute(0, 3, 1, 2)
-        return F.layer_norm(x, (self.channels,), self.gamma, self.beta, self.eps)
+        nchw = x.dim() == 4  # normalized over the channels, the last axis of NHWC
+        y = F.layer_norm(x.permute(0, 2, 3, 1) if nchw else x, (self.channels,), self.gamma, self.beta, self.eps)
+        return y.permute(0, 3, 1, 2) if nchw else y
 
 
 @LAYERS.builder("dropout")
@@ -398,18 +384,15 @@ class SequencePool(Layer):
         self.mode = info.spec.mode
 
     def forward(self, x):
-        if self.mode == "mean":
-            return x.mean(dim=1)
-        return x[:, 0] if self.mode == "first" else x[:, -1]
+        return x.mean(dim=1) if self.mode == "mean" else x[:, 0 if self.mode == "first" else -1]
 
 
 @LAYERS.builder("residual")
 class Residual(Layer):
     def __init__(self, info, net):
         super().__init__(info, net)
-        spec = info.spec
-        self.main = net.build(spec.layers, f"{info.path}.layers.")
-        self.projection = net.build(spec.projection or [], f"{info.path}.projection.")  # empty: the identity
+        self.main = net.build(info.spec.layers, f"{info.path}.layers.")
+        self.projection = net.build(info.spec.projection or [], f"{info.path}.projection.")  # empty: the identity
 
     def forward(self, x):
         return self.main(x) + self.projection(x)
@@ -456,25 +439,20 @@ class Network(nn.Module):
         def close_range(layer, args, out):
             ranges.pop().__exit__(None, None, None)
 
-        hooks = [hook for layer in self._layers
-                 for hook in (layer.register_forward_pre_hook(open_range),
-                              layer.register_forward_hook(close_range, always_call=True))]
-        try:
+        with contextlib.ExitStack() as hooks:  # each removed on leaving
+            for layer in self._layers:
+                hooks.enter_context(layer.register_forward_pre_hook(open_range))
+                hooks.enter_context(layer.register_forward_hook(close_range, always_call=True))
             yield {layer_scope(layer.info.path) for layer in self._layers}
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     def layer_outputs(self, x):
         """(each layer's output by canonical path, the network's output): one forward with hooks."""
         outputs = {}
-        hooks = [layer.register_forward_hook(lambda m, args, out: outputs.__setitem__(m.info.path, out))
-                 for layer in self._layers]
-        try:
+        with contextlib.ExitStack() as hooks:
+            for layer in self._layers:
+                hooks.enter_context(layer.register_forward_hook(
+                    lambda m, args, out: outputs.__setitem__(m.info.path, out)))
             return outputs, self(x)
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     @staticmethod
     def canonical_activation(t) -> np.ndarray:

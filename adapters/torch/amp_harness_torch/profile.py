@@ -55,10 +55,8 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     backward = {id(e) for node in nodes for e in _subtree(node)}
     # the forward op that created each autograd node: the last to start with its number (an op carries the number
     # the next node will get: ops before the node's, like the previous step's loss.item(), carry it too)
-    forward = {}
-    for event in sorted(events, key=lambda e: e.time_range.start):
-        if event.sequence_nr >= 0 and id(event) not in backward:
-            forward[event.thread, event.sequence_nr] = scope[id(event)]
+    forward = {(e.thread, e.sequence_nr): scope[id(e)] for e in sorted(events, key=lambda e: e.time_range.start)
+               if e.sequence_nr >= 0 and id(e) not in backward}
     previous: dict[int, tuple[str, ...]] = {}  # by thread: the scope of the node that ran last
     for node in sorted(nodes, key=lambda e: e.time_range.start):
         if node.name == BACKWARD + ACCUMULATE:

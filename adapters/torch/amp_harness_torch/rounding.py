@@ -24,8 +24,7 @@ OPS = RoundingOps(
     cast=lambda x, dtype: x.to(getattr(torch, dtype)),  # torch's casts round to nearest even
     bit_and=torch.bitwise_and, shift_right=torch.bitwise_right_shift, shift_left=torch.bitwise_left_shift,
     maximum=torch.clamp_min, add_mask=torch.add, floor=torch.floor, round_half_even=torch.round, abs=torch.abs,
-    where=torch.where, isfinite=torch.isfinite, copysign=torch.copysign, clip=torch.clamp,
-    full_like=torch.full_like,
+    where=torch.where, isfinite=torch.isfinite, copysign=torch.copysign, clip=torch.clamp, full_like=torch.full_like,
     amax=lambda x: x.abs().amax(), shift_in=lambda history, value: torch.cat([value.reshape(1), history[:-1]]),
     to_tensor=lambda a, device: torch.from_numpy(np.array(a)).to(device.name),
     to_numpy=lambda t: t.cpu().numpy(),
