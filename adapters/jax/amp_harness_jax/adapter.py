@@ -178,8 +178,7 @@ class JaxTrainer(Trainer):
                 # clipped gradients go to the rounded optimizer in float32, the dtype its update computes in
                 clipped = grads if clip_norm is None else clip_by_global_norm(
                     grads, clip_norm, finite if scaling else None, jnp.float32 if rounding else None)
-                new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits) if rounding \
-                    else optimizer.update(clipped, opt_state, params, lr)
+                new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits)
             if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
                 # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
                 with jax.named_scope(LOSS_SCALE_SCOPE):
