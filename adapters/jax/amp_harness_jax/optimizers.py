@@ -17,9 +17,6 @@ from harness.model.optimizer import weight_decay
 from harness.model.training import ClipOps, LossOps, clip_factor_with
 from harness.rounding import rounded_slots, update_scalars, update_with
 
-_map = jax.tree.map
-
-
 class Optimizer(NamedTuple):
     update: Callable  # (grads, state, params, learning rate, rounding bits or None) -> (new params, new state)
     state: Any  # the state of the weights it was made for: every slot, created in build (none lazily in a step)
@@ -31,7 +28,7 @@ def per_weight(params, slots: tuple[str, ...], for_step: Callable) -> Optimizer:
     update of one weight, `(index, name, weight, gradient, its slots) -> (new weight, new slots)`, runs it on each
     weight in canonical order, and keeps the slots in the dtype they were created in."""
     def init(params):
-        return {"count": jnp.zeros((), jnp.int32), **{slot: _map(jnp.zeros_like, params) for slot in slots}}
+        return {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
 
     def update(grads, state, params, lr, bits=None):
         count = state["count"] + 1
@@ -43,17 +40,19 @@ def per_weight(params, slots: tuple[str, ...], for_step: Callable) -> Optimizer:
                 new_state[slot][name] = value.astype(state[slot][name].dtype)
         return new_params, new_state
 
-    return Optimizer(update, jax.block_until_ready(jax.jit(init)(params)))
+    # committed to the weights' device, as the step returns the state: uncommitted arrays would make the second step
+    # compile again (a different placement is a different executable)
+    placed = jax.jit(init, out_shardings=jax.tree.leaves(params)[0].sharding)
+    return Optimizer(update, jax.block_until_ready(placed(params)))
 
 
 def make_optimizer(spec, params) -> Optimizer:
     """The spec's optimizer over `params` (canonical weight name -> array), with all its state, computing in the
     weights' own dtype (the slots are read as stored)."""
     dtype = jax.tree.leaves(params)[0].dtype
-    count_dtype = jnp.promote_types(dtype, jnp.float32)
 
     def computed(fn, lr, t):  # the rate and Adam's bias corrections in float32 at least, float64 in a float64 run
-        return fn(lr, t.astype(count_dtype), jnp.sqrt)
+        return fn(lr, t.astype(jnp.promote_types(dtype, jnp.float32)), jnp.sqrt)
 
     def in_dtype(scalars):  # a Python float straight to the weights' dtype (a traced float32 one would promote them)
         return tuple(jnp.asarray(x, dtype) for x in scalars)
@@ -77,7 +76,7 @@ def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
     acc = jnp.promote_types(leaves[0].dtype, jnp.float32)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(acc))) for g in leaves))
     factor = clip_factor_with(CLIP_OPS, norm, clip_norm, finite)
-    return _map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
+    return jax.tree.map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
 
 
 def _nll(logp, labels):

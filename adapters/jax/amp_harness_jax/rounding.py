@@ -13,7 +13,6 @@ from harness.rounding import Rounding, RoundingOps, rounded_slots, rounded_updat
 
 
 def jax_device(device):
-    """JAX's device of a harness.adapter.Device."""
     return jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
 
 
@@ -50,10 +49,8 @@ def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optim
     """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
     gradients and state stored in 16 bits; `update` also takes the core's bits by weight name (fingerprint runs),
     or None to draw them from the seed and the step count (timed runs)."""
-    key = jax.random.key(seed)
-
     def for_step(lr, count, bits):
-        step_key = jax.random.fold_in(key, count)
+        step_key = jax.random.fold_in(jax.random.key(seed), count)
 
         def update_weight(index, name, p, g, slots):
             given = None
