@@ -312,10 +312,10 @@ def update_scalars(ops: RoundingOps, optimizer, lr, t) -> tuple:
 def update_with(ops: RoundingOps, optimizer, w, g, slots: dict, lr, t, decay: float, scalars=None) -> tuple[Any, dict]:
     """One weight's step of the spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW,
     RMSprop, in their spec forms: harness.model.spec), in the dtype of `w` and `g`, the weight and its (clipped,
-    unscaled) gradient; `slots` its state by rounded_slots' names, read through ops.to_float32 into that dtype; `lr`
-    and `t` the step's learning rate and count (1 at the first step), `scalars` the step's update_scalars where the caller computes them
-    once for every weight (None: here); `decay` AdamW's decoupled decay of this weight
-    (harness.model.optimizer.weight_decay), applied to the weight before the update. Of ops it reads to_float32,
+    unscaled) gradient; `slots` its state by rounded_slots' names, read through ops.to_float32 into that dtype;
+    `lr` and `t` the step's learning rate and count (1 at the first step); `decay` AdamW's decoupled decay of this
+    weight (harness.model.optimizer.weight_decay), applied to the weight before the update; `scalars` the step's
+    update_scalars where the caller computes them once for every weight (None: here). Of ops it reads to_float32,
     sqrt and scalars only. Returns (the new weight, the new state by slot), not yet written to a storage dtype."""
     kept, f32 = {}, ops.to_float32
     if optimizer.type in ("adam", "adamw"):
@@ -323,6 +323,8 @@ def update_with(ops: RoundingOps, optimizer, w, g, slots: dict, lr, t, decay: fl
         m = kept["m"] = b1 * f32(slots["m"]) + (1 - b1) * g
         v = kept["v"] = b2 * f32(slots["v"]) + (1 - b2) * g * g
         step_size, root = update_scalars(ops, optimizer, lr, t) if scalars is None else scalars
+        # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it; adamw first decays w by
+        # lr*decay*w, as PyTorch's AdamW does (the same w on both sides)
         start = w * ops.scalars(lambda lr, t, sqrt: (1 - lr * decay,), lr, t)[0] if decay else w
         return start - step_size * (m / (ops.sqrt(v) / root + optimizer.epsilon)), kept
     rate, = update_scalars(ops, optimizer, lr, t) if scalars is None else scalars

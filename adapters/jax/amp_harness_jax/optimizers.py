@@ -17,6 +17,7 @@ from harness.model.optimizer import weight_decay
 from harness.model.training import ClipOps, LossOps, clip_factor_with
 from harness.rounding import rounded_slots, update_scalars, update_with
 
+
 class Optimizer(NamedTuple):
     update: Callable  # (grads, state, params, learning rate, rounding bits or None) -> (new params, new state)
     state: Any  # the state of the weights it was made for: every slot, created in build (none lazily in a step)
@@ -27,9 +28,6 @@ def per_weight(params, slots: tuple[str, ...], for_step: Callable) -> Optimizer:
     step count and, per slot, a zero array per weight. Its update asks `for_step(lr, count, bits)` for the step's
     update of one weight, `(index, name, weight, gradient, its slots) -> (new weight, new slots)`, runs it on each
     weight in canonical order, and keeps the slots in the dtype they were created in."""
-    def init(params):
-        return {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
-
     def update(grads, state, params, lr, bits=None):
         count = state["count"] + 1
         update_weight = for_step(lr, count, bits)
@@ -40,10 +38,10 @@ def per_weight(params, slots: tuple[str, ...], for_step: Callable) -> Optimizer:
                 new_state[slot][name] = value.astype(state[slot][name].dtype)
         return new_params, new_state
 
+    state = {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
     # committed to the weights' device, as the step returns the state: uncommitted arrays would make the second step
     # compile again (a different placement is a different executable)
-    placed = jax.jit(init, out_shardings=jax.tree.leaves(params)[0].sharding)
-    return Optimizer(update, jax.block_until_ready(placed(params)))
+    return Optimizer(update, jax.block_until_ready(jax.device_put(state, jax.tree.leaves(params)[0].sharding)))
 
 
 def make_optimizer(spec, params) -> Optimizer:

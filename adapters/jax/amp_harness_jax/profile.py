@@ -30,18 +30,29 @@ NOTE = ("the timed runs' jitted step, compiled again before the profiled steps (
 
 
 def profile_steps(trainer, run_steps) -> ProfiledOps:
-    """Run the core's steps under jax.profiler, with the step compiled again (_fresh_step), and return every HLO
-    instruction that ran, with its scopes."""
+    """Run the core's steps under jax.profiler and return every HLO instruction that ran, with its scopes."""
     weights = {f"{info.path}.{name}": layer_scope(info.path) for info in trainer.net.infos.values()
                for name in info.params}
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # no event per Python call (overhead): XLA's events are C++ ones
     options.enable_hlo_proto = True  # the executables' HLO modules, which the events are joined to
+    # the step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation cache,
+    # whose executables give the profiler no HLO module to join its events to (docs/profile.md)
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        fresh = jax.jit(lambda *args: trainer._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
+        fresh = fresh.lower(trainer.params, trainer.opt_state, trainer.statistics, *trainer._last_batch,
+                            trainer._device_scale, trainer._rate(), None).compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+    step, trainer._step = trainer._step, fresh
     # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs) in
     # RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
     patched = [(trainer, "train_step", RUNTIME_SCOPE)] + \
         ([(trainer.scaler, "update", LOSS_SCALE_SCOPE)] if trainer.scaler is not None else [])
-    step, trainer._step = trainer._step, _fresh_step(trainer)
     for owner, name, scope in patched:
         setattr(owner, name, jax.profiler.annotate_function(getattr(owner, name), scope))
     try:
@@ -78,21 +89,6 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
             ops.append(hlo.op_time(name, seconds, calls, weights))
     return ProfiledOps(f"jax.profiler (jax {jax.__version__}; XLA:CPU instruction events joined to the executable's "
                        f"HLO)", ops, NOTE)
-
-
-def _fresh_step(trainer):
-    """The trainer's step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation
-    cache, whose executables give the profiler no HLO module to join its events to (docs/profile.md)."""
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
-    try:
-        fresh = jax.jit(lambda *args: trainer._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
-        return fresh.lower(trainer.params, trainer.opt_state, trainer.statistics, *trainer._last_batch,
-                           trainer._device_scale, trainer._rate(), None).compile()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-        compilation_cache.reset_cache()
 
 
 def _events(plane) -> tuple[list, list]:
