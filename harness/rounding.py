@@ -225,7 +225,7 @@ class RoundingOps:
     to_numpy: Callable  # tensor -> numpy array
     draw_bits: Callable  # (shape, seed, Device) -> int32 tensor of 16 random bits per value, drawn on the device
     on_device: Callable  # (function, Device) -> the function as the framework runs it there (compiled, placed)
-    # the optimizer's update (rounded_update)
+    # the optimizer's update (update_with, rounded_update)
     sqrt: Callable  # float32 x -> its square root
     # (fn, lr, t) -> fn(lr, t, sqrt)'s values as the update's float32 scalars, computed from the step's learning
     # rate and count as the framework holds them (Python numbers, or tensors of a compiled step) in float64 where
@@ -290,44 +290,63 @@ def write_with(ops: RoundingOps, rounding: Rounding, w, x, compensation=None, bi
     return round_stochastic_with(ops, x, bits, rounding), None
 
 
-def rounded_slots(optimizer, rounding: Rounding) -> tuple[str, ...]:
-    """The state rounded_update keeps per weight, each in the weights' storage dtype and zero at the start: SGD's
-    momentum buffer, Adam's (AdamW's) moments m and v, RMSprop's square_avg, and Kahan's compensation."""
+def rounded_slots(optimizer, rounding: Rounding | None = None) -> tuple[str, ...]:
+    """The state update_with (rounded_update with a rounding) keeps per weight, each in the weights' storage dtype
+    and zero at the start: SGD's momentum buffer, Adam's (AdamW's) moments m and v, RMSprop's square_avg, and
+    Kahan's compensation."""
     kept = {"sgd": ("momentum",) if getattr(optimizer, "momentum", 0) else (), "adam": ("m", "v"), "adamw": ("m", "v"),
             "rmsprop": ("square_avg",)}[optimizer.type]
-    return kept + (("compensation",) if rounding.mode == "kahan" else ())
+    return kept + (("compensation",) if rounding is not None and rounding.mode == "kahan" else ())
 
 
-def rounded_update(ops: RoundingOps, optimizer, rounding: Rounding, w, g, slots: dict, lr, t, decay: float,
-                   bits=None) -> tuple[Any, dict]:
+def update_scalars(ops: RoundingOps, optimizer, lr, t) -> tuple:
+    """The scalars of a step of update_with, read through ops.scalars from the step's learning rate and count (1 at
+    the first step) as the framework holds them: Adam's (AdamW's) step size and root of its second bias correction,
+    the other optimizers' rate."""
+    if optimizer.type in ("adam", "adamw"):
+        b1, b2 = optimizer.beta_1, optimizer.beta_2
+        return ops.scalars(lambda lr, t, sqrt: (lr / (1 - b1 ** t), sqrt(1 - b2 ** t)), lr, t)
+    return ops.scalars(lambda lr, t, sqrt: (lr,), lr, t)
+
+
+def update_with(ops: RoundingOps, optimizer, w, g, slots: dict, lr, t, decay: float, scalars=None) -> tuple[Any, dict]:
     """One weight's step of the spec's optimizer (SGD with or without momentum and Nesterov, Adam, AdamW,
-    RMSprop, in their spec forms: harness.model.spec) computed in float32, the new weight written by the
-    rounding's rule (write_with). `w` and `g` the weight and its (clipped, unscaled) gradient in float32; `slots`
-    its state by rounded_slots' names, in the storage dtype; `lr` and `t` the step's learning rate and count (1
-    at the first step) as the framework holds them, read through ops.scalars; `decay` AdamW's decoupled decay of
-    this weight (harness.model.optimizer.weight_decay), applied to the weight before the update; `bits` the
-    stochastic rounding's. Returns (the new weight in the storage dtype, the new state by slot: float32 values
-    the adapter stores with nearest rounding, the compensation already in its dtype)."""
+    RMSprop, in their spec forms: harness.model.spec), in the dtype of `w` and `g`, the weight and its (clipped,
+    unscaled) gradient; `slots` its state by rounded_slots' names, read through ops.to_float32 into that dtype;
+    `lr` and `t` the step's learning rate and count (1 at the first step); `decay` AdamW's decoupled decay of this
+    weight (harness.model.optimizer.weight_decay), applied to the weight before the update; `scalars` the step's
+    update_scalars where the caller computes them once for every weight (None: here). Of ops it reads to_float32,
+    sqrt and scalars only. Returns (the new weight, the new state by slot), not yet written to a storage dtype."""
     kept, f32 = {}, ops.to_float32
     if optimizer.type in ("adam", "adamw"):
         b1, b2 = optimizer.beta_1, optimizer.beta_2
         m = kept["m"] = b1 * f32(slots["m"]) + (1 - b1) * g
         v = kept["v"] = b2 * f32(slots["v"]) + (1 - b2) * g * g
-        step_size, root = ops.scalars(lambda lr, t, sqrt: (lr / (1 - b1 ** t), sqrt(1 - b2 ** t)), lr, t)
+        step_size, root = update_scalars(ops, optimizer, lr, t) if scalars is None else scalars
+        # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it; adamw first decays w by
+        # lr*decay*w, as PyTorch's AdamW does (the same w on both sides)
         start = w * ops.scalars(lambda lr, t, sqrt: (1 - lr * decay,), lr, t)[0] if decay else w
-        new = start - step_size * (m / (ops.sqrt(v) / root + optimizer.epsilon))
+        return start - step_size * (m / (ops.sqrt(v) / root + optimizer.epsilon)), kept
+    rate, = update_scalars(ops, optimizer, lr, t) if scalars is None else scalars
+    if optimizer.type == "sgd":
+        direction = g
+        if optimizer.momentum:
+            buf = kept["momentum"] = optimizer.momentum * f32(slots["momentum"]) + g
+            direction = g + optimizer.momentum * buf if optimizer.nesterov else buf
     else:
-        rate, = ops.scalars(lambda lr, t, sqrt: (lr,), lr, t)
-        if optimizer.type == "sgd":
-            direction = g
-            if optimizer.momentum:
-                buf = kept["momentum"] = optimizer.momentum * f32(slots["momentum"]) + g
-                direction = g + optimizer.momentum * buf if optimizer.nesterov else buf
-        else:
-            v = kept["square_avg"] = optimizer.rho * f32(slots["square_avg"]) + (1 - optimizer.rho) * g * g
-            eps = optimizer.epsilon
-            direction = g / (ops.sqrt(v + eps) if optimizer.epsilon_placement == "inside" else ops.sqrt(v) + eps)
-        new = w - rate * direction
+        v = kept["square_avg"] = optimizer.rho * f32(slots["square_avg"]) + (1 - optimizer.rho) * g * g
+        eps = optimizer.epsilon
+        direction = g / (ops.sqrt(v + eps) if optimizer.epsilon_placement == "inside" else ops.sqrt(v) + eps)
+    return w - rate * direction, kept
+
+
+def rounded_update(ops: RoundingOps, optimizer, rounding: Rounding, w, g, slots: dict, lr, t, decay: float,
+                   bits=None) -> tuple[Any, dict]:
+    """One weight's step of the spec's optimizer (update_with) computed in float32, `w` and `g` float32 and
+    `slots` in the storage dtype, the new weight written by the rounding's rule (write_with); `bits` the
+    stochastic rounding's. Returns (the new weight in the storage dtype, the new state by slot: float32 values
+    the adapter stores with nearest rounding, the compensation already in its dtype)."""
+    new, kept = update_with(ops, optimizer, w, g, slots, lr, t, decay)
     weights, compensation = write_with(ops, rounding, w, new, slots.get("compensation"), bits)
     if compensation is not None:
         kept["compensation"] = compensation

@@ -81,15 +81,12 @@ class JaxAdapter(Adapter):
         a, b = (jax.device_put(jax.random.normal(key, dims).astype(dtype), dev)
                 for key, dims in zip(jax.random.split(jax.random.key(0)), ((m, k), (k, n))))
         product = jax.jit(lambda a, b: (a @ b).sum())
-
-        def run():
-            product(a, b).block_until_ready()
-
-        return run
+        return lambda: product(a, b).block_until_ready()
 
 
 class JaxTrainer(Trainer):
     network_module = "amp_harness_jax.network"  # its attention_mask
+    profile_module = "amp_harness_jax.profile"  # its profile_steps
 
     def configure(self, spec, precision, device, variant):
         import jax
@@ -115,27 +112,20 @@ class JaxTrainer(Trainer):
         self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8)
         self.params = {n: self._put(weights[n], self.param_dtype) for n in net.trainable}
         self.statistics = {n: self._put(weights[n], self.param_dtype) for n in net.statistics}
-        self.statistics.update(net.fp8_histories())
+        self.statistics.update(self.jax.device_put(net.fp8_histories(), self.device))  # committed, as the optimizer's
         self._bits = None  # fingerprint runs: the core's rounding bits for the next step
 
     def build_optimizer(self, optimizer):
         from amp_harness_jax.optimizers import make_optimizer
 
-        self._place_state(make_optimizer(optimizer, self.params))
+        self.optimizer = make_optimizer(optimizer, self.params)
 
     def build_rounded_optimizer(self, optimizer):
         from amp_harness_jax.rounding import OPS, make_rounded_optimizer
 
         if self.rounding.format == "fixed16":  # the initial weights onto the grid
             self.params = {n: round_nearest_with(OPS, p, self.rounding) for n, p in self.params.items()}
-        self._place_state(make_rounded_optimizer(optimizer, self.params, self.rounding, self.rounding_seed))
-
-    def _place_state(self, optimizer) -> None:
-        # every slot, created now; on the device, as the step returns them: arrays left uncommitted to it would make
-        # the second step compile again (a different placement is a different executable)
-        self.optimizer = optimizer
-        self.opt_state = self.jax.device_put(optimizer.state, self.device)
-        self.statistics = self.jax.device_put(self.statistics, self.device)
+        self.optimizer = make_rounded_optimizer(optimizer, self.params, self.rounding, self.rounding_seed)
 
     def build_step(self, spec, precision, loss_scale, variant):
         import jax.numpy as jnp
@@ -144,6 +134,7 @@ class JaxTrainer(Trainer):
         from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, UPDATE_SCOPE
 
         jax, net, optimizer, rounding = self.jax, self.net, self.optimizer, self.rounding
+        self.opt_state = optimizer.state  # every slot, created in build_optimizer (build_rounded_optimizer)
         self.scaler = LossScaler(loss_scale) if loss_scale.mode != "none" else None
         self.skipped, self._scale, self._device_scale = False, None, None
         scaling = self.scaler is not None
@@ -178,8 +169,7 @@ class JaxTrainer(Trainer):
                 # clipped gradients go to the rounded optimizer in float32, the dtype its update computes in
                 clipped = grads if clip_norm is None else clip_by_global_norm(
                     grads, clip_norm, finite if scaling else None, jnp.float32 if rounding else None)
-                new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits) if rounding \
-                    else optimizer.update(clipped, opt_state, params, lr)
+                new_params, new_opt_state = optimizer.update(clipped, opt_state, params, lr, bits)
             if scaling:  # a skipped step keeps the weights and optimizer state; batchnorm's statistics move on,
                 # as in PyTorch and Keras, whose forward pass has updated them before the scaler decides
                 with jax.named_scope(LOSS_SCALE_SCOPE):
@@ -200,8 +190,7 @@ class JaxTrainer(Trainer):
                 out, _ = net.apply(params, statistics, x, None, False, taps, record)
                 return loss_with(LOSS_OPS, spec.loss, out, y), record
 
-            shapes = jax.eval_shape(lambda taps: outputs(taps)[1], None)
-            taps = {path: jnp.zeros(s.shape, s.dtype) for path, s in shapes.items()}
+            taps = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda taps: outputs(taps)[1], None))
             grads, values = jax.grad(outputs, has_aux=True)(taps)
             return {path: (values[path], grads[path]) for path in values}
 
@@ -233,10 +222,9 @@ class JaxTrainer(Trainer):
 
     def run_step(self, batch, capture: dict | None) -> float:
         bits, self._bits = self._bits, None
-        rate = self._put(np.asarray(self.learning_rate()), self._scalar_dtype) if self.scheduled else None
         step = self._step if capture is None else self._captured  # diagnose and fingerprint runs: the capturing twin
         self.params, self.opt_state, self.statistics, loss, finite, *grads = step(
-            self.params, self.opt_state, self.statistics, *batch, self._device_scale, rate, bits)
+            self.params, self.opt_state, self.statistics, *batch, self._device_scale, self._rate(), bits)
         if capture is not None:
             capture.update({name: self.output(g) for name, g in grads[0].items()})
         if self.scaler is not None:
@@ -244,6 +232,10 @@ class JaxTrainer(Trainer):
             self.skipped = self.scaler.update(finite=bool(finite))
             self._set_scale()
         return float(loss)  # fetching the loss waits for the device
+
+    def _rate(self):
+        """The step's scheduled rate as a device scalar (one compiled step for every rate); None: a constant one."""
+        return self._put(np.asarray(self.learning_rate()), self._scalar_dtype) if self.scheduled else None
 
     def _set_scale(self) -> None:
         """The scale as a device scalar, transferred only when the rules change it."""
@@ -255,40 +247,6 @@ class JaxTrainer(Trainer):
         outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
                                       self._put(y, np.int32))
         return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
-
-    def profile(self, run_steps):
-        from jax.experimental.compilation_cache import compilation_cache
-
-        from amp_harness_jax.profile import profile_steps
-        from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE
-
-        jax = self.jax
-        # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs)
-        # in RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
-        patched = [(self, "train_step", RUNTIME_SCOPE)] + \
-            ([(self.scaler, "update", LOSS_SCALE_SCOPE)] if self.scaler is not None else [])
-        for owner, name, scope in patched:
-            setattr(owner, name, jax.profiler.annotate_function(getattr(owner, name), scope))
-        # the step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation cache,
-        # whose executables give the profiler no HLO module to join its events to (docs/profile.md)
-        enabled = jax.config.jax_enable_compilation_cache
-        jax.config.update("jax_enable_compilation_cache", False)
-        compilation_cache.reset_cache()
-        try:
-            rate = self._put(np.asarray(self.learning_rate()), self._scalar_dtype) if self.scheduled else None
-            fresh = jax.jit(lambda *args: self._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
-            fresh = fresh.lower(self.params, self.opt_state, self.statistics, *self._last_batch, self._device_scale,
-                                rate, None).compile()
-        finally:
-            jax.config.update("jax_enable_compilation_cache", enabled)
-            compilation_cache.reset_cache()
-        step, self._step = self._step, fresh
-        try:
-            return profile_steps(self, run_steps)
-        finally:
-            self._step = step
-            for owner, name, _ in patched:
-                delattr(owner, name)  # the class's method again
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.output(self._predict(self.params, self.statistics, self._put(x, self.input_dtype)))

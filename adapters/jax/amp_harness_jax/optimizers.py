@@ -1,12 +1,13 @@
 """The spec's optimizers, gradient clipping and losses as pure jax.numpy functions.
 
-The optimizers are written out rather than taken from optax: optax's Adam puts epsilon in the same place but
-its RMSprop has epsilon inside the square root only, its adamw decays whatever its mask says rather than the
-weights harness.model.optimizer.weight_decay names, and the hyper-parameters here stay Python floats, which
-JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64.
+The optimizers run the core's update (harness.rounding.update_with) rather than optax's: optax's Adam puts
+epsilon in the same place but its RMSprop has epsilon inside the square root only, its adamw decays whatever its
+mask says rather than the weights harness.model.optimizer.weight_decay names, and the hyper-parameters here stay
+Python floats, which JAX types weakly: they take the weights' dtype, so a float64 run computes them in float64.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -14,72 +15,56 @@ import jax.numpy as jnp
 
 from harness.model.optimizer import weight_decay
 from harness.model.training import ClipOps, LossOps, clip_factor_with
-
-_map = jax.tree.map
+from harness.rounding import rounded_slots, update_scalars, update_with
 
 
 class Optimizer(NamedTuple):
-    update: Callable  # (grads, state, params, learning rate) -> (new params, new state)
+    update: Callable  # (grads, state, params, learning rate, rounding bits or None) -> (new params, new state)
     state: Any  # the state of the weights it was made for: every slot, created in build (none lazily in a step)
 
 
-def bind(init: Callable, update: Callable, params) -> Optimizer:
-    """An optimizer (`init`: params -> state, `update`) made for `params`: its state created now, on their device."""
-    return Optimizer(update, jax.block_until_ready(jax.jit(init)(params)))
+def per_weight(params, slots: tuple[str, ...], for_step: Callable) -> Optimizer:
+    """An optimizer over `params` (canonical weight name -> array) whose state, created now on their device, is the
+    step count and, per slot, a zero array per weight. Its update asks `for_step(lr, count, bits)` for the step's
+    update of one weight, `(index, name, weight, gradient, its slots) -> (new weight, new slots)`, runs it on each
+    weight in canonical order, and keeps the slots in the dtype they were created in."""
+    def update(grads, state, params, lr, bits=None):
+        count = state["count"] + 1
+        update_weight = for_step(lr, count, bits)
+        new_params, new_state = {}, {"count": count, **{slot: {} for slot in slots}}
+        for index, (name, p) in enumerate(sorted(params.items())):
+            new_params[name], kept = update_weight(index, name, p, grads[name], {s: state[s][name] for s in slots})
+            for slot, value in kept.items():
+                new_state[slot][name] = value.astype(state[slot][name].dtype)
+        return new_params, new_state
 
-
-def _as(value, dtype):
-    """A Python float or a traced scalar in `dtype`: for a Python float, the constant it becomes, weakly typed,
-    in an operation with an array of that dtype (a traced float32 rate would otherwise promote 16-bit weights)."""
-    return jnp.asarray(value, dtype)
+    state = {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
+    # committed to the weights' device, as the step returns the state: uncommitted arrays would make the second step
+    # compile again (a different placement is a different executable)
+    return Optimizer(update, jax.block_until_ready(jax.device_put(state, jax.tree.leaves(params)[0].sharding)))
 
 
 def make_optimizer(spec, params) -> Optimizer:
-    """The spec's optimizer over `params` (canonical weight name -> array), with all its state."""
-    if spec.type == "sgd":
-        m = spec.momentum
-        if m == 0:  # plain SGD keeps no state
-            return bind(lambda w: {}, lambda g, s, p, lr: (_map(lambda p, g: p - _as(lr, p.dtype) * g, p, g), s),
-                        params)
+    """The spec's optimizer over `params` (canonical weight name -> array), with all its state, computing in the
+    weights' own dtype (the slots are read as stored)."""
+    dtype = jax.tree.leaves(params)[0].dtype
 
-        def sgd(grads, state, params, lr):
-            buf = _map(lambda b, g: m * b + g, state["momentum"], grads)
-            step = _map(lambda g, b: g + m * b, grads, buf) if spec.nesterov else buf
-            return _map(lambda p, d: p - _as(lr, p.dtype) * d, params, step), {"momentum": buf}
+    def computed(fn, lr, t):  # the rate and Adam's bias corrections in float32 at least, float64 in a float64 run
+        return fn(lr, t.astype(jnp.promote_types(dtype, jnp.float32)), jnp.sqrt)
 
-        return bind(lambda w: {"momentum": _map(jnp.zeros_like, w)}, sgd, params)
-    if spec.type in ("adam", "adamw"):
-        b1, b2, eps = spec.beta_1, spec.beta_2, spec.epsilon
+    def in_dtype(scalars):  # a Python float straight to the weights' dtype (a traced float32 one would promote them)
+        return tuple(jnp.asarray(x, dtype) for x in scalars)
 
-        def adam(grads, state, params, lr):
-            count = state["count"] + 1
-            mu = _map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
-            nu = _map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
-            # the bias corrections in float32 at least (float64 in a float64 run), whatever the weights' dtype
-            t = count.astype(jnp.promote_types(jax.tree.leaves(params)[0].dtype, jnp.float32))
-            step_size, root = _as(lr, t.dtype) / (1 - b1**t), jnp.sqrt(1 - b2**t)
+    ops = SimpleNamespace(to_float32=lambda x: x, sqrt=jnp.sqrt, scalars=lambda *args: in_dtype(computed(*args)))
 
-            # the spec's lr*m_hat/(sqrt(v_hat) + eps), arranged as PyTorch's Adam computes it; adamw first
-            # decays p by lr*decay*p, as PyTorch's AdamW does (the same p on both sides)
-            def apply(name, p, m, v):
-                decay = weight_decay(spec, name)
-                if decay:
-                    p = p * _as(1 - lr * decay, p.dtype)
-                return p - step_size.astype(p.dtype) * (m / (jnp.sqrt(v) / root.astype(p.dtype) + eps))
+    def for_step(lr, t, bits):
+        # the step's scalars computed once and cast per weight: XLA rewrites x / sqrt(s) as x * rsqrt(s) where
+        # sqrt(s) has one user, so where they are computed and cast decides the results' last bit
+        scalars = update_scalars(SimpleNamespace(scalars=computed), spec, lr, t)
+        return lambda index, name, p, g, slots: update_with(ops, spec, p, g, slots, lr, t, weight_decay(spec, name),
+                                                            in_dtype(scalars))
 
-            new_params = {name: apply(name, p, mu[name], nu[name]) for name, p in params.items()}
-            return new_params, {"count": count, "m": mu, "v": nu}
-
-        return bind(lambda w: {"count": jnp.zeros((), jnp.int32), "m": _map(jnp.zeros_like, w),
-                               "v": _map(jnp.zeros_like, w)}, adam, params)
-    rho, eps, inside = spec.rho, spec.epsilon, spec.epsilon_placement == "inside"
-
-    def rmsprop(grads, state, params, lr):
-        sq = _map(lambda v, g: rho * v + (1 - rho) * g * g, state["square_avg"], grads)
-        denom = _map(lambda v: jnp.sqrt(v + eps) if inside else jnp.sqrt(v) + eps, sq)
-        return _map(lambda p, g, d: p - _as(lr, p.dtype) * (g / d), params, grads, denom), {"square_avg": sq}
-
-    return bind(lambda w: {"square_avg": _map(jnp.zeros_like, w)}, rmsprop, params)
+    return per_weight(params, rounded_slots(spec), for_step)
 
 
 def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
@@ -89,7 +74,7 @@ def clip_by_global_norm(grads, clip_norm: float, finite=None, dtype=None):
     acc = jnp.promote_types(leaves[0].dtype, jnp.float32)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(acc))) for g in leaves))
     factor = clip_factor_with(CLIP_OPS, norm, clip_norm, finite)
-    return _map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
+    return jax.tree.map(lambda g: (g.astype(acc) * factor).astype(dtype or g.dtype), grads)
 
 
 def _nll(logp, labels):

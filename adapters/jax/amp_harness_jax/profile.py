@@ -14,8 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
-from harness.adapter import RUNTIME_SCOPE, OpTime, ProfiledOps, layer_scope
+from harness.adapter import LOSS_SCALE_SCOPE, RUNTIME_SCOPE, OpTime, ProfiledOps, layer_scope
 from harness.errors import HarnessError
 from harness.run import xla_profile
 from harness.run.xla_profile import SCOPE_TOKEN
@@ -35,13 +36,37 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0  # no event per Python call (overhead): XLA's events are C++ ones
     options.enable_hlo_proto = True  # the executables' HLO modules, which the events are joined to
-    with tempfile.TemporaryDirectory(prefix="amp-harness-jax-profile-") as log_dir:
-        with jax.profiler.trace(log_dir, profiler_options=options):
-            run_steps()
-        found = list(Path(log_dir).glob("plugins/profile/*/*.xplane.pb"))
-        if len(found) != 1:
-            raise HarnessError(f"jax.profiler wrote {len(found)} XSpace files (*.xplane.pb), expected one")
-        xspace = found[0].read_bytes()
+    # the step compiled again now, ahead of the profiled steps and outside JAX's persistent compilation cache,
+    # whose executables give the profiler no HLO module to join its events to (docs/profile.md)
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        fresh = jax.jit(lambda *args: trainer._step_fn(*args), donate_argnums=(0, 1, 2))  # a new trace, a new program
+        fresh = fresh.lower(trainer.params, trainer.opt_state, trainer.statistics, *trainer._last_batch,
+                            trainer._device_scale, trainer._rate(), None).compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+    step, trainer._step = trainer._step, fresh
+    # while profiling only: the step's Python around the jitted call (launching it, handing back its outputs) in
+    # RUNTIME_SCOPE, the scale's update on the host in LOSS_SCALE_SCOPE
+    patched = [(trainer, "train_step", RUNTIME_SCOPE)] + \
+        ([(trainer.scaler, "update", LOSS_SCALE_SCOPE)] if trainer.scaler is not None else [])
+    for owner, name, scope in patched:
+        setattr(owner, name, jax.profiler.annotate_function(getattr(owner, name), scope))
+    try:
+        with tempfile.TemporaryDirectory(prefix="amp-harness-jax-profile-") as log_dir:
+            with jax.profiler.trace(log_dir, profiler_options=options):
+                run_steps()
+            found = list(Path(log_dir).glob("plugins/profile/*/*.xplane.pb"))
+            if len(found) != 1:
+                raise HarnessError(f"jax.profiler wrote {len(found)} XSpace files (*.xplane.pb), expected one")
+            xspace = found[0].read_bytes()
+    finally:
+        trainer._step = step
+        for owner, name, _ in patched:
+            delattr(owner, name)  # the class's method again
     modules = xla_profile.modules(xspace, BACKWARD_MARK)
     plane = jax.profiler.ProfileData.from_serialized_xspace(xspace).find_plane_with_name("/host:CPU")
     instructions, runtime = _events(plane)

@@ -7,13 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from amp_harness_jax.optimizers import Optimizer, bind
+from amp_harness_jax.optimizers import Optimizer, per_weight
 from harness.model.optimizer import weight_decay
 from harness.rounding import Rounding, RoundingOps, rounded_slots, rounded_update
 
 
 def jax_device(device):
-    """JAX's device of a harness.adapter.Device."""
     return jax.devices("gpu" if device.kind == "gpu" else "cpu")[0]
 
 
@@ -50,25 +49,16 @@ def make_rounded_optimizer(spec, params, rounding: Rounding, seed: int) -> Optim
     """The spec's optimizer computed in float32 by the core's rule (harness.rounding.rounded_update) from weights,
     gradients and state stored in 16 bits; `update` also takes the core's bits by weight name (fingerprint runs),
     or None to draw them from the seed and the step count (timed runs)."""
-    slots, key = rounded_slots(spec, rounding), jax.random.key(seed)
+    def for_step(lr, count, bits):
+        step_key = jax.random.fold_in(jax.random.key(seed), count)
 
-    def init(params):
-        return {"count": jnp.zeros((), jnp.int32), **{slot: jax.tree.map(jnp.zeros_like, params) for slot in slots}}
-
-    def update(grads, state, params, lr, bits=None):
-        count = state["count"] + 1
-        new_state = {"count": count, **{slot: {} for slot in slots}}
-        step_key = jax.random.fold_in(key, count)
-        new_params = {}
-        for index, (name, p) in enumerate(sorted(params.items())):
+        def update_weight(index, name, p, g, slots):
             given = None
             if rounding.stochastic:
                 given = bits[name] if bits is not None else draw_bits(jax.random.fold_in(step_key, index), p.shape)
-            new_params[name], kept = rounded_update(
-                OPS, spec, rounding, p.astype(jnp.float32), grads[name].astype(jnp.float32),
-                {slot: state[slot][name] for slot in slots}, lr, count, weight_decay(spec, name), given)
-            for slot, value in kept.items():
-                new_state[slot][name] = value.astype(state[slot][name].dtype)
-        return new_params, new_state
+            return rounded_update(OPS, spec, rounding, p.astype(jnp.float32), g.astype(jnp.float32), slots, lr, count,
+                                  weight_decay(spec, name), given)
 
-    return bind(init, update, params)
+        return update_weight
+
+    return per_weight(params, rounded_slots(spec, rounding), for_step)
