@@ -41,12 +41,9 @@ class CanonicalLayer(keras.layers.Layer):
     def __init__(self, info, net, **kwargs):
         super().__init__(name=layer_scope(info.path), **kwargs)
         self.spec = info.spec
-        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
-                           for param, shape in info.params.items()]
-
-    def build(self, input_shape):
-        for param, shape, initializer in self._canonical:
-            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
+        for param, shape in info.params.items():
+            setattr(self, param, self.add_weight(name=param, shape=shape,
+                                                 initializer=_given(net.weights, f"{info.path}.{param}")))
 
 
 @LAYERS.builder("gelu")
@@ -94,9 +91,6 @@ class SequencePool(CanonicalLayer):
         if self.spec.mode == "mean":
             return ops.mean(x, axis=1)
         return x[:, 0] if self.spec.mode == "first" else x[:, -1]
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
 
 
 class Fp8Casts:
@@ -239,9 +233,6 @@ class SelfAttention(CanonicalLayer):
                 probs = _dropped(probs, mask, self.spec.dropout)
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
         return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
 
 
 def _given(weights: dict[str, np.ndarray], name: str):
