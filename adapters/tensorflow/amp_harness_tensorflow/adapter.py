@@ -3,12 +3,14 @@ LossScaleOptimizer for dynamic loss scaling, and a compiled tf.function training
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import numpy as np
 
 from harness.adapter import LOSS_SCALE_SCOPE, LOSS_SCOPE, Adapter, Capabilities, Device, Trainer
 from harness.errors import HarnessError
+from harness.model.training import loss_with
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out of stderr tails
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -40,16 +42,15 @@ class TensorFlowAdapter(Adapter):
             raise HarnessError("--device gpu: TensorFlow sees no GPU (tensorflow-cpu, or no CUDA build)")
         if requested == "cpu" and gpus:
             tf.config.set_visible_devices([], "GPU")
-            gpus = []
-        if gpus:
-            for gpu in gpus:  # peak memory is only meaningful with memory growth on
-                tf.config.experimental.set_memory_growth(gpu, True)
-            details = tf.config.experimental.get_device_details(gpus[0])
-            cc = details.get("compute_capability")
-            return Device("gpu:0", "gpu", details.get("device_name", "GPU"),
-                          {"compute_capability": ".".join(map(str, cc)) if cc else None,
-                           "cuda": tf.sysconfig.get_build_info().get("cuda_version")})
-        return Device.cpu()
+        if requested == "cpu" or not gpus:
+            return Device.cpu()
+        for gpu in gpus:  # peak memory is only meaningful with memory growth on
+            tf.config.experimental.set_memory_growth(gpu, True)
+        details = tf.config.experimental.get_device_details(gpus[0])
+        cc = details.get("compute_capability")
+        return Device("gpu:0", "gpu", details.get("device_name", "GPU"),
+                      {"compute_capability": ".".join(map(str, cc)) if cc else None,
+                       "cuda": tf.sysconfig.get_build_info().get("cuda_version")})
 
     def set_threads(self, threads: int) -> None:
         import tensorflow as tf
@@ -94,9 +95,9 @@ class TensorFlowTrainer(Trainer):
         import keras
         import tensorflow as tf
 
-        from amp_harness_tensorflow.optimizers import loss_fn
+        from amp_harness_tensorflow.optimizers import LOSS_OPS
 
-        self.tf, self.loss_fn = tf, loss_fn
+        self.tf, self.loss_fn = tf, functools.partial(loss_with, LOSS_OPS)
         self.is_gpu = device.kind == "gpu"
         tf.config.experimental.enable_tensor_float_32_execution(precision.tf32)  # on by default in TF
         # Keras' dtype policy: mixed_float16 / mixed_bfloat16, else the weights' dtype (pure fp16: "floatx": "float16")

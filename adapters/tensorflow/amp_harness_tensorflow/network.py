@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from amp_harness_tensorflow.rounding import OPS
 from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
@@ -41,12 +42,9 @@ class CanonicalLayer(keras.layers.Layer):
     def __init__(self, info, net, **kwargs):
         super().__init__(name=layer_scope(info.path), **kwargs)
         self.spec = info.spec
-        self._canonical = [(param, shape, _given(net.weights, f"{info.path}.{param}"))
-                           for param, shape in info.params.items()]
-
-    def build(self, input_shape):
-        for param, shape, initializer in self._canonical:
-            setattr(self, param, self.add_weight(name=param, shape=shape, initializer=initializer))
+        for param, shape in info.params.items():
+            setattr(self, param, self.add_weight(name=param, shape=shape,
+                                                 initializer=_given(net.weights, f"{info.path}.{param}")))
 
 
 @LAYERS.builder("gelu")
@@ -95,9 +93,6 @@ class SequencePool(CanonicalLayer):
             return ops.mean(x, axis=1)
         return x[:, 0] if self.spec.mode == "first" else x[:, -1]
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
-
 
 class Fp8Casts:
     """One matmul's FP8 casts by the core's rule (fake_quantize_with over rounding.OPS, the amax by the recipe:
@@ -112,8 +107,6 @@ class Fp8Casts:
                           for role in ROLES} if n else {}
 
     def cast(self, x, role: str, training):
-        from amp_harness_tensorflow.rounding import OPS
-
         amax, history = recipe_amax_with(OPS, x, self.histories.get(role))
         if history is not None and training:
             self.histories[role].assign(history)
@@ -240,9 +233,6 @@ class SelfAttention(CanonicalLayer):
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
         return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
 
 def _given(weights: dict[str, np.ndarray], name: str):
     """An initialiser returning the core's canonical weight: the variable is created holding it, with no random tensor
@@ -257,16 +247,15 @@ def _named(info, net) -> dict:
                                                for param in info.params}
 
 
-@LAYERS.builder("dense")
-def dense(info, net):
-    return Fp8Dense(info.spec.units, use_bias=info.spec.use_bias, fp8=net.fp8, **_named(info, net))
-
-
-@LAYERS.builder("conv2d")
-def conv2d(info, net):
-    spec = info.spec
+@LAYERS.builder("dense", "conv2d", "patches")
+def matmul_layer(info, net):  # FP8's product under an FP8 policy (_Fp8Product)
+    spec, named = info.spec, {"fp8": net.fp8, **_named(info, net)}
+    if info.type == "dense":
+        return Fp8Dense(spec.units, use_bias=spec.use_bias, **named)
+    if info.type == "patches":
+        return Patches(spec.dim, spec.size, strides=spec.size, padding="valid", **named)
     return Fp8Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                     use_bias=spec.use_bias, fp8=net.fp8, **_named(info, net))
+                     use_bias=spec.use_bias, **named)
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -280,8 +269,7 @@ def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as
 # (_apply runs the block's branches)
 FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
          "residual": keras.layers.Add, "softmax": partial(keras.layers.Softmax, axis=-1),
-         "relu": partial(keras.layers.Activation, "relu"), "tanh": partial(keras.layers.Activation, "tanh"),
-         "sigmoid": partial(keras.layers.Activation, "sigmoid")}
+         **{name: partial(keras.layers.Activation, name) for name in ("relu", "tanh", "sigmoid")}}
 
 
 @LAYERS.builder(*FIXED)
@@ -304,12 +292,6 @@ def layernorm(info, net):
 def embedding(info, net):  # the ids stay integer: Keras' own lookup (ops.take), its output in the compute dtype
     vocab, dim = info.params["embeddings"]
     return keras.layers.Embedding(vocab, dim, **_named(info, net))
-
-
-@LAYERS.builder("patches")
-def patches(info, net):
-    size = info.spec.size
-    return Patches(info.spec.dim, size, strides=size, padding="valid", fp8=net.fp8, **_named(info, net))
 
 
 def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict | None = None):

@@ -13,7 +13,7 @@ from keras import ops
 
 from harness.adapter import UPDATE_SCOPE
 from harness.model.optimizer import scheduled, weight_decay
-from harness.model.training import ClipOps, LossOps, clip_factor_with, loss_with
+from harness.model.training import ClipOps, LossOps, clip_factor_with
 
 
 class SpecOptimizer(keras.optimizers.Optimizer):
@@ -30,10 +30,9 @@ class SpecOptimizer(keras.optimizers.Optimizer):
                                           name="scheduled_rate") if scheduled(spec) else None
 
     def build(self, var_list):
-        if self.built:
-            return
-        super().build(var_list)
-        self.slots = {name: self.add_optimizer_variables(var_list, name) for name in self.SLOTS}
+        if not self.built:  # LossScaleOptimizer's build builds its inner optimizer again
+            super().build(var_list)
+            self.slots = {name: self.add_optimizer_variables(var_list, name) for name in self.SLOTS}
 
     def slot(self, name, variable):
         return self.slots[name][self._get_variable_index(variable)]
@@ -113,8 +112,7 @@ class RMSprop(SpecOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         spec, c = self.spec, lambda value: _const(value, variable)  # noqa: E731
-        g = ops.cast(gradient, variable.dtype)
-        v = self.slot("square_avg", variable)
+        g, v = ops.cast(gradient, variable.dtype), self.slot("square_avg", variable)
         self.assign(v, c(spec.rho) * v + c(1 - spec.rho) * ops.square(g))
         denom = ops.sqrt(v + c(spec.epsilon)) if spec.epsilon_placement == "inside" else ops.sqrt(v) + c(spec.epsilon)
         self.assign_sub(variable, self.rate(variable.dtype) * g / denom)
@@ -141,7 +139,3 @@ LOSS_OPS = LossOps(
 )
 CLIP_OPS = ClipOps(full_like=lambda norm, value: tf.constant(value, norm.dtype), maximum=tf.maximum, where=tf.where,
                    ones_like=tf.ones_like)
-
-
-def loss_fn(spec, outputs, labels):
-    return loss_with(LOSS_OPS, spec, outputs, labels)

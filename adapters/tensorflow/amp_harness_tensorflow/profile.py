@@ -65,18 +65,13 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         # host events only (this is the CPU path); Python calls are not traced
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
                                                            device_tracer_level=0)
-        tf.profiler.experimental.start(logdir, options=options)
-        try:
+        with tf.profiler.experimental.Profile(logdir, options=options):
             run_steps()
-        finally:
-            tf.profiler.experimental.stop()
         files = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
         if len(files) != 1:
             raise HarnessError(f"TensorFlow's profiler wrote {len(files)} trace files, expected one")
         serialized = files[0].read_bytes()
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(serialized)
-    host = next((plane for plane in space.planes if plane.name == "/host:CPU"), None)
+    host = next((plane for plane in xplane_pb2.XSpace.FromString(serialized).planes if plane.name == "/host:CPU"), None)
     if host is None:
         raise HarnessError("TensorFlow's profiler wrote no host plane")
     ran = _functions_run(host)
@@ -99,10 +94,9 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
         node = _node(graphs, name)
         where = (_fused_root(node, op_type) or node) if node is not None else None
         scope = _scope(where) if where is not None else name.rpartition("/")[0]
-        backward = GRADIENT in scope.split("/")
         dtypes = {side: tuple(t.dtype.name for t in getattr(where, side) if t.dtype.name in xla_profile.FLOATS.values())
                   for side in ("inputs", "outputs")} if where is not None else {}
-        ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=backward,
+        ops.append(OpTime(op=op_type, scope=scope, seconds=self_ps * 1e-12, backward=GRADIENT in scope.split("/"),
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
         if executor_ps:  # the executor handling this node's tensors
             ops.append(replace(ops[-1], op=PROCESS, seconds=executor_ps * 1e-12, cast=False))

@@ -20,7 +20,6 @@ def _copysign(magnitude, sign):
 
 
 def _placed(fn, device):
-    """fn with its ops placed on `device` (a harness.adapter.Device)."""
     def run(*args):
         with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
             return fn(*args)
@@ -63,11 +62,9 @@ class RoundedOptimizer(SpecOptimizer):
         self.traced_drawing = False
 
     def build(self, var_list):
-        if self.built:
-            return
+        if not self.built:  # the core's bits of the next step, per variable (fingerprint runs only)
+            self.bits = [tf.Variable(tf.zeros(v.shape, tf.int32), trainable=False) for v in var_list]
         super().build(var_list)
-        # the core's bits of the next step, per variable (fingerprint runs only; tiny otherwise)
-        self.bits = [tf.Variable(tf.zeros(v.shape, tf.int32), trainable=False) for v in var_list]
 
     def set_bits(self, variable, value) -> None:
         if self.traced_drawing:
@@ -77,11 +74,10 @@ class RoundedOptimizer(SpecOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         bits = None
-        if self.rounding.stochastic and self.given_bits:
-            bits = self.bits[self._get_variable_index(variable)]
-        elif self.rounding.stochastic:
-            self.traced_drawing = True
-            bits = draw_bits(variable.shape, self.generator)
+        if self.rounding.stochastic:  # the core's bits (fingerprint runs), else drawn on the device
+            self.traced_drawing = not self.given_bits  # set_bits refuses once a trace has drawn
+            bits = (self.bits[self._get_variable_index(variable)] if self.given_bits
+                    else draw_bits(variable.shape, self.generator))
         slots = {slot: self.slot(slot, variable) for slot in self.SLOTS}
         weights, kept = rounded_update(OPS, self.spec, self.rounding, tf.cast(variable, tf.float32),
                                        tf.cast(gradient, tf.float32), slots, self.rate(tf.float64),
