@@ -11,6 +11,7 @@ from harness.errors import SpecError
 from harness.model import native
 from harness.model.optimizer import weight_decay
 from harness.model.spec import load_spec, validate
+from harness.run import compare
 from tests.core.test_plan import fake  # noqa: F401  (the fake adapter, in this process and its workers)
 
 SPEC = {"name": "hf_gpt2", "native": {"torch": "my_models:gpt2"}, "input": {"shape": [64], "vocab": 256},
@@ -127,14 +128,24 @@ def test_check_without_the_model_s_framework_validates_the_spec_and_says_what_it
     assert "the torch adapter is not installed here: its parameters are counted where it is" in out
 
 
-def test_compare_runs_a_native_model_in_its_framework_only_and_says_so(tmp_path, capsys):
+def test_compare_runs_the_model_in_its_framework_and_its_translation_where_import_gives_one(tmp_path, monkeypatch,
+                                                                                              capsys):
     path = _file(tmp_path, SPEC)
+    model, envs = load_spec(str(path)), {"torch": "/envs/torch/python", "jax": "/envs/jax/python"}
+    translated = tmp_path / "hf_gpt2_imported.yaml"
+    monkeypatch.setattr(compare, "translate", lambda model, python, out: (translated, ""))
+    assert compare.native_jobs(model, str(path), envs, tmp_path) == [
+        compare.Job("torch", "/envs/torch/python", str(path)), compare.Job("torch", "/envs/torch/python", str(translated)),
+        compare.Job("jax", "/envs/jax/python", str(translated))]
+    monkeypatch.setattr(compare, "translate", lambda model, python, out: (None, "module class GPT2Model: not mapped"))
+    assert compare.native_jobs(model, str(path), envs, tmp_path) == [compare.Job("torch", "/envs/torch/python",
+                                                                                 str(path))]
+    assert ("compare: the model runs in torch only (not in jax): `amp-harness import torch` cannot translate it: "
+            "module class GPT2Model: not mapped") in capsys.readouterr().out
     assert main(["compare", str(path), "--frameworks", "fake", "--python", "fake=python3", "--out",
                  str(tmp_path / "out")]) == 2
-    captured = capsys.readouterr()
-    assert "compare: fake: not run: a native torch model runs in torch; `amp-harness import torch my_models:gpt2" \
-        in captured.out
-    assert "a native torch model runs in torch, and no torch environment was found (`tox -e torch`)" in captured.err
+    assert "a native torch model runs in torch, and no torch environment was found (`tox -e torch`)" in \
+        capsys.readouterr().err
 
 
 def test_export_which_writes_a_spec_s_layers_refuses_a_native_model_in_one_line(tmp_path, capsys):

@@ -4,6 +4,7 @@ configs with the `transformers` package; and the mistakes that stop the command 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,20 @@ def test_the_profile_gives_each_module_its_time_and_the_dtype_it_computed_in():
     assert layers["body.0"]["label"] == "body.0 Linear"
     assert (layers["body.0"]["compute"], layers["body.1"]["compute"]) == ("bfloat16", "float32")  # autocast's lists
     assert record["profile"]["coverage"] > 0.5
+
+
+def test_compare_translates_what_import_can_say_and_gives_the_importer_s_reason_for_the_rest(tmp_path):
+    from harness.model.spec import load_spec, validate
+    from harness.run.compare import translate
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(json.dumps(VECTORS))
+    translated, why = translate(load_spec(str(path)), sys.executable, tmp_path)
+    assert why == "" and translated == tmp_path / "native_mlp_imported.yaml"
+    spec = load_spec(str(translated))  # the native spec's data, loss and optimizer around the imported layers
+    assert [layer.type for layer in spec.layers] == ["dense", "layernorm", "gelu", "dense"]
+    assert (spec.dataset, spec.loss, spec.batch_size) == (validate(VECTORS, "x").dataset, validate(VECTORS, "x").loss, 8)
+    assert spec.optimizer.epsilon == 1e-7 and spec.optimizer.weight_decay == 0.01
+    path.write_text(json.dumps(_spec(TOKENS, "encoder")))
+    translated, why = translate(load_spec(str(path)), sys.executable, tmp_path)
+    assert translated is None and "module class TransformerEncoder: not in the spec" in why, why
