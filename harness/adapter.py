@@ -162,6 +162,27 @@ def as_output(value: np.ndarray) -> np.ndarray:
     return np.array(value, dtype=np.float64 if value.dtype == np.float64 else np.float32, copy=True)
 
 
+@dataclass
+class NativeFp8:
+    """What an FP8 precision made of a native model's matmul modules, by their own names: the adapter fills it when
+    it converts them, and `ran` in the first training step, since a converted module whose weights other code
+    multiplies (nn.MultiheadAttention's out_proj) computes nothing in FP8."""
+    converted: dict[str, str]  # module -> its class: its forward now casts its matmul's operands
+    not_converted: dict[str, str]  # module -> "Class: why" (a matmul's weights the adapter cannot convert)
+    ran: set[str] = field(default_factory=set)  # the converted modules whose forward ran in the first step
+    counted: bool = False  # the first training step has run (until then, which forwards run is not known)
+
+    def summary(self) -> dict[str, Any]:
+        """The record's options.native.fp8: {converted: how many modules computed in FP8, not_converted: each
+        other matmul module, "name (Class: why)"}."""
+        never = {name: f"{kind}: converted, but its forward never ran in the first training step: other code "
+                       f"multiplies its weights" for name, kind in self.converted.items()
+                 if self.counted and name not in self.ran}
+        missed = {**self.not_converted, **never}
+        return {"converted": len(self.converted) - len(never),
+                "not_converted": [f"{name} ({missed[name]})" for name in sorted(missed)]}
+
+
 @dataclass(frozen=True)
 class NativeInfo:
     """A native model (a spec's `native:`, the user's own network object) as its adapter built it."""
@@ -169,6 +190,7 @@ class NativeInfo:
     weights: int  # every weight the model keeps (buffers included)
     modules: dict[str, str]  # its modules (layers) by their own names, which numerics name them by: their classes
     digest: str  # of its initial weights (harness.run.native.weights_digest): equal in every precision
+    fp8: NativeFp8 | None = None  # an FP8 precision's conversion of its matmul modules
 
 
 class Trainer(ABC):
@@ -457,6 +479,10 @@ class Capabilities:
     #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
     #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
     no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
+    #: None where the adapter converts a native model's matmul modules to FP8 (NativeInfo.fp8 says which); else
+    #: why not: the core then records a native model's FP8 runs unsupported with it
+    no_fp8_for_native_models: str | None = ("does not convert a native model's matmuls to FP8 "
+                                            "(Capabilities.no_fp8_for_native_models)")
     #: None where the framework's dynamic loss scaler follows any growth and back-off factor of the core's rules
     #: (harness.precision.LossScale); else the (growth, back-off) pair it is fixed to, and what fixes it
     dynamic_scale_factors: tuple[float, float, str] | None = None

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.adapter import NativeInfo
 from harness.errors import HarnessError, clip, one_line
 from harness.model.graph import state_memory_of
 from harness.model.native import Modules, output_problem
 
 CHECK_TIMEOUT_S = 600  # building a large model on a slow CPU: minutes
-FP8_REASON = ("FP8 on a native model would swap its linear layers for FP8 ones, which is not built; translate the "
-              "model to a spec with `amp-harness import` to train it in FP8")
 
 
 def load_object(target: str, is_model, what: str):
@@ -93,22 +92,32 @@ def _on_path(folder: str):
             sys.path.remove(folder)
 
 
-def refusal(precision) -> str | None:
-    """Why a native model cannot run in `precision`, or None."""
-    return FP8_REASON if precision.fp8 is not None else None
+def refusal(adapter, precision) -> str | None:
+    """Why `adapter` cannot run a native model in `precision`, or None: FP8 where its capabilities say it does not
+    convert a native model's matmuls (Capabilities.no_fp8_for_native_models)."""
+    why = adapter.capabilities.no_fp8_for_native_models
+    if precision.fp8 is None or why is None:
+        return None
+    return f"{adapter.name} {why}; translate the model to a spec with `amp-harness import` to train it in FP8"
 
 
-def describe_built(trainer, spec, precision, record: dict) -> Modules:
-    """What the worker learns of a native model once built: its trainable parameters, its training state's size
-    and, in the record's options, the model, its modules and a digest of its initial weights (equal in every
-    precision and framework process of one seed: the proof that they all start from the same weights). Returns
-    its modules, the layers numerics and the first-inf locator name."""
-    info = trainer.native_info()
+def describe_built(info: NativeInfo, spec, precision, record: dict) -> Modules:
+    """What the worker learns of a native model once built (its trainer's native_info()): its trainable
+    parameters, its training state's size and, in the record's options, the model, its modules and a digest of its
+    initial weights (equal in every precision and framework process of one seed: the proof that they all start
+    from the same weights). Returns its modules, the layers numerics and the first-inf locator name."""
     record.update(param_count=info.trainable,
                   state_memory_mb=state_memory_of(info.trainable, info.weights, spec.optimizer, precision))
     record["options"]["native"] = {"model": f"{spec.native.kind} {spec.native.target}", "modules": len(info.modules),
                                    "initial_weights": info.digest}
     return Modules(info.modules)
+
+
+def describe_trained(info: NativeInfo, record: dict) -> None:
+    """After the run's work: an FP8 run's conversion of the model's matmul modules in its options (which computed
+    in FP8, known once the first training step ran, and which did not, each with why)."""
+    if info.fp8 is not None and "native" in record.get("options", {}):
+        record["options"]["native"]["fp8"] = info.fp8.summary()
 
 
 def weights_digest(arrays) -> str:

@@ -83,7 +83,7 @@ def run(req: RunRequest, progress=None) -> dict:
                       state_memory_mb=state_memory_mb(graph, spec.optimizer, precision) if graph else None)
         reason = capability.unsupported(adapter, precision, device, in_process=True, loss_scale=loss_scale) or \
             (work.refusal(adapter, device) if work.refusal is not None else None) or \
-            (native.refusal(precision) if graph is None else None)
+            (native.refusal(adapter, precision) if graph is None else None)
         if reason:
             record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen
             return record
@@ -98,9 +98,12 @@ def run(req: RunRequest, progress=None) -> dict:
         # the trainer is held by the BuiltRun alone, so that a Work can release it (a replay builds its own)
         built.trainer = built.fresh_trainer()
         record["options"] = dict(built.trainer.options)
-        if graph is None:
-            built.layers = native.describe_built(built.trainer, spec, precision, record)
+        native_info = built.trainer.native_info() if graph is None else None  # outlives a released trainer
+        if native_info is not None:
+            built.layers = native.describe_built(native_info, spec, precision, record)
         work.run(built)
+        if native_info is not None:
+            native.describe_trained(native_info, record)
     except HarnessError as exc:
         record.update(status="failed", reason=str(exc))
     except Exception as exc:  # a framework error: keep the run's record, with the cause

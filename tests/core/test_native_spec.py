@@ -155,3 +155,22 @@ def test_export_which_writes_a_spec_s_layers_refuses_a_native_model_in_one_line(
     assert err.endswith("native: a torch model's own code has no spec layers, which this command needs; "
                         "`amp-harness import torch my_models:gpt2 ...` translates it to a spec")
     assert len(err.splitlines()) == 1
+
+
+def test_fp8_on_a_native_model_is_refused_by_the_adapter_s_capabilities_naming_import():
+    """Whether a native model trains in FP8 is the adapter's data (Capabilities.no_fp8_for_native_models): an adapter
+    that says nothing (the fake) is refused with the reason, one that converts its matmuls is not; other precisions
+    are never refused here."""
+    from dataclasses import replace
+
+    from harness.precision import parse_precision
+    from harness.run.native import refusal
+    from tests.core.test_plan import FakeAdapter
+
+    adapter = FakeAdapter()
+    reason = refusal(adapter, parse_precision("fp8_hybrid:delayed:16"))
+    assert reason == ("fake does not convert a native model's matmuls to FP8 (Capabilities.no_fp8_for_native_models); "
+                      "translate the model to a spec with `amp-harness import` to train it in FP8")
+    assert refusal(adapter, parse_precision("amp_bf16")) is None
+    adapter.capabilities = replace(adapter.capabilities, no_fp8_for_native_models=None)
+    assert refusal(adapter, parse_precision("fp8_e4m3")) is None

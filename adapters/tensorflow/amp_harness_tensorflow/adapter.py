@@ -25,6 +25,8 @@ class TensorFlowAdapter(Adapter):
         no_fp8=None,
         no_fp8_native="runs FP8 emulated only: Keras 3's own float8 training (the \"float8\" dtype policy) scales by "
                       "its delayed recipe, not harness.fp8's, so its runs would not be this precision (not built)",
+        no_fp8_for_native_models="does not train a native Keras model in FP8: its layers' matmuls would need the FP8 "
+                                 "casts wrapped around their kernels (not built)",
         no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the device planes are not read",
         dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 

@@ -26,7 +26,7 @@ class TorchAdapter(Adapter):
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
-    capabilities = Capabilities(no_fp8=None, no_fp8_native=None,
+    capabilities = Capabilities(no_fp8=None, no_fp8_native=None, no_fp8_for_native_models=None,
                                 no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not its "
                                                "launch's (the device's activities are not read)")
 
@@ -108,7 +108,7 @@ class TorchTrainer(Trainer):
         if spec.native is not None:
             from amp_harness_torch.native import NativeNetwork, load
 
-            net = NativeNetwork(load(spec))
+            net = NativeNetwork(load(spec), precision.fp8)
         else:
             net = Network(spec.layers, graph, weights, precision.fp8)
         memory_format = torch.channels_last if self.channels_last else None

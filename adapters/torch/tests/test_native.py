@@ -50,8 +50,7 @@ def _check(spec: dict, tmp_path) -> dict:
 
 
 def test_a_native_module_trains_in_each_precision_from_the_same_weights_and_batches():
-    records = {p: _run(VECTORS, p) for p in ("fp32", "amp_bf16", "amp_fp16", "bf16", "bf16_sr", "fp8_hybrid")}
-    trained = {p: r for p, r in records.items() if p != "fp8_hybrid"}
+    trained = {p: _run(VECTORS, p) for p in ("fp32", "amp_bf16", "amp_fp16", "bf16", "bf16_sr", "fp8_hybrid")}
     assert all(r["status"] == "ok" for r in trained.values()), {p: r["reason"] for p, r in trained.items()}
     digests = {r["options"]["native"]["initial_weights"] for r in trained.values()}
     assert len(digests) == 1, digests  # every precision starts from the same weights
@@ -59,9 +58,10 @@ def test_a_native_module_trains_in_each_precision_from_the_same_weights_and_batc
     first = trained["fp32"]["loss"][0]
     for precision, record in trained.items():  # the same first batch through the same weights
         assert abs(record["loss"][0] - first) < 0.02, (precision, record["loss"][0], first)
-    assert records["amp_fp16"]["options"]["loss_scaler"] == "GradScaler"
-    assert records["fp8_hybrid"]["status"] == "unsupported"
-    assert "import" in records["fp8_hybrid"]["reason"]
+    assert trained["amp_fp16"]["options"]["loss_scaler"] == "GradScaler"
+    # FP8: both Linear layers converted, and their casts rounded the first loss (float32 alone agrees to 1e-6)
+    assert trained["fp8_hybrid"]["options"]["native"]["fp8"] == {"converted": 2, "not_converted": []}
+    assert abs(trained["fp8_hybrid"]["loss"][0] - first) > 1e-4
     half = trained["bf16"]["state_memory_mb"]["weights"]
     assert half == pytest.approx(trained["fp32"]["state_memory_mb"]["weights"] / 2)
 
@@ -76,6 +76,39 @@ def test_hugging_face_models_and_torch_s_transformer_build_with_the_outputs_thei
     record = _run(_spec(TOKENS, "gpt2"), "amp_bf16")  # a ModelOutput's logits, trained under autocast
     assert record["status"] == "ok", record["reason"]
     assert record["options"]["native"]["modules"] > 10
+
+
+def test_fp8_names_the_matmuls_it_did_not_convert_in_the_record():
+    """nn.MultiheadAttention multiplies its weights inside F.multi_head_attention_forward: its in_proj is not a
+    module FP8 converts, and its out_proj, a Linear, never runs its forward; both are named, the rest trains in FP8
+    (the two feed-forward Linear layers of each encoder layer and the head)."""
+    record = _run({**_spec(TOKENS, "encoder"), "steps": 1}, "fp8_hybrid:delayed:4")
+    assert record["status"] == "ok", record["reason"]
+    fp8 = record["options"]["native"]["fp8"]
+    assert fp8["converted"] == 5, fp8
+    assert fp8["not_converted"] == [
+        f"encoder.layers.{i}.{name}" for i in (0, 1) for name in (
+            "self_attn (MultiheadAttention: its projections run inside F.multi_head_attention_forward)",
+            "self_attn.out_proj (NonDynamicallyQuantizableLinear: converted, but its forward never ran in the first "
+            "training step: other code multiplies its weights)")]
+
+
+def test_fp8_keeps_the_module_s_weights_names_and_digest_and_its_casts_record_amax():
+    """The casts' amax histories are buffers of the network's own, neither persistent nor trained: the model's
+    state, parameter names and initial-weights digest are fp32's; a training forward fills the histories."""
+    from harness.precision import parse_precision
+
+    torch.manual_seed(0)
+    plain = NativeNetwork(M.MLP())
+    torch.manual_seed(0)
+    net = NativeNetwork(M.MLP(), parse_precision("fp8_hybrid:delayed:4").fp8)
+    assert net.info.digest == plain.info.digest and net.info.trainable == plain.info.trainable
+    assert list(net.canonical_weights()) == list(plain.canonical_weights()) == list(plain.model.state_dict())
+    assert set(net.canonical_parameters()) == set(plain.canonical_parameters())
+    assert net.model.body[0].weight is net.canonical_parameters()["body.0.weight"]
+    net.train()(torch.randn(8, 16)).sum().backward()
+    assert all(casts.input[0] > 0 and casts.weight[0] > 0 for casts in net.fp8_casts)  # this step's amax
+    assert net.info.fp8.ran == {"body.0", "body.3"} and net.info.fp8.counted
 
 
 def test_adamw_decays_kernels_and_not_biases_norm_scales_or_embeddings():
