@@ -51,6 +51,9 @@ def test_a_keras_model_trains_in_each_precision_from_the_same_weights():
         assert abs(record["loss"][0] - first) < 0.02, (precision, record["loss"][0], first)
     assert records["amp_bf16"]["options"]["policy"] == "mixed_bfloat16"
     assert records["amp_fp16"]["options"]["loss_scaler"] == "LossScaleOptimizer"
+    fp8 = _run(IMAGES, "fp8_hybrid")  # refused before the model is built (Capabilities.no_fp8_for_native_models)
+    assert fp8["status"] == "unsupported" and "native Keras model in FP8" in fp8["reason"], fp8["reason"]
+    assert "`amp-harness import`" in fp8["reason"]
 
 
 def test_a_saved_keras_model_trains_with_its_own_weights(tmp_path):
