@@ -18,9 +18,9 @@ compared on one network; the translated spec starts from the spec's own initial 
 the importer refuses, its reason is said and the native model is all that runs.
 
 The budget is shared out as the runs go: each run of a spec in a framework still to come gets an equal share of
-what is left; of that share, RUN_SHARE goes to `--repeats auto` (its --budget, which the run spreads over its cells), and diagnose
-and profile run only while the share lasts. A cell's first MIN_REPEATS repeats are never cut, so a slow model can
-overrun the budget: the closing line says by how much.
+what is left; of that share, RUN_SHARE goes to `--repeats auto` (its --budget, which the run spreads over its
+cells), and diagnose and profile run only while the share lasts. A cell's first MIN_REPEATS repeats are never cut,
+so a slow model can overrun the budget: the closing line says by how much.
 """
 from __future__ import annotations
 

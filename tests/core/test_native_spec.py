@@ -135,7 +135,8 @@ def test_compare_runs_the_model_in_its_framework_and_its_translation_where_impor
     translated = tmp_path / "hf_gpt2_imported.yaml"
     monkeypatch.setattr(compare, "translate", lambda model, python, out: (translated, ""))
     assert compare.native_jobs(model, str(path), envs, tmp_path) == [
-        compare.Job("torch", "/envs/torch/python", str(path)), compare.Job("torch", "/envs/torch/python", str(translated)),
+        compare.Job("torch", "/envs/torch/python", str(path)),
+        compare.Job("torch", "/envs/torch/python", str(translated)),
         compare.Job("jax", "/envs/jax/python", str(translated))]
     monkeypatch.setattr(compare, "translate", lambda model, python, out: (None, "module class GPT2Model: not mapped"))
     assert compare.native_jobs(model, str(path), envs, tmp_path) == [compare.Job("torch", "/envs/torch/python",

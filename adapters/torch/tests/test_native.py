@@ -186,7 +186,8 @@ def test_compare_translates_what_import_can_say_and_gives_the_importer_s_reason_
     assert why == "" and translated == tmp_path / "native_mlp_imported.yaml"
     spec = load_spec(str(translated))  # the native spec's data, loss and optimizer around the imported layers
     assert [layer.type for layer in spec.layers] == ["dense", "layernorm", "gelu", "dense"]
-    assert (spec.dataset, spec.loss, spec.batch_size) == (validate(VECTORS, "x").dataset, validate(VECTORS, "x").loss, 8)
+    given = validate(VECTORS, "x")
+    assert (spec.dataset, spec.loss, spec.batch_size) == (given.dataset, given.loss, 8)
     assert spec.optimizer.epsilon == 1e-7 and spec.optimizer.weight_decay == 0.01
     path.write_text(json.dumps(_spec(TOKENS, "encoder")))
     translated, why = translate(load_spec(str(path)), sys.executable, tmp_path)
