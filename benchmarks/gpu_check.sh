@@ -32,7 +32,9 @@
 # probe records them unsupported with torch's error): tiny_gpt in fp32, amp_bf16, fp8_hybrid emulated and native,
 # 3 repeats, whose report's FP8 section gives native FP8's step time against fp32's.
 # A native spec (docs/native.md: the user's own nn.Module, here torch's nn.TransformerEncoder) timed on the GPU in
-# fp32, amp_bf16 and amp_fp16, every precision from the same initial weights (options.native.initial_weights).
+# fp32, amp_bf16 and amp_fp16, every precision from the same initial weights (options.native.initial_weights), and
+# in fp8_hybrid emulated and through torch._scaled_mm (:native; Hopper and Ada only), its nn.Linear modules converted
+# and its MultiheadAttention named as not converted (options.native.fp8).
 # Needs a CUDA GPU, torch, and the core's packages (pydantic, pyyaml,
 # pandas, scikit-learn, pillow, tqdm, jinja2, matplotlib: wheels can travel with the repo on an offline box):
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
@@ -150,13 +152,20 @@ print(df[df.status != "ok"][["model", "precision", "status", "reason"]].to_strin
 PY
 python3 -m harness report "$out" -o "$out/index.html" --profiles "$out/profile" --diagnoses "$out/diagnose"
 python3 -m harness run --framework torch --device gpu --model benchmarks/native_encoder.yaml \
-  --precision fp32,amp_bf16,amp_fp16 --repeats 3 --no-progress --out "$out/native"
+  --precision fp32,amp_bf16,amp_fp16,fp8_hybrid,fp8_hybrid:native --repeats 3 --no-progress --out "$out/native"
 python3 - "$out/native" <<'PY'
 import sys
 from harness import results
 records = results.read_records([sys.argv[1]])
+native_fp8 = [r for r in records if r["precision"] == "fp8_hybrid:native" and r["status"] == "unsupported"]
+records = [r for r in records if r not in native_fp8]  # a GPU without FP8 matmuls: said, with torch's error
 assert all(r["status"] == "ok" for r in records), [(r["precision"], r["reason"]) for r in records]
 digests = {r["options"]["native"]["initial_weights"] for r in records}
 assert len(digests) == 1, digests
-print("native encoder on the GPU:", {r["precision"]: round(r["step_time_ms"]["median"], 3) for r in records})
+for r in records:
+    if r["precision"].startswith("fp8"):
+        fp8 = r["options"]["native"]["fp8"]
+        assert fp8["converted"] > 0 and any("MultiheadAttention" in m for m in fp8["not_converted"]), fp8
+print("native encoder on the GPU:", {r["precision"]: round(r["step_time_ms"]["median"], 3) for r in records},
+      "; fp8_hybrid:native unsupported:", [r["reason"] for r in native_fp8])
 PY
