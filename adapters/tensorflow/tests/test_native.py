@@ -3,7 +3,7 @@ file with its own weights), trained as it is in every precision, from the same i
 models with Keras' own parameter counts; and the mistakes that stop the command in one line."""
 from __future__ import annotations
 
-import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,10 +11,10 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import native_models as M  # noqa: E402
-from harness.run import native, worker  # noqa: E402
+from harness.run import native  # noqa: E402
+from tests.native_runs import check_native, run_native  # noqa: E402
 
 MODELS_FILE = Path(__file__).resolve().parent / "native_models.py"
-SKIPPABLE = ("amp_bf16", "amp_fp16", "bf16", "fp16", "bf16_sr")  # a CPU may lack their kernels
 IMAGES = {"name": "native_convnet", "native": {"keras": f"{MODELS_FILE}:convnet"}, "input": {"shape": [16, 16, 3]},
           "dataset": {"name": "synthetic", "num_classes": 4, "size": 64},
           "loss": {"type": "sparse_categorical_crossentropy", "from_logits": True},
@@ -24,21 +24,7 @@ APPLICATION = {**IMAGES, "input": {"shape": [32, 32, 3]}, "dataset": {"name": "s
                                                                        "size": 64},
                "loss": {"type": "sparse_categorical_crossentropy", "from_logits": False}}
 
-
-def _run(spec: dict, precision: str, **request) -> dict:
-    """A run in this process; skipped where the capability probe finds the precision unsupported on this CPU."""
-    record = worker.run(worker.RunRequest(framework="tensorflow", model=spec["name"], spec=spec, precision=precision,
-                                          run_id=f"native-{precision}", device="cpu",
-                                          **{"warmup": 0, "measure_peak": False, **request}))
-    if record["status"] == "unsupported" and precision in SKIPPABLE:
-        pytest.skip(f"{precision} here: {record['reason']}")
-    return record
-
-
-def _check(spec: dict, tmp_path) -> dict:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    return native.check_here("tensorflow", str(path))
+_run, _check = partial(run_native, "tensorflow"), partial(check_native, "tensorflow")
 
 
 def test_a_keras_model_trains_in_each_precision_from_the_same_weights():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,10 @@ torch = pytest.importorskip("torch")
 import native_models as M  # noqa: E402
 from amp_harness_torch.native import NativeNetwork  # noqa: E402
 from harness.cli import main  # noqa: E402
-from harness.run import native, worker  # noqa: E402
+from harness.run import native  # noqa: E402
+from tests.native_runs import check_native, run_native  # noqa: E402
 
 MODELS_FILE = Path(__file__).resolve().parent / "native_models.py"
-SKIPPABLE = ("amp_bf16", "amp_fp16", "bf16", "fp16", "bf16_sr")  # a CPU may lack their kernels
 ADAMW = {"type": "adamw", "learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.01}
 VECTORS = {"name": "native_mlp", "native": {"torch": f"{MODELS_FILE}:MLP"}, "input": {"shape": [16]},
            "dataset": {"name": "synthetic", "num_classes": 4, "size": 128},
@@ -28,25 +29,11 @@ TOKENS = {**VECTORS, "name": "native_tokens", "input": {"shape": [16], "vocab": 
 CLASSIFY_TOKENS = {**TOKENS, "dataset": {"name": "synthetic_tokens", "num_classes": 4, "size": 128}}
 IMAGES = {**VECTORS, "input": {"shape": [3, 16, 16]}}  # channels first, as the module takes them
 
+_run, _check = partial(run_native, "torch"), partial(check_native, "torch")
+
 
 def _spec(base: dict, target: str) -> dict:
     return {**base, "name": f"native_{target}", "native": {"torch": f"{MODELS_FILE}:{target}"}}
-
-
-def _run(spec: dict, precision: str, **request) -> dict:
-    """A run in this process; skipped where the capability probe finds the precision unsupported on this CPU."""
-    record = worker.run(worker.RunRequest(framework="torch", model=spec["name"], spec=spec, precision=precision,
-                                          run_id=f"native-{precision}", device="cpu",
-                                          **{"warmup": 0, "measure_peak": False, **request}))
-    if record["status"] == "unsupported" and precision in SKIPPABLE:
-        pytest.skip(f"{precision} here: {record['reason']}")
-    return record
-
-
-def _check(spec: dict, tmp_path) -> dict:
-    path = tmp_path / "spec.json"
-    path.write_text(json.dumps(spec))
-    return native.check_here("torch", str(path))
 
 
 def test_a_native_module_trains_in_each_precision_from_the_same_weights_and_batches():
