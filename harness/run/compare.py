@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,25 +102,25 @@ def translate(model: ModelSpec, python: str, out: Path) -> tuple[Path | None, st
     native = model.native
     if native.kind == "keras" and not native.target.endswith(".keras"):
         return None, "import keras reads a saved .keras file (or model.to_json()), not a builder: save its model"
-    out.mkdir(parents=True, exist_ok=True)
-    imported_file = Path(tempfile.mkdtemp()) / "imported.yaml"
     shape = ["--input-shape", ",".join(map(str, model.input.shape))] if native.kind == "torch" else []
-    try:
-        done = subprocess.run([python, "-m", "harness", "import", native.kind, native.target, *shape,
-                               "-o", str(imported_file)], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"import did not finish: {one_line(exc)}"
-    if done.returncode != 0:
-        errors = [line.removeprefix("amp-harness: error: ") for line in done.stderr.splitlines()
-                  if line.startswith("amp-harness: error: ")]
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return None, (errors[0] + more) if errors else f"import exited {done.returncode}"
-    imported = read_yaml(imported_file, HarnessError)
-    shutil.rmtree(imported_file.parent)
+    with tempfile.TemporaryDirectory() as folder:
+        imported_file = Path(folder) / "imported.yaml"
+        try:
+            done = subprocess.run([python, "-m", "harness", "import", native.kind, native.target, *shape, "-o",
+                                   str(imported_file)], capture_output=True, text=True, timeout=IMPORT_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"import did not finish: {one_line(exc)}"
+        if done.returncode != 0:
+            errors = [line.removeprefix("amp-harness: error: ") for line in done.stderr.splitlines()
+                      if line.startswith("amp-harness: error: ")]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return None, (errors[0] + more) if errors else f"import exited {done.returncode}"
+        imported = read_yaml(imported_file, HarnessError)
     data = model.model_dump(mode="json", exclude_defaults=True, exclude={"native"})
     data.update(name=f"{model.name}_imported", layers=imported["layers"],
                 input={"vocab": model.input.vocab, **imported["input"]} if model.input.vocab else imported["input"])
     translated = out / f"{model.name}_imported.yaml"
+    out.mkdir(parents=True, exist_ok=True)
     try:
         validate(data, str(translated))
     except HarnessError as exc:  # the imported layers against the native spec's loss or dataset
