@@ -35,6 +35,19 @@ def _specs() -> tuple[dict[str, ModelSpec], dict[str, str]]:
 SPECS, OTHER_CORPUS = _specs()
 
 
+def golden_request(framework: str, name: str, precision: str, loss_scale: str | None = None):
+    """The fingerprint run a golden is compared with (a harness.run.worker.RunRequest): the golden's spec and step
+    count at the kit's threads. tox fingerprints exactly these runs in fp64 just before the kit, so the kit's
+    `fingerprinted(request)` finds them in --amp-fingerprints instead of training them again."""
+    from harness.conformance.plugin import THREADS
+    from harness.run.worker import RunRequest
+
+    steps = len(next(g for g in load() if g["model"] == name)["loss"])
+    return RunRequest(framework=framework, model=name, spec=SPECS[name].with_overrides(steps=steps).model_dump(
+        mode="json"), precision=precision, run_id=f"conformance-{name}", warmup=0, mode="fingerprint",
+        threads=THREADS, device="cpu", loss_scale=loss_scale)
+
+
 def residual_stream(name: str, description: str, blocks: int, head: list[dict], seed: int, steps: int) -> dict:
     """A token classifier whose residual stream nothing normalises: an embedding, then `blocks` residual blocks of
     one square dense layer each (each roughly doubles the stream's variance), then `head`. The kit's numerics

@@ -9,8 +9,7 @@ import warnings
 import pytest
 
 from harness.conformance.goldens import load
-from harness.conformance.plugin import THREADS
-from harness.conformance.specs import OTHER_CORPUS, SPECS, hint
+from harness.conformance.specs import OTHER_CORPUS, SPECS, golden_request, hint
 from harness.parity import compare
 from harness.run import worker
 
@@ -59,10 +58,7 @@ def _against_the_golden(unsupported, fingerprinted, framework, name, loss_scale=
         precision = "fp32"  # compared at the fp32 tolerances: a float32-only adapter cannot meet float64's
         warnings.warn(f"{framework} cannot compute in float64: {name} is compared in float32, at the fp32 "
                       f"tolerances, against the float64 golden")
-    resolved = spec.with_overrides(steps=len(golden["loss"])).model_dump(mode="json")
-    request = worker.RunRequest(framework=framework, model=name, spec=resolved, precision=precision,
-                                run_id=f"conformance-{name}", warmup=0, mode="fingerprint", threads=THREADS,
-                                device="cpu", loss_scale=loss_scale)
+    request = golden_request(framework, name, precision, loss_scale)
     record = fingerprinted(request) or worker.run(request)
     assert record["status"] == "ok", hint(spec, f"the {precision} fingerprint run is {record['status']}: "
                                                 f"{record['reason']}")

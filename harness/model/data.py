@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
-import importlib.util
 import math
 import sysconfig
 import warnings
@@ -103,7 +102,7 @@ class Synthetic(Source):
 
 
 class Digits(Source):
-    """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), scaled to [0, 1]."""
+    """The 8x8 handwritten digits scikit-learn bundles (1797 images, no download), scaled to [0, 1]."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__(spec)
@@ -123,15 +122,14 @@ class Digits(Source):
         return out.reshape(len(indices), -1) if self.flat else out
 
 
+DIGITS_FILE = Path(__file__).resolve().parent / "datasets" / "digits.csv.gz"
+
+
 def digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits as `load_digits()` gives them ([1797, 8, 8] pixel values 0-16, and their labels), read
-    from the file it bundles without importing scikit-learn: the import takes a second or two, more than a short
-    timed run's training, and every run process pays it."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        raise HarnessError("the digits dataset needs scikit-learn (pip install scikit-learn)")
-    path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
-    with gzip.open(path, "rt") as f:
+    """The digits as scikit-learn's `load_digits()` gives them ([1797, 8, 8] pixel values 0-16, and their labels),
+    from its file, shipped here (datasets/README.md): scikit-learn is no dependency, since where it is installed
+    `import keras` imports it too, a second more in each of the many TensorFlow processes a matrix starts."""
+    with gzip.open(DIGITS_FILE, "rt") as f:
         data = np.loadtxt(f, delimiter=",")
     return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
 

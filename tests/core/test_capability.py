@@ -95,7 +95,7 @@ def test_the_adapters_listing_prints_what_the_probe_found():
     out = amp("adapters", faults="amp_bf16=nokernel", AMP_HARNESS_BLOCK_ADAPTERS="torch,tensorflow,mxnet,jax")
     assert out.returncode == 0, out.stderr
     lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("  ") and line.split()}
-    assert "measured on this machine" in out.stdout
+    assert "fake 0.0-test" in out.stdout and "measured on this machine" in out.stdout
     assert lines["fp32"].split()[1] == "runs"
     assert lines["amp_bf16"].split()[1] == "unsupported:" and lines["amp_bf16"].endswith(NO_KERNEL)
     assert lines["tf32"].endswith("fake cannot do TF32")  # the adapter's own limit, known without a probe

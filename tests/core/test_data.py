@@ -113,8 +113,8 @@ def test_metrics():
 
 
 def test_digits_are_scikit_learns_without_importing_it():
-    """Every run process reads digits: the bundled file gives load_digits()'s arrays, and scikit-learn's import
-    (seconds, more than a short run's training) is not paid."""
+    """The shipped file gives load_digits()'s arrays (scikit-learn is installed in the core's env for this check
+    alone), and reading it imports no scikit-learn."""
     code = ("import sys, numpy as np; from harness.model.data import digits; pixels, labels = digits(); "
             "assert 'sklearn' not in sys.modules, 'sklearn imported'; "
             "from sklearn.datasets import load_digits; d = load_digits(); "

@@ -99,12 +99,6 @@ def test_results_load_flattens_and_rejects_corrupt_files(tmp_path):
         results.load([tmp_path / "bad.jsonl"])
 
 
-def test_adapters_command_probes_in_a_subprocess():
-    out = amp("adapters")
-    assert out.returncode == 0
-    assert "fake 0.0-test" in out.stdout and "tf32      unsupported: fake cannot do TF32" in out.stdout
-
-
 def test_a_loss_scaler_that_breaks_the_core_rules_fails_the_run(tmp_path):
     amp("run", "--repeats", "1", "--framework", "fake", "--model", "tests/specs/pitfall_rmsprop_epsilon.yaml", "--precision",
         "amp_fp16", "--steps", "4", "--warmup", "0", "--out", str(tmp_path), faults="amp_fp16=stuckscale")
