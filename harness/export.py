@@ -82,6 +82,10 @@ def check_covered(spec, source: str, framework: str, precision: str) -> None:
             if layer.type not in LAYERS:
                 raise SpecError(f"{source}: {place}: export does not cover layer type '{layer.type}' "
                                 f"(covered: {', '.join(LAYERS)})")
+            if layer.input is not None:
+                raise SpecError(f"{source}: {place}.input: export covers chains of layers, not named tensors")
+            if layer.type == "conv2d" and (layer.groups, layer.dilation) != (1, 1):
+                raise SpecError(f"{source}: {place}: export does not cover grouped or dilated convolutions")
             if layer.type == "residual":
                 walk(layer.layers, f"{place}.layers")
                 if layer.projection:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.errors import SpecError
+from harness.model.spec import MERGE_TYPES
 
-if TYPE_CHECKING:  # for annotations only: the schema needs nothing from here, nor this from it at run time
+if TYPE_CHECKING:  # for annotations only
     from harness.model.spec import ModelSpec
 
 
@@ -30,6 +31,10 @@ class LayerInfo:
     params: dict[str, tuple[int, ...]] = field(default_factory=dict)  # canonical layouts
     flops: int = 0  # forward, per sample
     spec: Any = None  # the spec's layer (its hyper-parameters: a dropout's rate, a pool's size...)
+    # where its inputs come from: indices of earlier layers in its own list, -1 for the list's input (a residual
+    # block's input, or the network's); a chain's layer takes the one before it, a merge two or more
+    sources: tuple[int, ...] = ()
+    in_shapes: tuple[tuple[int, ...], ...] = ()  # a merge's inputs' shapes (in_shape is its first's)
 
     @property
     def param_count(self) -> int:
@@ -62,14 +67,19 @@ class Graph:
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {f"{layer.path}.{name}": shape for layer in self.layers for name, shape in layer.params.items()}
 
-    @staticmethod
-    def input_of(path: str) -> str | None:
-        """The path of the layer whose output is `path`'s input ("5.layers.0" -> the one before block 5), or None
+    def input_of(self, path: str) -> str | None:
+        """The path of the layer whose output is `path`'s (first) input ("5.layers.0" -> block 5's input), or None
         where it is the network's input."""
-        head, _, index = path.rpartition(".")
-        if int(index) > 0:
-            return f"{head}.{int(index) - 1}" if head else str(int(index) - 1)
-        return Graph.input_of(head.rpartition(".")[0]) if head else None
+        head, _, _ = path.rpartition(".")
+        source = self.info(path).sources[0]
+        if source >= 0:
+            return f"{head}.{source}" if head else str(source)
+        return self.input_of(head.rpartition(".")[0]) if head else None
+
+    def info(self, path: str) -> LayerInfo:
+        if not hasattr(self, "_by_path"):
+            self._by_path = {layer.path: layer for layer in self.layers}
+        return self._by_path[path]
 
     @property
     def types(self) -> dict[str, str]:
@@ -141,13 +151,14 @@ def step_matmuls(graph: Graph, batch_size: int) -> list[Matmul]:
     batch x output positions, k: kernel x kernel x input channels), which is the work its kernel does, whatever
     algorithm a framework picks; attention's four projections are (batch x positions) x dim x dim each. Attention's
     scores and probabilities times values are batched products (one per sample and head), not 2D ones, and are
-    left out: step_matmul_share says how much of the step's FLOPs the list covers."""
+    left out, as are grouped convolutions' products (one per group): step_matmul_share says how much of the step's
+    FLOPs the list covers."""
     out = []
     for layer in graph.layers:
         shape, spec = layer.in_shape, layer.spec
         if layer.type == "dense":
             forward = [(batch_size * math.prod(shape[:-1]), shape[-1], spec.units)]
-        elif layer.type == "conv2d":
+        elif layer.type == "conv2d" and spec.groups == 1:  # grouped: a product per group, left out as attention's
             ho, wo, _ = layer.out_shape
             forward = [(batch_size * ho * wo, spec.kernel_size**2 * shape[-1], spec.filters)]
         elif layer.type == "patches":
@@ -175,6 +186,11 @@ def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
     """TensorFlow's 'same' padding (before, after): the odd pixel goes after."""
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
     return total // 2, total - total // 2
+
+
+def effective_kernel(conv) -> int:
+    """A conv2d layer's window in pixels: its kernel's taps `dilation` apart."""
+    return (conv.kernel_size - 1) * conv.dilation + 1
 
 
 def window_output(size: int, kernel: int, stride: int, padding: str) -> int:
@@ -238,13 +254,40 @@ def infer(spec: ModelSpec, source: str | None = None) -> Graph:
     return Graph(out, shape)
 
 
-def _infer_list(layers, shape, prefix, out, source, vocab=None) -> tuple[int, ...]:
+def _infer_list(layers, shape, prefix, out, source, vocab=None, names=None) -> tuple[int, ...]:
+    """The list's output shape; its layers' LayerInfos appended to `out`. `names`: the names given so far in the
+    whole spec (a name is given once; a layer takes only names of its own list, or `input`)."""
+    names = set() if names is None else names
+    here = {"input": (-1, shape)}  # this list's named tensors: (index, shape)
+    shapes = [shape]  # the list's input, then each layer's output
     for index, layer in enumerate(layers):
         path = f"{prefix}{index}"
         try:
             if layer.type == "embedding" and path != "0":
                 raise ValueError("an embedding takes the token ids: it must be the first layer")
-            shape = _infer_one(layer, shape, path, out, source, vocab)
+            wanted = layer.inputs if layer.type in MERGE_TYPES else [layer.input] if layer.input else None
+            unknown = [name for name in wanted or () if name not in here]
+            if unknown:
+                elsewhere = " (named in another list: a layer takes names of its own list)" if unknown[0] in names \
+                    else ""
+                raise ValueError(f"no earlier layer of this list is named '{unknown[0]}'{elsewhere}; named here: "
+                                 f"{', '.join(here)}")
+            sources = tuple(here[name][0] for name in wanted) if wanted else (index - 1,)
+            in_shapes = tuple(shapes[s + 1] for s in sources)
+            if layer.type in MERGE_TYPES:
+                shape = _merged(layer, in_shapes)
+                info = LayerInfo(path, layer.type, in_shapes[0], shape, spec=layer, sources=sources,
+                                 in_shapes=in_shapes)
+                out.append(info)
+            else:
+                shape = _infer_one(layer, in_shapes[0], path, out, source, vocab, names)
+                next(i for i in reversed(out) if i.path == path).sources = sources
+            if layer.name is not None:
+                if layer.name in names or layer.name == "input":
+                    raise ValueError(f"the name '{layer.name}' is given twice (`input` names a list's input)")
+                names.add(layer.name)
+                here[layer.name] = (index, shape)
+            shapes.append(shape)
         except SpecError:
             raise
         except ValueError as exc:
@@ -252,12 +295,31 @@ def _infer_list(layers, shape, prefix, out, source, vocab=None) -> tuple[int, ..
     return shape
 
 
+def broadcast_shape(shapes) -> tuple[int, ...]:
+    """numpy's broadcast of per-sample shapes (aligned at their last axes), or ValueError naming them."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast (aligned at their "
+                         f"last axes)") from None
+
+
+def _merged(layer, shapes) -> tuple[int, ...]:
+    if layer.type == "concat":
+        heads = {s[:-1] for s in shapes}
+        if len({len(s) for s in shapes}) > 1 or len(heads) > 1:
+            raise ValueError(f"concat joins the last axis: the others must agree, got "
+                             f"{' and '.join(str(list(s)) for s in shapes)}")
+        return (*shapes[0][:-1], sum(s[-1] for s in shapes))
+    return broadcast_shape(shapes)
+
+
 def display_path(path: str) -> str:
     """A canonical layer path as a spec file's place: "5.layers.0" -> "[5].layers[0]"."""
     return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
 
 
-def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
+def _infer_one(layer, shape, path, out, source, vocab=None, names=None) -> tuple[int, ...]:
     t = layer.type
     info = LayerInfo(path, t, shape, shape, spec=layer)
     out.append(info)
@@ -302,13 +364,22 @@ def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
         info.out_shape = (count, layer.dim)
     elif t == "conv2d":
         h, w, c = _image(shape)
-        k, s = layer.kernel_size, layer.strides
-        ho, wo = (window_output(n, k, s, layer.padding) for n in (h, w))
+        k, s, g = layer.kernel_size, layer.strides, layer.groups
+        if c % g or layer.filters % g:
+            raise ValueError(f"groups {g} must divide the input's channels ({c}) and the filters ({layer.filters})")
+        if s > 1 and layer.dilation > 1:
+            raise ValueError("strides and dilation both above 1: no framework computes that alike")
+        ho, wo = (window_output(n, effective_kernel(layer), s, layer.padding) for n in (h, w))
         if ho < 1 or wo < 1:
             raise ValueError(f"kernel {k} does not fit input {list(shape)}")
-        info.params = {"kernel": (k, k, c, layer.filters)} | ({"bias": (layer.filters,)} if layer.use_bias else {})
-        info.flops = 2 * ho * wo * k * k * c * layer.filters
+        info.params = {"kernel": (k, k, c // g, layer.filters)} | \
+            ({"bias": (layer.filters,)} if layer.use_bias else {})
+        info.flops = 2 * ho * wo * k * k * (c // g) * layer.filters
         info.out_shape = (ho, wo, layer.filters)
+    elif t == "zero_pad2d":
+        h, w, c = _image(shape)
+        top, bottom, left, right = layer.pads
+        info.out_shape = (h + top + bottom, w + left + right, c)
     elif t in ("maxpool2d", "avgpool2d"):
         h, w, c = _image(shape)
         k, s = layer.pool_size, layer.strides or layer.pool_size
@@ -316,7 +387,7 @@ def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
         if ho < 1 or wo < 1:
             raise ValueError(f"pool {k} does not fit input {list(shape)}")
         info.out_shape = (ho, wo, c)
-    elif t == "global_avgpool2d":
+    elif t in ("global_avgpool2d", "global_maxpool2d"):
         info.out_shape = (_image(shape)[2],)
     elif t == "flatten":
         info.out_shape = (math.prod(shape),)
@@ -327,8 +398,8 @@ def _infer_one(layer, shape, path, out, source, vocab=None) -> tuple[int, ...]:
         names = ("gamma", "beta", "moving_mean", "moving_variance") if t == "batchnorm" else ("gamma", "beta")
         info.params = {name: (c,) for name in names}
     elif t == "residual":
-        main = _infer_list(layer.layers, shape, f"{path}.layers.", out, source)
-        shortcut = _infer_list(layer.projection, shape, f"{path}.projection.", out, source) \
+        main = _infer_list(layer.layers, shape, f"{path}.layers.", out, source, names=names)
+        shortcut = _infer_list(layer.projection, shape, f"{path}.projection.", out, source, names=names) \
             if layer.projection else shape
         if main != shortcut:
             what = "projection" if layer.projection else "input (add a projection)"

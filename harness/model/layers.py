@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from harness.errors import HarnessError
-from harness.model.spec import LAYER_TYPES
+from harness.model.spec import LAYER_TYPES, MERGE_TYPES
 
 _REGISTRIES: dict[str, "LayerBuilders"] = {}  # by framework: filled when an adapter's network module is imported
 
@@ -72,3 +72,21 @@ def builders(framework: str) -> LayerBuilders | None:
     """The framework's registry, once its network module is imported (building a trainer imports it); None if it
     registers none."""
     return _REGISTRIES.get(framework)
+
+
+def run_list(items, x, call):
+    """A list's layers applied as the spec wires them (harness.model.spec, "named tensors"; LayerInfo.sources):
+    `items` (LayerInfo, the framework's layer) in the list's order, `x` the list's input; `call(info, layer, value)`
+    gives a layer's output, `value` being its input, or a merge's list of inputs. Returns the last layer's output."""
+    outputs = []
+    for info, layer in items:
+        values = [x if source < 0 else outputs[source] for source in info.sources]
+        outputs.append(call(info, layer, values if info.type in MERGE_TYPES else values[0]))
+    return outputs[-1]
+
+
+def aligned_shape(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """A merge input's per-sample canonical shape with ones before it up to `rank` (the merge's output's), as numpy
+    broadcasting aligns it: a [C] gate against an [H, W, C] image is [1, 1, C] (channels-first frameworks then
+    move its last axis first, as their activations are laid out)."""
+    return (1,) * (rank - len(shape)) + tuple(shape)

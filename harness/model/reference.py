@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from harness.model.graph import avgpool_divisors, same_padding
-from harness.model.spec import ModelSpec
+from harness.model.graph import avgpool_divisors, effective_kernel, same_padding
+from harness.model.spec import MERGE_TYPES, ModelSpec
 
 
 def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, training: bool = False,
@@ -20,12 +20,34 @@ def forward(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray, trai
 
 
 def _layers(layers, prefix, w, x, training, masks, record=None):
+    named = {"input": x}  # the list's named tensors (harness.model.spec, "named tensors")
     for index, layer in enumerate(layers):
         path = f"{prefix}{index}"
-        x = _layer(layer, path, w, x, training, masks, record)
+        if layer.type in MERGE_TYPES:
+            x = _merge(layer.type, [named[name] for name in layer.inputs])
+        else:
+            x = _layer(layer, path, w, named[layer.input] if layer.input else x, training, masks, record)
+        if layer.name is not None:
+            named[layer.name] = x
         if record is not None:
             record[path] = x
     return x
+
+
+def _merge(kind, values):
+    if kind == "concat":
+        return np.concatenate(values, axis=-1)
+    # per-sample shapes aligned at their last axes: a [N, C] gate against [N, H, W, C] gets two axes after N
+    rank = max(v.ndim for v in values)
+    values = [v.reshape(v.shape[:1] + (1,) * (rank - v.ndim) + v.shape[1:]) for v in values]
+    out = values[0]
+    for v in values[1:]:
+        out = out + v if kind == "add" else out * v
+    return out
+
+
+def _relu6(x):
+    return np.minimum(np.maximum(x, 0), 6)
 
 
 def _pad(x, kernel, stride, padding, value=0.0):
@@ -35,8 +57,20 @@ def _pad(x, kernel, stride, padding, value=0.0):
     return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=value)
 
 
-def _windows(x, k, s):  # [N, Ho, Wo, C, k, k]
-    return sliding_window_view(x, (k, k), axis=(1, 2))[:, ::s, ::s]
+def _windows(x, k, s, d=1):  # [N, Ho, Wo, C, k, k]: taps d pixels apart
+    span = (k - 1) * d + 1
+    return sliding_window_view(x, (span, span), axis=(1, 2))[:, ::s, ::s, :, ::d, ::d]
+
+
+def _conv2d(layer, path, w, x):
+    k, s, d, g = layer.kernel_size, layer.strides, layer.dilation, layer.groups
+    win = _windows(_pad(x, effective_kernel(layer), s, layer.padding), k, s, d)  # [N, Ho, Wo, C, k, k]
+    kernel = w[f"{path}.kernel"]  # [k, k, C/g, F]
+    n, ho, wo, c = win.shape[:4]
+    groups = win.reshape(n, ho, wo, g, c // g, k, k)
+    kernels = kernel.reshape(k, k, c // g, g, -1)  # group i's filters: columns i*F/g .. (i+1)*F/g - 1
+    out = np.einsum("nhwgcij,ijcgo->nhwgo", groups, kernels).reshape(n, ho, wo, -1)
+    return out + w.get(f"{path}.bias", 0.0)
 
 
 def _layer(layer, path, w, x, training, masks, record):
@@ -44,9 +78,10 @@ def _layer(layer, path, w, x, training, masks, record):
     if t == "dense":
         return x @ w[f"{path}.kernel"] + w.get(f"{path}.bias", 0.0)
     if t == "conv2d":
-        k, s = layer.kernel_size, layer.strides
-        win = _windows(_pad(x, k, s, layer.padding), k, s)
-        return np.einsum("nhwcij,ijco->nhwo", win, w[f"{path}.kernel"]) + w.get(f"{path}.bias", 0.0)
+        return _conv2d(layer, path, w, x)
+    if t == "zero_pad2d":
+        top, bottom, left, right = layer.pads
+        return np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
     if t in ("maxpool2d", "avgpool2d"):
         k, s = layer.pool_size, layer.strides or layer.pool_size
         if t == "maxpool2d":
@@ -55,6 +90,14 @@ def _layer(layer, path, w, x, training, masks, record):
         return sums / avgpool_divisors(x.shape[1:], k, s, layer.padding)[None, :, :, None]
     if t == "global_avgpool2d":
         return x.mean(axis=(1, 2))
+    if t == "global_maxpool2d":
+        return x.max(axis=(1, 2))
+    if t == "relu6":
+        return _relu6(x)
+    if t == "silu":
+        return x / (1 + np.exp(-x))
+    if t == "hard_swish":
+        return x * _relu6(x + 3) / 6
     if t == "flatten":
         return x.reshape(len(x), -1)
     if t == "relu":
@@ -146,9 +189,17 @@ def matmuls(layer, path, w, x) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if t == "dense":
         return {"kernel": (x.reshape(-1, x.shape[-1]), w[f"{path}.kernel"])}
     if t == "conv2d":
-        k, s = layer.kernel_size, layer.strides
-        win = _windows(_pad(x, k, s, layer.padding), k, s).transpose(0, 1, 2, 4, 5, 3)  # [N, Ho, Wo, k, k, C]
-        kernel = w[f"{path}.kernel"]
+        k, s, g = layer.kernel_size, layer.strides, layer.groups
+        win = _windows(_pad(x, effective_kernel(layer), s, layer.padding), k, s, layer.dilation)
+        win = win.transpose(0, 1, 2, 4, 5, 3)  # [N, Ho, Wo, k, k, C]
+        kernel = w[f"{path}.kernel"]  # [k, k, C/g, F]
+        if g > 1:  # the groups' products as one, its kernel block-diagonal: the same sums, zeros elsewhere
+            c, f = x.shape[-1], kernel.shape[-1]
+            full = np.zeros((k, k, c, f), kernel.dtype)
+            for i in range(g):
+                full[:, :, i * c // g:(i + 1) * c // g, i * f // g:(i + 1) * f // g] = \
+                    kernel[..., i * f // g:(i + 1) * f // g]
+            kernel = full
         return {"kernel": (win.reshape(-1, k * k * x.shape[-1]), kernel.reshape(-1, kernel.shape[-1]))}
     if t == "patches":
         n, h, width, c = x.shape

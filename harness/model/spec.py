@@ -25,6 +25,20 @@ The spec defines the math. Every adapter must reproduce it exactly:
   which fp64 parity would see) before the update;
 - dropout: x * mask / (1 - rate) in training, with the masks the core draws (harness.model.dropout);
   identity in inference;
+- conv2d `groups` g: input and output channels in g groups of C/g and F/g, group i's outputs from group i's inputs
+  only, the kernel [k, k, C/g, F] (a depthwise convolution of multiplier m: groups C, filters C*m, output channel
+  c*m + j from input channel c); `dilation` d: kernel taps d pixels apart, a window of (k-1)*d+1 pixels, 'same'
+  padding computed on that window;
+- zero_pad2d: zeros added to an image's top, bottom, left and right (`padding`: one number for all four, or
+  [top, bottom, left, right]);
+- relu6: min(max(x, 0), 6); silu (Keras' swish): x * sigmoid(x); hard_swish: x * relu6(x + 3) / 6;
+  global_maxpool2d: the maximum over H and W;
+- named tensors: a layer's `name` labels its output; a later layer of the same list takes it with `input: NAME`
+  (default: the previous layer's output; the list's input is named `input`), a merge with `inputs: [A, B, ...]`:
+  add and multiply elementwise with broadcasting (shapes aligned at their last axes, as numpy does without the
+  batch axis: a [C] gate times an [H, W, C] image scales each channel), concat along the last (channel or
+  feature) axis in the order named; under mixed precision a merge of a 16-bit and a float32 tensor is in the
+  dtype the framework's own add (multiply, concatenate) gives, as a residual block's sum is;
 - losses are batch means computed in float32 (float64 in float64 runs); probabilities are clipped to
   [1e-7, 1-1e-7]; a next-token loss is the mean over every token of the batch.
 
@@ -59,6 +73,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     model_serializer,
@@ -80,79 +95,111 @@ class _Strict(BaseModel):
 
 
 # ---- layers -------------------------------------------------------------------------------------------
-class Dense(_Strict):
+TENSOR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# fields a spec without them dumps (and hashes) without: what a spec written before they existed says
+OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1}
+
+
+class _Layer(_Strict):
+    """What any layer may say besides its type and hyper-parameters: the name of its output and the named tensor it
+    takes (the module's docstring, "named tensors"); where and whether they resolve is graph inference's question."""
+    name: Optional[str] = Field(None, pattern=TENSOR_NAME)
+    input: Optional[str] = Field(None, pattern=TENSOR_NAME)
+
+    @model_serializer(mode="wrap")
+    def _without_defaults(self, handler):
+        data = handler(self)
+        for key, default in OMITTED_DEFAULTS.items():
+            if key in data and data[key] == default:
+                del data[key]
+        return data
+
+
+class Dense(_Layer):
     type: Literal["dense"]
     units: PositiveInt
     use_bias: bool = True
 
 
-class Conv2D(_Strict):
+class Conv2D(_Layer):
     type: Literal["conv2d"]
     filters: PositiveInt
     kernel_size: PositiveInt
     strides: PositiveInt = 1
     padding: Literal["valid", "same"] = "valid"
     use_bias: bool = True
+    groups: PositiveInt = 1  # depthwise: groups = the input's channels
+    dilation: PositiveInt = 1
 
 
-class MaxPool2D(_Strict):
+class ZeroPad2D(_Layer):
+    type: Literal["zero_pad2d"]
+    padding: Union[NonNegativeInt, Annotated[list[NonNegativeInt], Field(min_length=4, max_length=4)]]
+
+    @property
+    def pads(self) -> tuple[int, int, int, int]:
+        """(top, bottom, left, right)"""
+        return (self.padding,) * 4 if isinstance(self.padding, int) else tuple(self.padding)
+
+
+class MaxPool2D(_Layer):
     type: Literal["maxpool2d"]
     pool_size: PositiveInt = 2
     strides: Optional[PositiveInt] = None  # default: pool_size
     padding: Literal["valid", "same"] = "valid"
 
 
-class AvgPool2D(_Strict):
+class AvgPool2D(_Layer):
     type: Literal["avgpool2d"]
     pool_size: PositiveInt = 2
     strides: Optional[PositiveInt] = None
     padding: Literal["valid", "same"] = "valid"
 
 
-class GlobalAvgPool2D(_Strict):
-    type: Literal["global_avgpool2d"]
+class GlobalPool2D(_Layer):
+    type: Literal["global_avgpool2d", "global_maxpool2d"]
 
 
-class Flatten(_Strict):
+class Flatten(_Layer):
     type: Literal["flatten"]
 
 
-class Activation(_Strict):
-    type: Literal["relu", "tanh", "sigmoid", "softmax"]
+class Activation(_Layer):
+    type: Literal["relu", "tanh", "sigmoid", "softmax", "relu6", "silu", "hard_swish"]
 
 
-class GELU(_Strict):
+class GELU(_Layer):
     type: Literal["gelu"]
     approximate: bool = False  # False: x*Phi(x) with erf; True: the tanh approximation
 
 
-class BatchNorm(_Strict):
+class BatchNorm(_Layer):
     type: Literal["batchnorm"]
     momentum: float = Field(0.99, gt=0, lt=1)
     epsilon: float = Field(1e-3, gt=0)
 
 
-class LayerNorm(_Strict):
+class LayerNorm(_Layer):
     type: Literal["layernorm"]  # over the last (channel/feature) axis
     epsilon: float = Field(1e-3, gt=0)
 
 
-class Dropout(_Strict):
+class Dropout(_Layer):
     type: Literal["dropout"]
     rate: float = Field(ge=0, lt=1)
 
 
-class Embedding(_Strict):
+class Embedding(_Layer):
     type: Literal["embedding"]  # token ids [T] -> [T, dim]; the vocabulary is the input's
     dim: PositiveInt
 
 
-class PositionEmbedding(_Strict):
+class PositionEmbedding(_Layer):
     type: Literal["position_embedding"]  # a learned [max_length, D] table, its first T rows added
     max_length: Optional[PositiveInt] = None  # default: the sequence length
 
 
-class Attention(_Strict):
+class Attention(_Layer):
     type: Literal["attention"]  # multi-head self-attention with its output projection
     heads: PositiveInt
     causal: bool = False
@@ -160,37 +207,50 @@ class Attention(_Strict):
     dropout: float = Field(0.0, ge=0, lt=1)  # on the attention probabilities
 
 
-class RMSNorm(_Strict):
+class RMSNorm(_Layer):
     type: Literal["rmsnorm"]  # over the last axis
     epsilon: float = Field(1e-6, gt=0)
 
 
-class SequencePool(_Strict):
+class SequencePool(_Layer):
     type: Literal["sequence_pool"]  # a sequence [T, D] to a vector [D]
     mode: Literal["mean", "first", "last"]
 
 
-class Patches(_Strict):
+class Patches(_Layer):
     type: Literal["patches"]  # a ViT patch embedding: image [H, W, C] -> [H/size * W/size, dim]
     size: PositiveInt
     dim: PositiveInt
 
 
-class Residual(_Strict):
+class Residual(_Layer):
     type: Literal["residual"]
     layers: list["Layer"] = Field(min_length=1)
     projection: Optional[list["Layer"]] = None  # shortcut path; identity when absent
 
 
+class Merge(_Layer):
+    type: Literal["add", "multiply", "concat"]
+    inputs: list[Annotated[str, Field(pattern=TENSOR_NAME)]] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _inputs_only(self) -> "Merge":
+        if self.input is not None:
+            raise ValueError("a merge takes `inputs` (a list of names), not `input`")
+        return self
+
+
 Layer = Annotated[
-    Union[Dense, Conv2D, MaxPool2D, AvgPool2D, GlobalAvgPool2D, Flatten, Activation, GELU, BatchNorm, LayerNorm,
-          Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual],
+    Union[Dense, Conv2D, ZeroPad2D, MaxPool2D, AvgPool2D, GlobalPool2D, Flatten, Activation, GELU, BatchNorm,
+          LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual, Merge],
     Field(discriminator="type"),
 ]
 Residual.model_rebuild()
-LAYER_TYPES = ("dense", "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "flatten", "relu", "gelu", "tanh",
-               "sigmoid", "softmax", "batchnorm", "layernorm", "dropout", "embedding", "position_embedding", "attention",
-               "rmsnorm", "sequence_pool", "patches", "residual")
+LAYER_TYPES = ("dense", "conv2d", "zero_pad2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "global_maxpool2d",
+               "flatten", "relu", "relu6", "silu", "hard_swish", "gelu", "tanh", "sigmoid", "softmax", "batchnorm",
+               "layernorm", "dropout", "embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool",
+               "patches", "residual", "add", "multiply", "concat")
+MERGE_TYPES = ("add", "multiply", "concat")
 SEQUENCE_LAYERS = ("embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool", "patches")
 
 
@@ -568,9 +628,9 @@ def _where(loc: tuple) -> str:
 
 
 def _known_fields() -> set[str]:
-    models = [ModelSpec, Native, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, MaxPool2D,
-              AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm,
-              SequencePool, Patches, Residual]
+    models = [ModelSpec, Native, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, ZeroPad2D,
+              MaxPool2D, AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention,
+              RMSNorm, SequencePool, Patches, Residual, Merge]
     return {name for model in models for name in model.model_fields}
 
 

@@ -71,6 +71,21 @@ def features(spec) -> set[str]:
             found.add(f"{info.type} {layer.padding}")
         if info.type == "dropout" and layer.rate > 0:
             found.add(f"dropout with {spec.optimizer.type}")
+        if info.type == "conv2d":
+            if layer.groups > 1:
+                found.add("conv2d depthwise" if layer.groups == info.in_shape[-1] == layer.filters else "conv2d grouped")
+            if layer.dilation > 1:
+                found.add("conv2d dilated")
+            if layer.kernel_size % 2 == 0 and layer.padding == "same":
+                found.add("conv2d same, even kernel")
+        if info.type == "zero_pad2d" and len(set(layer.pads)) > 1:
+            found.add("zero_pad2d asymmetric")
+        if info.type in ("add", "multiply") and len(set(info.in_shapes)) > 1:
+            found.add(f"{info.type} broadcasting")
+        if info.type == "concat" and len(info.in_shapes) > 2:
+            found.add("concat of three")
+        if getattr(layer, "input", None) is not None:
+            found.add("named input")
     found.add(f"{spec.loss.type} from_logits={spec.loss.from_logits}")
     o = spec.optimizer
     found.add({"sgd": lambda: f"sgd momentum={o.momentum > 0} nesterov={o.nesterov}",
@@ -89,7 +104,8 @@ REQUIRED = {
     "gelu approximate=True", "gelu approximate=False",
     "batchnorm on images", "batchnorm on vectors", "layernorm on images", "layernorm on vectors",
     "residual with projection", "nested residual",
-    "conv2d same", "conv2d valid", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
+    "conv2d same", "conv2d valid", "conv2d depthwise", "conv2d grouped", "conv2d dilated", "conv2d same, even kernel",
+    "zero_pad2d asymmetric", "multiply broadcasting", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
     "dropout with adam",
     "sparse_categorical_crossentropy from_logits=True", "sparse_categorical_crossentropy from_logits=False",
     "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",
