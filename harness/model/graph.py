@@ -388,7 +388,12 @@ def _infer_one(layer, shape, path, out, source, vocab=None, names=None) -> tuple
             raise ValueError(f"pool {k} does not fit input {list(shape)}")
         info.out_shape = (ho, wo, c)
     elif t in ("global_avgpool2d", "global_maxpool2d"):
-        info.out_shape = (_image(shape)[2],)
+        info.out_shape = (1, 1, _image(shape)[2]) if layer.keepdims else (_image(shape)[2],)
+    elif t == "rescaling":
+        for what in ("scale", "offset"):
+            value = getattr(layer, what)
+            if isinstance(value, list) and len(value) not in (1, shape[-1]):
+                raise ValueError(f"{what}: {len(value)} values for {shape[-1]} channels (features)")
     elif t == "flatten":
         info.out_shape = (math.prod(shape),)
     elif t in ("batchnorm", "layernorm"):

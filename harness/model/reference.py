@@ -88,10 +88,11 @@ def _layer(layer, path, w, x, training, masks, record):
             return _windows(_pad(x, k, s, layer.padding, -np.inf), k, s).max(axis=(-2, -1))
         sums = _windows(_pad(x, k, s, layer.padding), k, s).sum(axis=(-2, -1))
         return sums / avgpool_divisors(x.shape[1:], k, s, layer.padding)[None, :, :, None]
-    if t == "global_avgpool2d":
-        return x.mean(axis=(1, 2))
-    if t == "global_maxpool2d":
-        return x.max(axis=(1, 2))
+    if t in ("global_avgpool2d", "global_maxpool2d"):
+        pool = np.mean if t == "global_avgpool2d" else np.max
+        return pool(x, axis=(1, 2), keepdims=layer.keepdims)
+    if t == "rescaling":
+        return x * np.asarray(layer.scale, np.float64) + np.asarray(layer.offset, np.float64)
     if t == "relu6":
         return _relu6(x)
     if t == "silu":

@@ -32,7 +32,9 @@ The spec defines the math. Every adapter must reproduce it exactly:
 - zero_pad2d: zeros added to an image's top, bottom, left and right (`padding`: one number for all four, or
   [top, bottom, left, right]);
 - relu6: min(max(x, 0), 6); silu (Keras' swish): x * sigmoid(x); hard_swish: x * relu6(x + 3) / 6;
-  global_maxpool2d: the maximum over H and W;
+  global_maxpool2d: the maximum over H and W; `keepdims`: a global pool's [C] as a [1, 1, C] image;
+- rescaling: x * scale + offset, each one number or one per channel (feature), computed in the compute dtype
+  (Keras' Rescaling; a Normalization layer is the rescaling 1/sqrt(variance), -mean/sqrt(variance));
 - named tensors: a layer's `name` labels its output; a later layer of the same list takes it with `input: NAME`
   (default: the previous layer's output; the list's input is named `input`), a merge with `inputs: [A, B, ...]`:
   add and multiply elementwise with broadcasting (shapes aligned at their last axes, as numpy does without the
@@ -97,7 +99,7 @@ class _Strict(BaseModel):
 # ---- layers -------------------------------------------------------------------------------------------
 TENSOR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # fields a spec without them dumps (and hashes) without: what a spec written before they existed says
-OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1}
+OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1, "keepdims": False}
 
 
 class _Layer(_Strict):
@@ -158,6 +160,13 @@ class AvgPool2D(_Layer):
 
 class GlobalPool2D(_Layer):
     type: Literal["global_avgpool2d", "global_maxpool2d"]
+    keepdims: bool = False  # [C], or a [1, 1, C] image (what a squeeze-and-excite block's 1x1 convs take)
+
+
+class Rescaling(_Layer):
+    type: Literal["rescaling"]  # x * scale + offset, each a number or one per channel (feature)
+    scale: Union[float, Annotated[list[float], Field(min_length=1)]] = 1.0
+    offset: Union[float, Annotated[list[float], Field(min_length=1)]] = 0.0
 
 
 class Flatten(_Layer):
@@ -241,13 +250,13 @@ class Merge(_Layer):
 
 
 Layer = Annotated[
-    Union[Dense, Conv2D, ZeroPad2D, MaxPool2D, AvgPool2D, GlobalPool2D, Flatten, Activation, GELU, BatchNorm,
-          LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual, Merge],
+    Union[Dense, Conv2D, ZeroPad2D, MaxPool2D, AvgPool2D, GlobalPool2D, Rescaling, Flatten, Activation, GELU,
+          BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual, Merge],
     Field(discriminator="type"),
 ]
 Residual.model_rebuild()
 LAYER_TYPES = ("dense", "conv2d", "zero_pad2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "global_maxpool2d",
-               "flatten", "relu", "relu6", "silu", "hard_swish", "gelu", "tanh", "sigmoid", "softmax", "batchnorm",
+               "rescaling", "flatten", "relu", "relu6", "silu", "hard_swish", "gelu", "tanh", "sigmoid", "softmax", "batchnorm",
                "layernorm", "dropout", "embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool",
                "patches", "residual", "add", "multiply", "concat")
 MERGE_TYPES = ("add", "multiply", "concat")
@@ -629,7 +638,7 @@ def _where(loc: tuple) -> str:
 
 def _known_fields() -> set[str]:
     models = [ModelSpec, Native, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, ZeroPad2D,
-              MaxPool2D, AvgPool2D, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention,
+              MaxPool2D, AvgPool2D, GlobalPool2D, Rescaling, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention,
               RMSNorm, SequencePool, Patches, Residual, Merge]
     return {name for model in models for name in model.model_fields}
 

@@ -82,6 +82,12 @@ def features(spec) -> set[str]:
             found.add("zero_pad2d asymmetric")
         if info.type in ("add", "multiply") and len(set(info.in_shapes)) > 1:
             found.add(f"{info.type} broadcasting")
+            if len({len(shape) for shape in info.in_shapes}) > 1:
+                found.add(f"{info.type} broadcasting across ranks")
+        if info.type.startswith("global_") and layer.keepdims:
+            found.add("global pool keepdims")
+        if info.type == "rescaling" and isinstance(layer.scale, list):
+            found.add("rescaling per channel")
         if info.type == "concat" and len(info.in_shapes) > 2:
             found.add("concat of three")
         if getattr(layer, "input", None) is not None:
@@ -105,7 +111,8 @@ REQUIRED = {
     "batchnorm on images", "batchnorm on vectors", "layernorm on images", "layernorm on vectors",
     "residual with projection", "nested residual",
     "conv2d same", "conv2d valid", "conv2d depthwise", "conv2d grouped", "conv2d dilated", "conv2d same, even kernel",
-    "zero_pad2d asymmetric", "multiply broadcasting", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
+    "zero_pad2d asymmetric", "multiply broadcasting", "multiply broadcasting across ranks", "global pool keepdims",
+    "rescaling per channel", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
     "dropout with adam",
     "sparse_categorical_crossentropy from_logits=True", "sparse_categorical_crossentropy from_logits=False",
     "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",
