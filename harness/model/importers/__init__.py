@@ -180,7 +180,18 @@ def finish(spec: dict, sources: dict[str, str], source: str, what: str) -> dict:
         data.check(checked, f"{source} (imported)")
     except HarnessError as exc:
         raise ImportProblems([named(str(exc), sources, what)]) from None
-    return {**spec, "layers": [layer.model_dump(exclude_defaults=True) for layer in checked.layers]}
+    return {**spec, "layers": [_readable(layer.model_dump(exclude_defaults=True)) for layer in checked.layers]}
+
+
+def _readable(layer: dict) -> dict:
+    """A layer's fields as a spec is written: its type first, its hyper-parameters, then its wiring (the name of its
+    output, the tensors it takes)."""
+    wiring = ("name", "input", "inputs")
+    out = {"type": layer["type"], **{k: v for k, v in layer.items() if k not in ("type", *wiring)}}
+    for key in ("layers", "projection"):
+        if key in out:
+            out[key] = [_readable(inner) for inner in out[key]]
+    return out | {k: layer[k] for k in wiring if k in layer}
 
 
 # ---- a chain with residual adds -----------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """`amp-harness import keras MODEL`: a Keras model's JSON configuration (`model.to_json()`, or a `.keras` file's
 `config.json`) into a spec, read as data: Keras is never imported.
 
-What maps: a Sequential model, or a functional one whose graph is a chain with residual adds (an Add of the
-chain's output and an earlier tensor, either directly or through a projection branch); the layers in LAYERS
-below, each Keras option either copied into the spec's field or held to the one value the spec's math has (FIXED);
+What maps: a Sequential model, or a functional one: a chain with residual adds (an Add of the chain's output and an
+earlier tensor, either directly or through a projection branch) becomes residual blocks; any other graph of
+single-input layers and merges (Add, Multiply, Concatenate on the channel axis) is written with named tensors
+(harness.model.spec), in the model's own layer order; the layers in LAYERS below, each Keras option either copied into the spec's field or held to the one value the spec's math has (FIXED);
 `activation=` arguments become the spec's activation layer after the layer; the compile configuration (Keras 3's
 `compile_config`, Keras 2's `training_config`) gives the loss and the optimizer (LOSSES, OPTIMIZERS). Keras 3 and
 Keras 2.11+'s RMSprop put epsilon inside the square root, Keras 2's legacy one (TF <= 2.10 without momentum)
@@ -15,6 +16,7 @@ field; initialisers are dropped with a note (the core draws every weight: harnes
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,18 @@ def _one(key: str, what: str = "size") -> Callable[[dict], int | None]:
     return read
 
 
+def _pads(value) -> int | list[int]:
+    """ZeroPadding2D's padding (a, (h, w) or ((top, bottom), (left, right))) as the spec's zero_pad2d takes it."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list) and len(value) == 2:
+        if all(isinstance(v, int) for v in value):
+            return [value[0], value[0], value[1], value[1]]
+        if all(isinstance(v, list) and len(v) == 2 and all(isinstance(n, int) for n in v) for v in value):
+            return [*value[0], *value[1]]
+    raise Problem(f"padding {_show(value)}", "expected a, (h, w) or ((top, bottom), (left, right))")
+
+
 def _copy(key: str) -> Callable[[dict], object]:
     return lambda config: config.get(key)
 
@@ -79,12 +93,29 @@ LAYERS: dict[str, Rule] = {
                   read=("units", "use_bias")),
     "Conv2D": Rule("conv2d", {"filters": _copy("filters"), "kernel_size": _one("kernel_size", "kernel size"),
                               "strides": _one("strides", "stride"), "padding": _copy("padding"),
-                              "use_bias": _copy("use_bias")},
-                   {**CHANNELS_LAST, "dilation_rate": (1, [1, 1]), "groups": (1,)}, activation=True,
-                   read=("filters", "kernel_size", "strides", "padding", "use_bias")),
+                              "use_bias": _copy("use_bias"), "groups": _copy("groups"),
+                              "dilation": _one("dilation_rate", "dilation")},
+                   CHANNELS_LAST, activation=True,
+                   read=("filters", "kernel_size", "strides", "padding", "use_bias", "groups", "dilation_rate")),
+    # the spec's conv2d with groups = the input's channels (KerasImporter.convert sets them and the filters)
+    "DepthwiseConv2D": Rule("conv2d", {"kernel_size": _one("kernel_size", "kernel size"),
+                                       "strides": _one("strides", "stride"), "padding": _copy("padding"),
+                                       "use_bias": _copy("use_bias"), "dilation": _one("dilation_rate", "dilation")},
+                            CHANNELS_LAST, activation=True,
+                            read=("kernel_size", "strides", "padding", "use_bias", "depth_multiplier",
+                                  "dilation_rate")),
+    "ZeroPadding2D": Rule("zero_pad2d", {"padding": lambda config: _pads(config.get("padding"))}, CHANNELS_LAST,
+                          read=("padding",)),
+    "Rescaling": Rule("rescaling", {"scale": _copy("scale"), "offset": _copy("offset")}, read=("scale", "offset")),
+    # (x - mean) / max(sqrt(variance), 1e-7): a rescaling (KerasImporter.convert computes it)
+    "Normalization": Rule("rescaling", fixed={"axis": (*LAST_AXIS, 3, [3]), "invert": (False,)},
+                          read=("mean", "variance")),
     "MaxPooling2D": Rule("maxpool2d", WINDOW, CHANNELS_LAST, read=tuple(WINDOW)),
     "AveragePooling2D": Rule("avgpool2d", WINDOW, CHANNELS_LAST, read=tuple(WINDOW)),
-    "GlobalAveragePooling2D": Rule("global_avgpool2d", fixed={**CHANNELS_LAST, "keepdims": (False,)}),
+    "GlobalAveragePooling2D": Rule("global_avgpool2d", {"keepdims": _copy("keepdims")}, CHANNELS_LAST,
+                                   read=("keepdims",)),
+    "GlobalMaxPooling2D": Rule("global_maxpool2d", {"keepdims": _copy("keepdims")}, CHANNELS_LAST,
+                               read=("keepdims",)),
     "GlobalAveragePooling1D": Rule("sequence_pool", {"mode": _const("mean")},
                                    {**CHANNELS_LAST, "keepdims": (False,)}),
     "Flatten": Rule("flatten", fixed=CHANNELS_LAST),
@@ -102,14 +133,17 @@ LAYERS: dict[str, Rule] = {
                                {"output_shape": (None,), "attention_axes": (None, 1, [1]), "use_gate": (False,)},
                                read=("num_heads", "key_dim", "value_dim", "dropout", "use_bias")),
     "Activation": Rule("", activation=True),  # only its activation
-    "ReLU": Rule("relu", fixed={"max_value": (None,), "negative_slope": (0, 0.0), "threshold": (0, 0.0)}),
+    "ReLU": Rule("relu", fixed={"max_value": (None, 6, 6.0), "negative_slope": (0, 0.0), "threshold": (0, 0.0)}),
     "Softmax": Rule("softmax", fixed={"axis": LAST_AXIS}),
 }
 ACTIVATIONS: dict[str | None, list[dict]] = {  # Keras's activation name -> the spec's layers
     None: [], "linear": [], "relu": [{"type": "relu"}], "sigmoid": [{"type": "sigmoid"}],
     "tanh": [{"type": "tanh"}], "softmax": [{"type": "softmax"}],
     "gelu": [{"type": "gelu"}],  # keras.activations.gelu: approximate=False, the erf form, the spec's default
+    "relu6": [{"type": "relu6"}], "swish": [{"type": "silu"}], "silu": [{"type": "silu"}],
+    "hard_swish": [{"type": "hard_swish"}], "hard_silu": [{"type": "hard_swish"}],
 }
+MERGES = {"Add": "add", "Multiply": "multiply", "Concatenate": "concat"}  # Keras class -> the spec's merge
 GENERIC = ("name", "trainable", "dtype", "seed", "activation", "build_config")  # options every layer has
 
 # ---- losses and optimizers ----------------------------------------------------------------------------------
@@ -286,7 +320,18 @@ class KerasImporter:
         except Problem as exc:
             self.problem(node.where, str(exc))
             return []
-        if node.cls == "Embedding":
+        if node.cls == "DepthwiseConv2D":
+            channels = (next((s for s in node.shapes if s), None) or [None])[-1]
+            if not isinstance(channels, int):
+                self.problem(node.where, "the input's channels are not in the configuration (Keras 3 writes them); "
+                             "the spec's depthwise conv2d needs them")
+                return []
+            out[0].update(groups=channels, filters=channels * (config.get("depth_multiplier") or 1))
+        elif node.cls == "ReLU" and config.get("max_value") is not None:
+            out[0]["type"] = "relu6"
+        elif node.cls == "Normalization":
+            return [dict(layer, _source=node.name) for layer in self.normalization(node)]
+        elif node.cls == "Embedding":
             if not first:
                 self.problem(node.where, "an embedding takes the token ids: it must be the model's first layer")
             self.vocab = config.get("input_dim")
@@ -304,8 +349,10 @@ class KerasImporter:
                                         "or constraints"))
             elif key in rule.fixed:
                 if value not in rule.fixed[key]:
+                    allowed = [_show(v) for v in rule.fixed[key] if v is not None]
                     problems.append(Problem(f"{key} {_show(value)}", f"the spec's {rule.type or 'layer'} takes only "
-                                            f"{' or '.join(_show(v) for v in rule.fixed[key] if v is not None)}"))
+                                            f"{' or '.join(allowed)}" if allowed else
+                                            f"not in the spec's {rule.type or 'layer'}"))
             elif key not in GENERIC + rule.read and value not in (None, False, 0, [], {}):
                 problems.append(Problem(f"{key} {_show(value)}", f"not in the spec's {rule.type or 'layers'}"))
         if config.get("trainable") is False:
@@ -337,6 +384,24 @@ class KerasImporter:
         if problems:
             raise problems[0]
         return ([layer] if rule.type else []) + [dict(a) for a in activation]
+
+    def normalization(self, node: Node) -> list[dict]:
+        """Keras's Normalization, (x - mean) / max(sqrt(variance), epsilon 1e-7), as a rescaling. Its mean and
+        variance are in the configuration only where given to the constructor; adapt() and loaded weights keep them
+        as weights, which the importer does not read."""
+        mean, variance = node.config.get("mean"), node.config.get("variance")
+        if mean is None or variance is None:
+            self.notes.append(f"{node.where}: its mean and variance are weights, not in the configuration: left out "
+                              f"(Keras's values before adapt(): mean 0, variance 1, the identity); add them as a "
+                              f"rescaling if the model was adapted")
+            return []
+        mean, std = np.asarray(mean, np.float64), np.maximum(np.sqrt(np.asarray(variance, np.float64)), 1e-7)
+        scale, offset = 1 / std, -mean / std
+
+        def listed(value):
+            return float(value) if value.ndim == 0 else [float(v) for v in value.ravel()]
+
+        return [{"type": "rescaling", "scale": listed(scale), "offset": listed(offset)}]
 
     def attention(self, node: Node, layer: dict) -> None:
         """Keras's MultiHeadAttention is the spec's attention when it is self-attention over [T, D] with
@@ -403,13 +468,116 @@ class KerasImporter:
         if start not in nodes or end not in nodes:
             raise HarnessError(f"{self.path}: input_layers or output_layers names a layer the model does not hold")
         shape = (nodes[start].config.get("batch_shape") or nodes[start].config.get("batch_input_shape"))
-        graph = _Chain(self, nodes, start)
-        layers = graph.walk(end, start)
-        for node in nodes.values():  # once the walk met a problem, the layers it did not reach say nothing new
-            if node.name not in graph.visited and node.name != start and not self.problems:
-                self.problem(node.where, "not on the chain from the input to the output (a branch the spec cannot "
-                             "express: only residual adds join the chain)")
-        return list(nodes.values()), shape, layers
+        known = list(self.problems)  # a layer's own problems, met by both readings of the graph
+        chain = _Chain(self, nodes, start)
+        layers = chain.walk(end, start)
+        if not self.problems and not (set(nodes) - chain.visited - {start}):
+            return list(nodes.values()), shape, layers
+        self.problems, self.notes = known, []  # not a chain with residual adds: the graph as it is
+        return list(nodes.values()), shape, self.graph(nodes, start, end)
+
+    def graph(self, nodes: dict[str, Node], start: str, end: str) -> list[dict]:
+        """The layers from the input to the output in the model's own order (Keras writes a functional model's
+        layers in an order that computes each after its inputs), with named tensors where a layer does not take the
+        one before it and for every merge's inputs."""
+        needed, stack = set(), [end]
+        while stack:
+            name = stack.pop()
+            if name in needed or name == start:
+                continue
+            if name not in nodes:
+                raise ImportProblems([f"{self.path}: a layer takes '{clip(name, 40)}', which the model does not hold"])
+            needed.add(name)
+            stack += nodes[name].inputs
+        users: dict[str, list[Node]] = {}
+        for name in needed:
+            for source in set(nodes[name].inputs):
+                users.setdefault(source, []).append(nodes[name])
+        out: list[dict] = []
+        last: dict[str, int] = {}  # node -> the index in `out` of the layer that gives its output
+        alias: dict[str, str] = {start: start}  # node -> the node whose output it is (a layer that maps to none)
+        wanted: set[str] = set()  # nodes whose output a later layer takes by name
+        current = start  # the node whose output the last layer so far gives
+        for node in (nodes[name] for name in nodes if name in needed):
+            sources = [alias.get(name, name) for name in node.inputs]
+            if node.cls in MERGES:
+                layers = self.merge(node)
+                if layers:
+                    layers[0]["inputs"] = sources
+                    wanted.update(sources)
+            elif len(set(sources)) != 1 and node.cls != "MultiHeadAttention":
+                self.problem(node.where, f"takes {len(set(sources))} tensors: only {', '.join(MERGES)} join "
+                             f"branches in the spec")
+                continue
+            elif node.cls == "Reshape" and self.to_image(node, out, last, users, sources[0]):
+                alias[node.name] = sources[0]
+                continue
+            else:
+                layers = self.convert(node, sources[0] == start)
+                if not layers:
+                    alias[node.name] = sources[0]
+                    continue
+                if sources[0] != current:
+                    layers[0]["input"] = sources[0]
+                    wanted.add(sources[0])
+            out += layers
+            last[node.name] = len(out) - 1
+            current = node.name
+        names = _tensor_names(wanted - {start})
+        for node_name, index in last.items():
+            if node_name in names:
+                out[index]["name"] = names[node_name]
+        rename = {**names, start: "input"}
+        for layer in out:
+            if "input" in layer:
+                layer["input"] = rename[layer["input"]]
+            if "inputs" in layer:
+                layer["inputs"] = [rename[name] for name in layer["inputs"]]
+        return out
+
+    def merge(self, node: Node) -> list[dict]:
+        kind, config = MERGES[node.cls], node.config
+        for key, value in config.items():
+            if key not in GENERIC + ("axis",) and value not in (None, False, 0, [], {}):
+                self.problem(node.where, f"{key} {_show(value)}: not in the spec's {kind}")
+                return []
+        if kind == "concat":
+            rank = len(next((s for s in node.shapes if s), None) or [0, 0])
+            if config.get("axis", -1) not in (-1, rank - 1):
+                self.problem(node.where, f"axis {config.get('axis')}: the spec concatenates the last (channel or "
+                             f"feature) axis")
+                return []
+        return [{"type": kind, "_source": node.name}]
+
+    def to_image(self, node: Node, out: list[dict], last: dict[str, int], users: dict[str, list[Node]],
+                 source: str) -> bool:
+        """Whether a Reshape of a vector [C] to [1, 1, C] (a squeeze-and-excite gate) needs no layer: it is a global
+        pool's [C] that nothing else takes (the pool keeps its dims instead), or it feeds only Adds and Multiplies
+        (the spec's merges broadcast [C] as [1, 1, C])."""
+        target, shape = node.config.get("target_shape"), next((s for s in node.shapes if s), None)
+        if not (isinstance(target, list) and len(target) == 3 and target[:2] == [1, 1] and shape
+                and list(shape[1:]) == target[2:]):
+            return False
+        producer = out[last[source]] if source in last else {}
+        if producer.get("type", "").startswith("global_") and len(users.get(source, [])) == 1:
+            producer["keepdims"] = True
+            return True
+        return all(MERGES.get(user.cls) in ("add", "multiply") for user in users.get(node.name, [None]) if user)
+
+
+def _tensor_names(nodes: set[str]) -> dict[str, str]:
+    """Each node's name as a spec tensor name (letters, digits and _, not starting with a digit, never `input`),
+    unique."""
+    out: dict[str, str] = {}
+    for node in sorted(nodes):
+        base = re.sub(r"\W", "_", node)
+        base = f"_{base}" if not base or base[0].isdigit() or base == "input" else base
+        name, n = base, 1
+        while name in out.values():
+            n += 1
+            name = f"{base}_{n}"
+        out[node] = name
+    return out
 
 
 class _Chain(Chain):

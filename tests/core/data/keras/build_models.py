@@ -1,7 +1,8 @@
 """The Keras models behind the importer's test data (`amp-harness import keras`), built in real Keras 3.
 
 Run once with a Keras environment to (re)write the data beside this file (NAME.json: `model.to_json()`;
-mnist_mlp_dropout.keras: `model.save()`; params.json: what Keras's `count_params()` reported):
+NAME.json.gz for keras.applications models; mnist_mlp_dropout.keras: `model.save()`; params.json: what Keras's
+`count_params()` reported):
 
     .venv-tf/bin/python tests/core/data/keras/build_models.py
 
@@ -10,11 +11,13 @@ again from here and checks the imported spec's network against them.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import keras
 from keras import layers
+from keras.src.applications import efficientnet
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,15 +97,59 @@ def tiny_transformer() -> keras.Model:
     return model
 
 
+def inception_mini() -> keras.Model:
+    """Branches the chain cannot say: an Inception-style block (three branches from one tensor, concatenated), a
+    vector gate multiplied onto an image, a depthwise convolution and a dilated one; Adam."""
+    inputs = keras.Input(shape=(16, 16, 3), name="image")
+    x = layers.Conv2D(8, 3, strides=2, padding="same", activation="relu6", name="stem")(inputs)
+    a = layers.Conv2D(4, 1, name="branch_1x1")(x)
+    b = layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="branch_depthwise")(x)
+    c = layers.Conv2D(4, 3, padding="same", dilation_rate=2, activation="swish", name="branch_dilated")(x)
+    x = layers.Concatenate(name="mixed")([a, b, c])
+    gate = layers.Dense(24, activation="sigmoid", name="gate")(layers.GlobalMaxPooling2D(name="squeeze")(x))
+    x = layers.Multiply(name="excite")([x, layers.Reshape((1, 1, 24))(gate)])
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(5)(x)
+    model = keras.Model(inputs, outputs, name="inception_mini")
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=2e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def application(build, **options):
+    """A keras.applications model as a user starts from one: random weights, 32x32x3 images, 10 classes, trained with
+    SGD and momentum on integer labels."""
+    def make() -> keras.Model:
+        model = build(weights=None, input_shape=(32, 32, 3), classes=10, **options)
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+        return model
+    return make
+
+
 MODELS = {"small_convnet": small_convnet, "resnet_mini": resnet_mini, "mnist_mlp_dropout": mnist_mlp_dropout,
-          "tiny_transformer": tiny_transformer}
+          "tiny_transformer": tiny_transformer, "inception_mini": inception_mini}
+# keras.applications, written gzipped (hundreds of KiB of JSON each)
+APPLICATIONS = {"MobileNetV2": application(keras.applications.MobileNetV2),
+                "ResNet50": application(keras.applications.ResNet50),
+                "DenseNet121": application(keras.applications.DenseNet121),
+                "EfficientNetB0": application(keras.applications.EfficientNetB0),  # stochastic depth: refused
+                # EfficientNetB0 without its stochastic depth (drop_connect_rate, which only Keras's private
+                # EfficientNet takes)
+                "EfficientNetB0_no_drop_connect": application(
+                    efficientnet.EfficientNet, width_coefficient=1.0, depth_coefficient=1.0, default_size=224,
+                    dropout_rate=0.2, drop_connect_rate=0.0, name="efficientnetb0")}
 
 
 def main() -> None:
     counts = {}
-    for name, build in MODELS.items():
+    for name, build in {**MODELS, **APPLICATIONS}.items():
         model = build()
-        (HERE / f"{name}.json").write_text(json.dumps(json.loads(model.to_json()), indent=1) + "\n")
+        if name in APPLICATIONS:
+            with gzip.open(HERE / f"{name}.json.gz", "wt") as f:
+                f.write(model.to_json())
+        else:
+            (HERE / f"{name}.json").write_text(json.dumps(json.loads(model.to_json()), indent=1) + "\n")
         counts[name] = {"count_params": model.count_params(),
                         "trainable": sum(int(w.numpy().size) for w in model.trainable_weights),
                         "keras": keras.__version__}
