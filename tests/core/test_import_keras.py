@@ -19,6 +19,7 @@ from harness.cli import main
 from harness.model.graph import infer
 from harness.model.importers.keras import import_keras
 from harness.model.spec import MODELS_DIR, validate
+from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data" / "keras"
 PARAMS = json.loads((DATA / "params.json").read_text())
@@ -359,3 +360,15 @@ def test_the_importer_imports_no_framework():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "name: tiny_transformer" in done.stdout
+
+
+def test_the_coverage_table_in_the_docs_is_what_the_importer_gives():
+    """docs/import.md's table is benchmarks/import_coverage.py's output: its Keras rows, rerun here."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("import_coverage", ROOT / "benchmarks" / "import_coverage.py")
+    coverage = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(coverage)
+    doc = (ROOT / "docs" / "import.md").read_text()
+    stale = [row for row in coverage.keras_rows() if f"| {' | '.join(row)} |" not in doc]
+    assert not stale, f"docs/import.md's coverage table is stale (rerun benchmarks/import_coverage.py): {stale}"
