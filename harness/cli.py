@@ -176,7 +176,7 @@ def cmd_check(args) -> int:
         for layer in graph.layers:
             depth = layer.path.count(".") // 2
             print(f"  {('  ' * depth + layer.path):<{width}}{layer.type:<20}{str(list(layer.out_shape)):<18}"
-                  f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs")
+                  f"{layer.param_count:>10,} params {_fmt_int(layer.flops):>9} FLOPs{_wiring(layer)}")
         print(f"  total {graph.param_count:,} parameters, {_fmt_int(graph.forward_flops)} forward FLOPs/sample, "
               f"{_fmt_int(graph.train_step_flops(spec.batch_size))} FLOPs per training step (batch {spec.batch_size})")
         print(f"  optimizer {describe_optimizer(spec.optimizer, spec.steps)}")
@@ -189,6 +189,15 @@ def cmd_check(args) -> int:
         if in_memory:
             print(f"    and the dataset, kept in memory: {memory.fmt_mb(in_memory)}")
     return 0
+
+
+def _wiring(layer) -> str:
+    """Where a layer's inputs come from, where not from the layer before it: "  <- 3, 7" (the list's input: "in")."""
+    index = int(layer.path.rpartition(".")[2])
+    if layer.sources == (index - 1,):
+        return ""
+    head = layer.path.rpartition(".")[0]
+    return "  <- " + ", ".join("in" if s < 0 else f"{head}.{s}" if head else str(s) for s in layer.sources)
 
 
 def _check_native(path: str, spec) -> None:

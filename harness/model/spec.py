@@ -664,7 +664,8 @@ def validate(data: object, source: str) -> ModelSpec:
             guess = difflib.get_close_matches(str(err["loc"][-1]), _known_fields(), n=1)
             msg = "unknown key" + (f"; did you mean '{guess[0]}'?" if guess else "")
         elif err["type"] == "string_pattern_mismatch":
-            msg = "must be one line of printable characters"
+            msg = "a tensor name is letters, digits and _, not starting with a digit" \
+                if (err.get("ctx") or {}).get("pattern") == TENSOR_NAME else "must be one line of printable characters"
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
         more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""

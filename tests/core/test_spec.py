@@ -71,6 +71,19 @@ def test_pitfall_specs_are_valid(path):
     (lambda d: d["layers"].pop(0), "layers[0] (dense): expects a vector or a sequence, got an image [28, 28, 1]"),
     (lambda d: d["layers"][-1].update(units=7), "the network outputs [7] but sparse_categorical_crossentropy"),
     (lambda d: d["loss"].pop("from_logits"), "loss.from_logits: Field required"),
+    # named tensors: every place a name can be wrong
+    (lambda d: d["layers"].insert(2, {"type": "add", "inputs": ["x", "input"]}),
+     "layers[2] (add): no earlier layer of this list is named 'x'; named here: input"),
+    (lambda d: (d["layers"][1].update(name="h"), d["layers"][2].update(name="h")),
+     "layers[2] (relu): the name 'h' is given twice"),
+    (lambda d: d["layers"].insert(2, {"type": "multiply", "input": "h", "inputs": ["h", "h"]}),
+     "layers[2]: a merge takes `inputs` (a list of names), not `input`"),
+    (lambda d: (d["layers"][1].update(name="h"), d["layers"].insert(3, {"type": "concat", "inputs": ["h", "input"]})),
+     "layers[3] (concat): concat joins the last axis: the others must agree, got [512] and [28, 28, 1]"),
+    (lambda d: d["layers"][1].update(input="later", name="early"),
+     "layers[1] (dense): no earlier layer of this list is named 'later'"),
+    (lambda d: d["layers"][1].update(name="1st"),
+     "layers[1].name: a tensor name is letters, digits and _, not starting with a digit"),
 ])
 def test_malformed_spec_gives_one_line_naming_the_field(tmp_path, mutate, expected):
     data = yaml.safe_load(yaml.safe_dump(BASE))
@@ -142,3 +155,14 @@ def test_precisions():
     assert parse_loss_scale("dynamic:1024", parse_precision("fp32")).initial == 1024.0
     with pytest.raises(HarnessError, match="--loss-scale 'lots'"):
         parse_loss_scale("lots", parse_precision("amp_fp16"))
+
+
+def test_check_says_where_a_layer_s_inputs_come_from(capsys):
+    from harness.cli import main
+
+    assert main(["check", "tests/specs/pitfall_mobile_graph.yaml"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:] if line.startswith("  ")}
+    assert lines["25"].split()[1] == "concat" and lines["25"].endswith("<- 23, 17, 24")
+    assert lines["20"].endswith("<- 17") and lines["21"].endswith("FLOPs")  # a chain's layer says nothing
+    graph = infer(load_spec("tests/specs/pitfall_mobile_graph.yaml"))
+    assert graph.input_of("24") == "17" and graph.input_of("25") == "23" and graph.input_of("0") is None
