@@ -82,7 +82,8 @@ for fw in torch jax; do
 done
 python3 -m harness parity "$out/parity_optimizers"
 # the whole identity proof tox runs on CPUs (tests/identity.yaml: every built-in model and pitfall spec in fp64, fp32,
-# the mixed precisions, stochastic rounding and FP8), on the GPU in both, held to each other
+# the mixed precisions, stochastic rounding and FP8; pitfall_mobile_graph's named tensors, merges, depthwise, grouped
+# and dilated convolutions with cuDNN's kernels here), on the GPU in both, held to each other
 for fw in torch jax; do
   python3 -m harness fingerprint --framework $fw --device gpu --matrix tests/identity.yaml --no-progress \
     --out "$out/parity_identity"
