@@ -6,7 +6,8 @@ spec's seed and the layer, with the training step as the counter: any step's mas
 replaying the steps before it (a resumed run, a fingerprint, a diagnosis all see the same masks).
 
 A mask is float32 1 (keep) or 0 (drop) in the canonical layout of the layer's output ([N, H, W, C] for
-images, [N, F] for vectors, [N, T, D] for sequences), or for an attention layer's dropout of its probabilities
+images, [N, F] for vectors, [N, T, D] for sequences; a per-sample dropout's [N, 1, 1, 1], [N, 1]: adapters broadcast
+it), or for an attention layer's dropout of its probabilities
 [N, heads, T, T] (query position, then key position), keyed by the attention layer's path. Adapters apply it in training as ``x * mask / (1 - rate)`` and ignore dropout
 in inference. Masks are drawn and handed over with the batch (``Trainer.to_device``), outside the timed step.
 """
@@ -22,7 +23,7 @@ _STREAM = 0xD809  # keeps dropout keys apart from any other use of the spec's se
 def _dropped(info) -> tuple[float, tuple[int, ...]]:
     """(rate, mask shape per sample) of a layer; rate 0 for a layer that drops nothing."""
     if info.type == "dropout":
-        return info.spec.rate, info.out_shape
+        return info.spec.rate, (1,) * len(info.out_shape) if info.spec.per_sample else info.out_shape
     if info.type == "attention":
         length = info.in_shape[0]
         return info.spec.dropout, (info.spec.heads, length, length)

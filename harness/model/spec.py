@@ -24,7 +24,8 @@ The spec defines the math. Every adapter must reproduce it exactly:
   every gradient is multiplied by c / max(n, c) (no epsilon: PyTorch's clip_grad_norm_ divides by n + 1e-6,
   which fp64 parity would see) before the update;
 - dropout: x * mask / (1 - rate) in training, with the masks the core draws (harness.model.dropout);
-  identity in inference;
+  identity in inference; `per_sample`: one mask value per sample, kept or dropped whole (stochastic depth, as
+  EfficientNet's Dropout with noise_shape (None, 1, 1, 1) before a residual add);
 - conv2d `groups` g: input and output channels in g groups of C/g and F/g, group i's outputs from group i's inputs
   only, the kernel [k, k, C/g, F] (a depthwise convolution of multiplier m: groups C, filters C*m, output channel
   c*m + j from input channel c); `dilation` d: kernel taps d pixels apart, a window of (k-1)*d+1 pixels, 'same'
@@ -99,7 +100,7 @@ class _Strict(BaseModel):
 # ---- layers -------------------------------------------------------------------------------------------
 TENSOR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # fields a spec without them dumps (and hashes) without: what a spec written before they existed says
-OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1, "keepdims": False}
+OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1, "keepdims": False, "per_sample": False}
 
 
 class _Layer(_Strict):
@@ -196,6 +197,7 @@ class LayerNorm(_Layer):
 class Dropout(_Layer):
     type: Literal["dropout"]
     rate: float = Field(ge=0, lt=1)
+    per_sample: bool = False  # one draw per sample for its whole output (stochastic depth), not one per unit
 
 
 class Embedding(_Layer):

@@ -24,9 +24,8 @@ from tests.conftest import ROOT
 DATA = Path(__file__).parent / "data" / "keras"
 PARAMS = json.loads((DATA / "params.json").read_text())
 MODELS = ["small_convnet", "resnet_mini", "mnist_mlp_dropout", "tiny_transformer", "inception_mini"]
-# keras.applications at 32x32x3 and 10 classes, random weights (build_models.py); EfficientNetB0 without its
-# stochastic depth (the spec's dropout has no per-sample masks: EfficientNetB0 itself is refused below)
-APPLICATIONS = ["MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0_no_drop_connect"]
+# keras.applications at 32x32x3 and 10 classes, random weights (build_models.py)
+APPLICATIONS = ["MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0"]
 
 
 def config(name: str) -> dict:
@@ -84,7 +83,7 @@ def test_keras_applications_import_with_keras_parameter_count(tmp_path, capsys, 
 def test_branches_and_merges_become_named_tensors():
     """EfficientNet's squeeze-and-excite: a kept-dims pool (its Reshape to [1, 1, C]), two 1x1 convolutions and
     a Multiply of the block's tensor by the gate; DenseNet's concatenations of every earlier output in a block."""
-    effnet = import_keras_config("EfficientNetB0_no_drop_connect").spec["layers"]
+    effnet = import_keras_config("EfficientNetB0").spec["layers"]
     gates = [i for i, layer in enumerate(effnet) if layer["type"] == "multiply"]
     assert gates, [layer["type"] for layer in effnet]
     first = gates[0]
@@ -127,11 +126,13 @@ def import_keras_config(name: str):
         return import_keras(path)
 
 
-def test_stochastic_depth_is_refused_one_line_per_layer(tmp_path, capsys):
-    code, out, err = run_import(tmp_path, capsys, config("EfficientNetB0"))
-    lines = errors(err)
-    assert code == 2 and not out and len(lines) == 9, err
-    assert all("(Dropout): noise_shape [null, 1, 1, 1]: not in the spec's dropout" in line for line in lines), lines
+def test_stochastic_depth_is_per_sample_dropout():
+    """EfficientNet's Dropout(noise_shape=(None, 1, 1, 1)) before each residual add (drop_connect_rate 0.2, growing
+    with depth); its other Dropout, before the classifier, drops units."""
+    layers = import_keras_config("EfficientNetB0").spec["layers"]
+    dropouts = [layer for layer in layers if layer["type"] == "dropout"]
+    assert len(dropouts) == 10 and all(d.get("per_sample") for d in dropouts[:9]) and "per_sample" not in dropouts[9]
+    assert [round(d["rate"], 4) for d in dropouts[:2]] == [0.025, 0.05]
 
 
 def test_the_seed_model_imports_as_small_convnet():

@@ -71,6 +71,8 @@ def features(spec) -> set[str]:
             found.add(f"{info.type} {layer.padding}")
         if info.type == "dropout" and layer.rate > 0:
             found.add(f"dropout with {spec.optimizer.type}")
+            if layer.per_sample:
+                found.add("dropout per sample")
         if info.type == "conv2d":
             if layer.groups > 1:
                 found.add("conv2d depthwise" if layer.groups == info.in_shape[-1] == layer.filters else "conv2d grouped")
@@ -112,7 +114,7 @@ REQUIRED = {
     "residual with projection", "nested residual",
     "conv2d same", "conv2d valid", "conv2d depthwise", "conv2d grouped", "conv2d dilated", "conv2d same, even kernel",
     "zero_pad2d asymmetric", "multiply broadcasting", "multiply broadcasting across ranks", "global pool keepdims",
-    "rescaling per channel", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
+    "rescaling per channel", "dropout per sample", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
     "dropout with adam",
     "sparse_categorical_crossentropy from_logits=True", "sparse_categorical_crossentropy from_logits=False",
     "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",

@@ -162,7 +162,7 @@ def test_check_says_where_a_layer_s_inputs_come_from(capsys):
 
     assert main(["check", "tests/specs/pitfall_mobile_graph.yaml"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:] if line.startswith("  ")}
-    assert lines["25"].split()[1] == "concat" and lines["25"].endswith("<- 23, 17, 24")
-    assert lines["20"].endswith("<- 17") and lines["21"].endswith("FLOPs")  # a chain's layer says nothing
+    assert lines["26"].split()[1] == "concat" and lines["26"].endswith("<- 24, 18, 25")
+    assert lines["21"].endswith("<- 18") and lines["22"].endswith("FLOPs")  # a chain's layer says nothing
     graph = infer(load_spec("tests/specs/pitfall_mobile_graph.yaml"))
-    assert graph.input_of("24") == "17" and graph.input_of("25") == "23" and graph.input_of("0") is None
+    assert graph.input_of("25") == "18" and graph.input_of("26") == "24" and graph.input_of("0") is None

@@ -125,7 +125,9 @@ LAYERS: dict[str, Rule] = {
     "LayerNormalization": Rule("layernorm", {"epsilon": _copy("epsilon")},
                                {**NORM, "axis": LAST_AXIS, "rms_scaling": (False,)}, read=("epsilon",)),
     "RMSNormalization": Rule("rmsnorm", {"epsilon": _copy("epsilon")}, {"axis": LAST_AXIS}, read=("epsilon",)),
-    "Dropout": Rule("dropout", {"rate": _copy("rate")}, {"noise_shape": (None,)}, read=("rate",)),
+    # noise_shape (None, 1, ...): one draw per sample (EfficientNet's stochastic depth), the spec's per_sample
+    "Dropout": Rule("dropout", {"rate": _copy("rate"), "per_sample": lambda c: bool(c.get("noise_shape"))},
+                    {"noise_shape": (None, *([None] + [1] * n for n in (1, 2, 3)))}, read=("rate",)),
     "Embedding": Rule("embedding", {"dim": _copy("output_dim")}, {"mask_zero": (False,)},
                       read=("input_dim", "output_dim", "input_length")),
     "MultiHeadAttention": Rule("attention", {"heads": _copy("num_heads"), "dropout": _copy("dropout"),

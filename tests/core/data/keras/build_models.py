@@ -17,7 +17,6 @@ from pathlib import Path
 
 import keras
 from keras import layers
-from keras.src.applications import efficientnet
 
 HERE = Path(__file__).resolve().parent
 
@@ -133,12 +132,7 @@ MODELS = {"small_convnet": small_convnet, "resnet_mini": resnet_mini, "mnist_mlp
 APPLICATIONS = {"MobileNetV2": application(keras.applications.MobileNetV2),
                 "ResNet50": application(keras.applications.ResNet50),
                 "DenseNet121": application(keras.applications.DenseNet121),
-                "EfficientNetB0": application(keras.applications.EfficientNetB0),  # stochastic depth: refused
-                # EfficientNetB0 without its stochastic depth (drop_connect_rate, which only Keras's private
-                # EfficientNet takes)
-                "EfficientNetB0_no_drop_connect": application(
-                    efficientnet.EfficientNet, width_coefficient=1.0, depth_coefficient=1.0, default_size=224,
-                    dropout_rate=0.2, drop_connect_rate=0.0, name="efficientnetb0")}
+                "EfficientNetB0": application(keras.applications.EfficientNetB0)}
 
 
 def main() -> None:
