@@ -502,11 +502,17 @@ class KerasImporter:
         current = start  # the node whose output the last layer so far gives
         for node in (nodes[name] for name in nodes if name in needed):
             sources = [alias.get(name, name) for name in node.inputs]
+            early = [name for name in sources if name not in last and name != start]
+            if early:
+                self.problem(node.where, f"takes '{clip(early[0], 40)}', which the configuration lists after it: "
+                             f"not a model Keras wrote")
+                continue
             if node.cls in MERGES:
                 layers = self.merge(node)
-                if layers:
-                    layers[0]["inputs"] = sources
-                    wanted.update(sources)
+                if not layers:
+                    continue
+                layers[0]["inputs"] = sources
+                wanted.update(sources)
             elif len(set(sources)) != 1 and node.cls != "MultiHeadAttention":
                 self.problem(node.where, f"takes {len(set(sources))} tensors: only {', '.join(MERGES)} join "
                              f"branches in the spec")
