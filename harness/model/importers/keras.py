@@ -500,34 +500,39 @@ class KerasImporter:
         alias: dict[str, str] = {start: start}  # node -> the node whose output it is (a layer that maps to none)
         wanted: set[str] = set()  # nodes whose output a later layer takes by name
         current = start  # the node whose output the last layer so far gives
+        failed: set[str] = set()  # nodes not written (their problem said), and those that take their output
         for node in (nodes[name] for name in nodes if name in needed):
             sources = [alias.get(name, name) for name in node.inputs]
+            if failed & set(sources):
+                failed.add(node.name)
+                continue
             early = [name for name in sources if name not in last and name != start]
+            layers, problems = [], len(self.problems)
             if early:
                 self.problem(node.where, f"takes '{clip(early[0], 40)}', which the configuration lists after it: "
                              f"not a model Keras wrote")
-                continue
-            if node.cls in MERGES:
+            elif node.cls in MERGES:
                 layers = self.merge(node)
-                if not layers:
-                    continue
-                layers[0]["inputs"] = sources
-                wanted.update(sources)
+                if layers:
+                    layers[0]["inputs"] = sources
+                    wanted.update(sources)
             elif len(set(sources)) != 1 and node.cls != "MultiHeadAttention":
                 self.problem(node.where, f"takes {len(set(sources))} tensors: only {', '.join(MERGES)} join "
                              f"branches in the spec")
-                continue
             elif node.cls == "Reshape" and self.to_image(node, out, last, users, sources[0]):
                 alias[node.name] = sources[0]
                 continue
             else:
                 layers = self.convert(node, sources[0] == start)
-                if not layers:
+                if not layers and len(self.problems) == problems:  # a layer that computes nothing (linear)
                     alias[node.name] = sources[0]
                     continue
-                if sources[0] != current:
+                if layers and sources[0] != current:
                     layers[0]["input"] = sources[0]
                     wanted.add(sources[0])
+            if not layers:  # its problem is said
+                failed.add(node.name)
+                continue
             out += layers
             last[node.name] = len(out) - 1
             current = node.name
