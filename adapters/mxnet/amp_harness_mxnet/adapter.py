@@ -120,7 +120,7 @@ class MXNetTrainer(Trainer):
 
         self.dtype = precision.param_dtype
         self.label_dtype = "float64" if self.dtype == "float64" else "float32"  # the loss's dtype
-        self.net = Network(spec, graph, self.dtype)
+        self.net = Network(spec, graph, self.dtype, precision.compute_dtype if precision.mixed else None)
         self.net.initialize(ctx=self.ctx)
         self.net.load(weights, self.ctx)
         self.block = TrainingLoss(self.net, spec.loss, cast_outputs=precision.compute_dtype in ("float16", "bfloat16"))

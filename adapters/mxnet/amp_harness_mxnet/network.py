@@ -15,6 +15,12 @@ the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel run
   (FP16_FP32_FUNCS): float32.
 - amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
   FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
+- merges (typed in pitfall_mobile_graph's graph): an add or multiply of inputs of one shape is `+` or `*`, as the
+  residual block's sum (elemwise_add, elemwise_mul: WIDEST_TYPE_CASTS in both lists), a broadcasting one
+  broadcast_add (WIDEST) or broadcast_mul (WIDEST; FP32_FUNCS under amp_bf16, so a gate's product is float32 there);
+  concat is WIDEST under amp_fp16, and under amp_bf16 the adapter casts its inputs to their widest (concat's builder).
+  The imperative variant's `*` is NDArray's broadcast_mul: under amp_bf16 its products of one shape (a multiply's,
+  silu's, dropout's) are float32 where the graph's elemwise_mul keeps bfloat16.
 
 In the hybridized graph every node is named after the scopes it was built in ("layer.3/layer.3.layers.0/
 convolution0", "part.loss/log_softmax0"; harness.adapter.layer_scope), which a profile reads back (profile.py).
@@ -23,7 +29,9 @@ Operators run imperatively are not named.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import operator
 from dataclasses import dataclass, replace
 
 import mxnet as mx
@@ -33,8 +41,8 @@ from mxnet import gluon
 from amp_harness_mxnet.optimizers import loss_ops
 from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import Graph, avgpool_divisors, window_padding
-from harness.model.layers import LayerBuilders
+from harness.model.graph import Graph, Padding, avgpool_divisors, effective_kernel, window_padding
+from harness.model.layers import LayerBuilders, aligned_shape, run_list
 from harness.model.training import loss_with
 from harness.model.weights import to_channels_first
 from harness.numerics import AttentionMask
@@ -82,7 +90,8 @@ class Run:
         return self.params[_key(f"{path}.{name}")]
 
 
-LAYERS = LayerBuilders("mxnet")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
+# each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output (a merge's x: its inputs, a list)
+LAYERS = LayerBuilders("mxnet")
 
 
 def _fully_connected(x, run: Run, path: str, prefix: str, units: int, use_bias: bool):
@@ -99,16 +108,25 @@ def dense(info, net):
 
 @LAYERS.builder("conv2d")
 def conv2d(info, net):
+    # grouped: MXNet's weight [F, C/g, k, k] is the canonical [k, k, C/g, F] channels first (to_channels_first), its
+    # output channel o group o // (F/g), as the spec's
     spec = info.spec
-    k, s = spec.kernel_size, spec.strides
-    padding = window_padding(info.in_shape, k, s, spec.padding)
+    k, s, d = spec.kernel_size, spec.strides, spec.dilation
+    padding = window_padding(info.in_shape, effective_kernel(spec), s, spec.padding)
 
     def apply(x, run):
         F, bias = run.F, run.weight(info.path, "bias") if spec.use_bias else None
         return F.Convolution(_pad(F, x, padding), run.weight(info.path, "kernel"), bias, kernel=(k, k), stride=(s, s),
-                             pad=padding.symmetric, num_filter=spec.filters, no_bias=not spec.use_bias)
+                             dilate=(d, d), pad=padding.symmetric, num_filter=spec.filters, num_group=spec.groups,
+                             no_bias=not spec.use_bias)
 
     return apply
+
+
+@LAYERS.builder("zero_pad2d")
+def zero_pad2d(info, net):
+    padding = Padding((0, 0), info.spec.pads)
+    return lambda x, run: _pad(run.F, x, padding)
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -137,6 +155,14 @@ def global_avgpool2d(info, net):
     return lambda x, run: run.F.mean(x, axis=(2, 3))
 
 
+@LAYERS.builder("global_maxpool2d")
+def global_maxpool2d(info, net):
+    # Gluon's GlobalMaxPool2D: a tie's gradient goes to one pixel, as max pooling's (the max operator's goes, whole,
+    # to every tied pixel)
+    return lambda x, run: run.F.reshape(run.F.Pooling(x, global_pool=True, kernel=(1, 1), pool_type="max"),
+                                        shape=(0, 0))
+
+
 @LAYERS.builder("flatten")
 def flatten(info, net):
     if len(info.in_shape) == 3 and info.in_shape[2] > 1:  # H, W, C order; with one channel NCHW already is
@@ -147,6 +173,21 @@ def flatten(info, net):
 @LAYERS.builder("relu", "tanh", "sigmoid")
 def activation(info, net):  # the Activation operator has oneDNN kernels; F.relu is ~3x slower
     return lambda x, run: run.F.Activation(x, act_type=info.type)
+
+
+@LAYERS.builder("relu6")
+def relu6(info, net):  # as Gluon's model zoo writes it (MobileNetV2's RELU6)
+    return lambda x, run: run.F.clip(x, 0, 6)
+
+
+@LAYERS.builder("silu")
+def silu(info, net):  # Gluon's Swish (beta 1) on the Activation operator's sigmoid
+    return lambda x, run: x * run.F.Activation(x, act_type="sigmoid")
+
+
+@LAYERS.builder("hard_swish")
+def hard_swish(info, net):  # hard_sigmoid's slope 1/6 is a float32 attribute: the spec's relu6(x + 3) / 6 instead
+    return lambda x, run: x * run.F.clip(x + 3, 0, 6) / 6
 
 
 @LAYERS.builder("softmax")
@@ -330,6 +371,50 @@ def residual(info, net):
     return apply
 
 
+def _aligned(F, x, shape: tuple[int, ...], rank: int):
+    """A merge's input of canonical per-sample `shape` laid out to broadcast against its output of `rank` axes
+    (aligned_shape): ones before it, and against an image, its last axis moved first as NCHW's channels."""
+    if len(shape) == rank:  # an image is NCHW already; vectors and sequences are canonical
+        return x
+    aligned = aligned_shape(shape, rank)
+    if rank < 3:
+        return F.reshape(x, shape=(0, *aligned))
+    if aligned[:2] == (1, 1):  # a [C] gate: [C, 1, 1], its elements in the same order, no transpose
+        return F.reshape(x, shape=(0, aligned[2], 1, 1))
+    return F.transpose(F.reshape(x, shape=(0, *aligned)), axes=(0, 3, 1, 2))
+
+
+@LAYERS.builder("add", "multiply")
+def elementwise(info, net):
+    # Inputs of one shape: `+` and `*`, as the residual block's sum, a graph's elemwise_add and elemwise_mul; others:
+    # the broadcasting operators, as a Gluon user writes a squeeze-and-excite gate. No casts: under AMP each gives
+    # the dtype its list says for its inputs (the module docstring).
+    rank, add, same = len(info.out_shape), info.type == "add", len(set(info.in_shapes)) == 1
+
+    def apply(values, run):
+        F = run.F
+        combine = (operator.add if add else operator.mul) if same else F.broadcast_add if add else F.broadcast_mul
+        return functools.reduce(combine, (_aligned(F, value, shape, rank)
+                                          for value, shape in zip(values, info.in_shapes)))
+
+    return apply
+
+
+@LAYERS.builder("concat")
+def concat(info, net):
+    axis = _feature(info.out_shape)[0]  # the canonical last axis: an image's channels, NCHW's axis 1
+    # AMP's float16 lists cast Concat's inputs to their widest dtype (WIDEST_TYPE_CASTS), as the sums'; its bfloat16
+    # lists leave it uncast (BF16_FP32_FUNCS), and Concat refuses a bfloat16 input beside a float32 one ("Non-uniform
+    # data type in Concat"): there the same cast, amp_multicast, is written out
+    widest = net.amp == "bfloat16"
+
+    def apply(values, run):
+        F = run.F
+        return F.concat(*(F.amp_multicast(*values, num_outputs=len(values)) if widest else values), dim=axis)
+
+    return apply
+
+
 class Network(gluon.HybridBlock):
     """Called as net(x, *masks): the dropout masks (dropout layers' and attention dropout's) in `masked`
     order, each already divided by its 1 - rate (MXNetTrainer.to_device), so that inference can pass ones and get
@@ -338,9 +423,10 @@ class Network(gluon.HybridBlock):
     Returns the outputs; in a float64 run with batchnorm, (outputs, mean, inv_std, mean, inv_std, ...) with
     each batchnorm's batch statistics in `batchnorm_paths` order (MXNetTrainer updates the running ones)."""
 
-    def __init__(self, spec, graph: Graph, dtype: str):
+    def __init__(self, spec, graph: Graph, dtype: str, amp: str | None = None):
         super().__init__(prefix="spec_")
         self.spec, self.dtype, self.float64 = spec, dtype, dtype == "float64"
+        self.amp = amp  # AMP's 16-bit dtype; None without AMP
         self.infos = {info.path: info for info in graph.layers}
         self.batchnorm_paths = [info.path for info in graph.layers if info.type == "batchnorm"]
         self.masked = DropoutMasks(graph, spec.seed).layers  # (path, rate, shape) of each mask
@@ -369,9 +455,10 @@ class Network(gluon.HybridBlock):
         for name, param in self.handles.items():
             param.set_data(mx.nd.array(to_channels_first(weights[name], name), ctx=ctx, dtype=param.dtype))
 
-    def build(self, specs, prefix: str) -> list[tuple[str, object]]:
-        """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
-        return [(f"{prefix}{index}", LAYERS.build(self.infos[f"{prefix}{index}"], self)) for index in range(len(specs))]
+    def build(self, specs, prefix: str) -> list[tuple[object, object]]:
+        """(LayerInfo, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
+        infos = [self.infos[f"{prefix}{index}"] for index in range(len(specs))]
+        return [(info, LAYERS.build(info, self)) for info in infos]
 
     def hybrid_forward(self, F, x, *masks, **params):
         stats = []  # float64 runs: each batchnorm's batch (mean, 1/sqrt(var + eps)), in batchnorm_paths order
@@ -386,15 +473,17 @@ class Network(gluon.HybridBlock):
 
     @staticmethod
     def run(layers, x, run: Run):
-        """The layers applied to x, each in its scope (a residual block's inner layers in the block's too)."""
+        """The layers applied to x as the spec wires them (run_list), each in its scope (a residual block's inner
+        layers in the block's too); the probe's value is what the layers reading the output get."""
         outer = run.scope
-        for path, layer in layers:
-            scope = f"{outer}{layer_scope(path)}"
+
+        def call(info, layer, value):
+            scope = f"{outer}{layer_scope(info.path)}"
             with _scope(run.F, scope):
-                x = layer(x, replace(run, scope=scope))
-            if run.probe is not None:
-                x = run.probe(path, x)
-        return x
+                out = layer(value, replace(run, scope=scope))
+            return out if run.probe is None else run.probe(info.path, out)
+
+        return run_list(layers, x, call)
 
 
 class TrainingLoss(gluon.HybridBlock):
