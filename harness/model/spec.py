@@ -34,8 +34,9 @@ The spec defines the math. Every adapter must reproduce it exactly:
   [top, bottom, left, right]);
 - relu6: min(max(x, 0), 6); silu (Keras' swish): x * sigmoid(x); hard_swish: x * relu6(x + 3) / 6;
   global_maxpool2d: the maximum over H and W; `keepdims`: a global pool's [C] as a [1, 1, C] image;
-- rescaling: x * scale + offset, each one number or one per channel (feature), computed in the compute dtype
-  (Keras' Rescaling; a Normalization layer is the rescaling 1/sqrt(variance), -mean/sqrt(variance));
+- rescaling: x * scale + offset, each one number or one per channel (feature), in whatever dtype the framework's
+  own product gives under mixed precision (Keras' Rescaling computes in the compute dtype; a Keras Normalization
+  layer is the rescaling 1/sqrt(variance), -mean/sqrt(variance));
 - named tensors: a layer's `name` labels its output; a later layer of the same list takes it with `input: NAME`
   (default: the previous layer's output; the list's input is named `input`), a merge with `inputs: [A, B, ...]`:
   add and multiply elementwise with broadcasting (shapes aligned at their last axes, as numpy does without the

@@ -151,16 +151,39 @@ def pool2d(info, net):
 
 
 @LAYERS.builder("global_avgpool2d")
-def global_avgpool2d(info, net):
-    return lambda x, run: run.F.mean(x, axis=(2, 3))
+def global_avgpool2d(info, net):  # keepdims: [N, C, 1, 1], the canonical [1, 1, C] channels first
+    return lambda x, run: run.F.mean(x, axis=(2, 3), keepdims=info.spec.keepdims)
 
 
 @LAYERS.builder("global_maxpool2d")
 def global_maxpool2d(info, net):
     # Gluon's GlobalMaxPool2D: a tie's gradient goes to one pixel, as max pooling's (the max operator's goes, whole,
     # to every tied pixel)
-    return lambda x, run: run.F.reshape(run.F.Pooling(x, global_pool=True, kernel=(1, 1), pool_type="max"),
-                                        shape=(0, 0))
+    def apply(x, run):
+        pooled = run.F.Pooling(x, global_pool=True, kernel=(1, 1), pool_type="max")
+        return pooled if info.spec.keepdims else run.F.reshape(pooled, shape=(0, 0))
+
+    return apply
+
+
+@LAYERS.builder("rescaling")
+def rescaling(info, net):
+    """x * scale + offset; a per-channel list as a constant laid out as the input's channels (C, 1, 1 on NCHW)."""
+    image = len(info.in_shape) == 3
+    factors = {}
+    for what in ("scale", "offset"):
+        value = getattr(info.spec, what)
+        if isinstance(value, list):
+            net.constant(info.path, what, np.asarray(value).reshape((-1, 1, 1) if image else (-1,)))
+        factors[what] = value
+
+    def apply(x, run):
+        F = run.F
+        scale, offset = factors["scale"], factors["offset"]
+        x = F.broadcast_mul(x, run.weight(info.path, "scale")) if isinstance(scale, list) else x * scale
+        return F.broadcast_add(x, run.weight(info.path, "offset")) if isinstance(offset, list) else x + offset
+
+    return apply
 
 
 @LAYERS.builder("flatten")
@@ -253,6 +276,8 @@ def layernorm(info, net):
 
 @LAYERS.builder("dropout")
 def dropout(info, net):  # the core's mask, pre-divided by 1 - rate; ones in inference
+    if info.spec.per_sample:  # [N, 1, 1, 1]: one value per sample
+        return lambda x, run: run.F.broadcast_mul(x, run.masks[info.path]) if info.path in run.masks else x
     return lambda x, run: x * run.masks[info.path] if info.path in run.masks else x
 
 
