@@ -5,6 +5,12 @@ NHWC first so that it flattens in the spec's H, W, C order and the canonical den
 Sequences are [N, T, D], the canonical layout (dense, the norms and softmax act on the last axis); token ids
 come in as int64 and go to F.embedding as they are.
 
+Each list of layers (the network's, a residual block's, its projection's) is a Chain: an nn.Sequential that runs
+named tensors as the spec wires them (harness.model.layers.run_list). A merge's inputs of a lower rank than its
+output (a [C] gate against an image) are aligned as numpy aligns them (aligned_shape), then laid out as torch's
+activations are (channels first). A grouped or depthwise conv2d's canonical kernel [k, k, C/groups, F] becomes
+torch's grouped layout [F, C/groups, k, k] by the same transpose as any conv kernel (to_channels_first).
+
 Under autocast on CPU (dtypes printed, torch 2.13): the projections and q k^T run in the autocast dtype;
 torch.softmax, F.layer_norm and F.rms_norm keep their input's dtype (CPU autocast casts none of them to float32),
 so a norm after a 16-bit dense gives 16 bits and a norm on the residual stream float32 (a 16-bit branch plus the
@@ -19,7 +25,9 @@ torch._scaled_mm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import operator
 
 import numpy as np
 import torch
@@ -30,8 +38,8 @@ from torch import nn
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with, scale_with
-from harness.model.graph import Graph, LayerInfo, avgpool_divisors, window_padding
-from harness.model.layers import LayerBuilders
+from harness.model.graph import Graph, LayerInfo, avgpool_divisors, effective_kernel, window_padding
+from harness.model.layers import LayerBuilders, aligned_shape, run_list
 from harness.model.weights import from_channels_first, to_channels_first
 from harness.numerics import AttentionMask
 
@@ -176,8 +184,9 @@ class Dense(Layer):
 
 @LAYERS.builder("conv2d", "patches")
 class Conv2D(Layer):
-    """conv2d; patches is a conv2d of kernel and stride P whose [N, D, H/P, W/P] output is read as H/P * W/P
-    patches in row-major order."""
+    """conv2d (torch's grouped and dilated convolution: its kernel [F, C/groups, k, k], output channel o from group
+    o // (F/groups), is the spec's); patches is a conv2d of kernel and stride P whose [N, D, H/P, W/P] output is read
+    as H/P * W/P patches in row-major order."""
 
     PRODUCTS = ("product",)
 
@@ -185,21 +194,32 @@ class Conv2D(Layer):
         super().__init__(info, net)
         spec = info.spec
         self.patches = info.type == "patches"
-        kernel, self.stride, padding = (spec.size, spec.size, "valid") if self.patches else \
-            (spec.kernel_size, spec.strides, spec.padding)
-        self.padding = window_padding(info.in_shape, kernel, self.stride, padding)
+        window, self.stride, padding, self.dilation, self.groups = (spec.size, spec.size, "valid", 1, 1) \
+            if self.patches else (effective_kernel(spec), spec.strides, spec.padding, spec.dilation, spec.groups)
+        self.padding = window_padding(info.in_shape, window, self.stride, padding)  # 'same' on the dilated window
 
     def forward(self, x):
         if self.padding.explicit:
-            x = F.pad(x, _pad_arg(self.padding))
-        y = matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric), x,
-                         self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
+            x = F.pad(x, _pad_arg(self.padding.explicit))
+        y = matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric, self.dilation,
+                                                        self.groups),
+                         x, self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
         return y.flatten(2).transpose(1, 2) if self.patches else y
 
 
-def _pad_arg(padding) -> tuple[int, int, int, int]:
-    top, bottom, left, right = padding.explicit
+def _pad_arg(pads) -> tuple[int, int, int, int]:
+    top, bottom, left, right = pads
     return left, right, top, bottom  # F.pad: last axis (W) first
+
+
+@LAYERS.builder("zero_pad2d")
+class ZeroPad2D(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.pads = _pad_arg(info.spec.pads)
+
+    def forward(self, x):
+        return F.pad(x, self.pads)
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -216,18 +236,22 @@ class Pool2D(Layer):
     def forward(self, x):
         if self.kind == "maxpool2d":
             if self.padding.explicit:
-                x = F.pad(x, _pad_arg(self.padding), value=float("-inf"))
+                x = F.pad(x, _pad_arg(self.padding.explicit), value=float("-inf"))
             return F.max_pool2d(x, self.k, self.s, self.padding.symmetric)
         if self.padding.explicit:
-            sums = F.avg_pool2d(F.pad(x, _pad_arg(self.padding)), self.k, self.s, divisor_override=1)
+            sums = F.avg_pool2d(F.pad(x, _pad_arg(self.padding.explicit)), self.k, self.s, divisor_override=1)
             return sums / self.divisors.to(sums.dtype)
         return F.avg_pool2d(x, self.k, self.s, self.padding.symmetric, count_include_pad=False)
 
 
-@LAYERS.builder("global_avgpool2d")
-class GlobalAvgPool2D(Layer):
+@LAYERS.builder("global_avgpool2d", "global_maxpool2d")
+class GlobalPool2D(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.max = info.type == "global_maxpool2d"
+
     def forward(self, x):
-        return x.mean(dim=(2, 3))
+        return x.amax(dim=(2, 3)) if self.max else x.mean(dim=(2, 3))
 
 
 @LAYERS.builder("flatten")
@@ -236,10 +260,11 @@ class Flatten(Layer):
         return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
 
 
-ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+ACTIVATIONS = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hard_swish": F.hardswish, "tanh": torch.tanh,
+               "sigmoid": torch.sigmoid}
 
 
-@LAYERS.builder("relu", "gelu", "tanh", "sigmoid", "softmax")
+@LAYERS.builder("relu", "relu6", "silu", "hard_swish", "gelu", "tanh", "sigmoid", "softmax")
 class Activation(Layer):
     def __init__(self, info, net):
         super().__init__(info, net)
@@ -398,6 +423,52 @@ class Residual(Layer):
         return self.main(x) + self.projection(x)
 
 
+@LAYERS.builder("add", "multiply", "concat")
+class Merge(Layer):
+    """A merge of named tensors (its input: their list, in the order named): add and multiply broadcast as numpy
+    does per sample, concat joins the channel axis (NCHW's dim 1) or a vector's or sequence's last. Its dtype is
+    what torch's own +, * and cat give its inputs, as a residual block's sum is: a 16-bit and a float32 input give
+    float32 (torch's type promotion; autocast casts none of the three down, and promotes cat's inputs to the
+    widest)."""
+
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        rank = len(info.out_shape)
+        self.image, self.concat = rank == 3, info.type == "concat"
+        self.combine = operator.add if info.type == "add" else operator.mul
+        # an input of a lower rank than the output is a vector or a sequence, in the canonical layout (torch's):
+        # its per-sample shape with leading ones, as numpy aligns it (None: the input has the output's rank)
+        self.aligned = [aligned_shape(shape, rank) if len(shape) < rank else None for shape in info.in_shapes]
+
+    def forward(self, xs):
+        if self.concat:
+            return torch.cat(xs, dim=1 if self.image else -1)
+        return functools.reduce(self.combine, (x if shape is None else self._aligned(x, shape)
+                                               for x, shape in zip(xs, self.aligned)))
+
+    def _aligned(self, x, shape):
+        x = x.reshape(x.shape[0], *shape)
+        return x.permute(0, 3, 1, 2) if self.image else x  # aligned as an NHWC image, then laid out as torch's
+
+
+class Chain(nn.Sequential):
+    """A list of layers, run as the spec wires them (harness.model.layers.run_list). A list without named tensors
+    runs as nn.Sequential does: run_list would hold every layer's output until the list ends, which no chain did."""
+
+    def __init__(self, layers: list[Layer]):
+        super().__init__(*layers)
+        self.wired = any(layer.info.sources != (index - 1,) for index, layer in enumerate(layers))
+
+    def forward(self, x):
+        if not self.wired:
+            return super().forward(x)
+        return run_list([(layer.info, layer) for layer in self], x, _call)
+
+
+def _call(info, layer, value):
+    return layer(value)
+
+
 class Network(nn.Module):
     def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray], fp8=None):
         super().__init__()
@@ -418,9 +489,9 @@ class Network(nn.Module):
             self.fp8_matmuls = NATIVE_FP8 + (f"; {' and '.join(convolutions)} emulated (torch has no FP8 "
                                              f"convolution)" if convolutions else "")
 
-    def build(self, specs, prefix: str) -> nn.Sequential:
+    def build(self, specs, prefix: str) -> Chain:
         """The modules of `specs`, the layers at `prefix`0, `prefix`1..."""
-        return nn.Sequential(*(LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs))))
+        return Chain([LAYERS.build(self.infos[f"{prefix}{index}"], self) for index in range(len(specs))])
 
     def forward(self, x, masks=None):
         for path, layer in self._masked.items():
