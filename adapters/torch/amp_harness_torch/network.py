@@ -248,10 +248,27 @@ class Pool2D(Layer):
 class GlobalPool2D(Layer):
     def __init__(self, info, net):
         super().__init__(info, net)
-        self.max = info.type == "global_maxpool2d"
+        self.max, self.keepdims = info.type == "global_maxpool2d", info.spec.keepdims  # keepdims: [N, C, 1, 1]
 
     def forward(self, x):
-        return x.amax(dim=(2, 3)) if self.max else x.mean(dim=(2, 3))
+        return x.amax(dim=(2, 3), keepdim=self.keepdims) if self.max else x.mean(dim=(2, 3), keepdim=self.keepdims)
+
+
+@LAYERS.builder("rescaling")
+class Rescaling(Layer):
+    """x * scale + offset, per channel (NCHW's dim 1) or feature (the last axis), in the input's dtype (autocast
+    casts no elementwise op: a float32 input stays float32, where Keras' Rescaling computes in the compute dtype)."""
+
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        shape = (-1, 1, 1) if len(info.in_shape) == 3 else (-1,)
+        for name in ("scale", "offset"):  # constants, not weights: buffers, so that .to() gives them the dtype
+            value = getattr(info.spec, name)
+            self.register_buffer(name, torch.tensor(value if isinstance(value, list) else [value],
+                                                    dtype=torch.float64).view(shape), persistent=False)
+
+    def forward(self, x):
+        return x * self.scale.to(x.dtype) + self.offset.to(x.dtype)
 
 
 @LAYERS.builder("flatten")
