@@ -5,7 +5,8 @@ weights load without conversion. Mixed precision is written the way Flax modules
 `param_dtype`): dense, conv, patches and attention layers cast their input and their float32 weights to the
 compute dtype, embeddings the rows they take; normalisation layers (batchnorm, layernorm, rmsnorm) compute in
 the weights' dtype (the usual advice for normalisation in JAX mixed precision); every other layer computes in
-the dtype it receives.
+the dtype it receives, and a merge (add, multiply, concat) of a 16-bit and a float32 tensor gives what jnp's own
+type promotion gives for them (float32), as a residual block's sum does.
 
 Attention is written out as Flax's dot_product_attention computes it, in the spec's order, its softmax in the
 compute dtype (Flax's default, force_fp32_for_softmax=False; jnp.sum accumulates its sum in float32). The fused
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +28,8 @@ from amp_harness_jax.rounding import OPS
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
-from harness.model.graph import Graph, avgpool_divisors, same_padding
-from harness.model.layers import LayerBuilders
+from harness.model.graph import Graph, avgpool_divisors, effective_kernel, same_padding
+from harness.model.layers import LayerBuilders, aligned_shape, run_list
 from harness.numerics import AttentionMask
 
 
@@ -98,10 +99,13 @@ def product(net, multiply, x, run, site: str, kernel: str, bias: str | None = No
     return out if bias is None else add_bias(out, run.params[bias].astype(net.compute))
 
 
-def convolution(strides, pads):
-    """lax's convolution of NHWC inputs and HWIO kernels with these strides and (low, high) pads, for product."""
-    return partial(lax.conv_general_dilated, window_strides=strides, padding=pads,
-                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+def convolution(strides, pads, groups: int = 1, dilation: int = 1):
+    """lax's convolution of NHWC inputs and HWIO kernels with these strides and (low, high) pads, in `groups`
+    groups, its kernel's taps `dilation` pixels apart, for product. A grouped kernel is the spec's [k, k, C/g, F]
+    as it is: lax's feature groups take output channels i*F/g .. (i+1)*F/g - 1 from group i's inputs, as the
+    spec's groups do (a depthwise kernel of multiplier m: output channel c*m + j from input channel c)."""
+    return partial(lax.conv_general_dilated, window_strides=strides, padding=pads, rhs_dilation=(dilation, dilation),
+                   feature_group_count=groups, dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def fp8_key(site: str, role: str) -> str:
@@ -129,9 +133,17 @@ def dense_or_conv2d(info, net):
     spec, path = info.spec, info.path
     bias = f"{path}.bias" if spec.use_bias else None
     net.products.append(path)
+    # a dilated kernel's 'same' padding is that of its window, (k-1)*d+1 pixels
     multiply = jnp.matmul if info.type == "dense" else convolution(
-        (spec.strides, spec.strides), _pads(info, spec.kernel_size, spec.strides, spec.padding))
+        (spec.strides, spec.strides), _pads(info, effective_kernel(spec), spec.strides, spec.padding), spec.groups,
+        spec.dilation)
     return lambda x, run: product(net, multiply, x, run, path, f"{path}.kernel", bias)
+
+
+@LAYERS.builder("zero_pad2d")
+def zero_pad2d(info, net):
+    top, bottom, left, right = info.spec.pads
+    return lambda x, run: jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -150,8 +162,12 @@ def pool2d(info, net):
 
 FUNCTIONS = {  # the layers that are a function of their input alone
     "global_avgpool2d": lambda x: x.mean(axis=(1, 2)),
+    "global_maxpool2d": lambda x: x.max(axis=(1, 2)),
     "flatten": lambda x: x.reshape(x.shape[0], -1),  # NHWC: H, W, C order, as the spec's
     "relu": jax.nn.relu,  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
+    "relu6": jax.nn.relu6,  # likewise at 0 and 6
+    "silu": jax.nn.silu,  # x * sigmoid(x)
+    "hard_swish": jax.nn.hard_swish,  # x * relu6(x + 3) / 6, its Python constants in x's dtype
     "tanh": jnp.tanh,
     "sigmoid": jax.nn.sigmoid,
     "softmax": partial(jax.nn.softmax, axis=-1),
@@ -309,6 +325,19 @@ def residual(info, net):
     return lambda x, run: net.run(main, x, run) + (net.run(projection, x, run) if projection else x)
 
 
+MERGES = {"add": jnp.add, "multiply": jnp.multiply}  # elementwise, with jnp's broadcasting and type promotion
+
+
+@LAYERS.builder("add", "multiply", "concat")
+def merge(info, net):  # each builds a function of the list of its inputs
+    if info.type == "concat":  # the last axis is the channel (feature) axis in JAX's layouts, as in the spec's
+        return lambda values, run: jnp.concatenate(values, axis=-1)
+    # numpy's broadcasting would align a [N, C] gate's batch axis with an [N, H, W, C] image's W: each input is
+    # given ones after its batch axis up to the output's rank, [N, 1, 1, C]
+    shapes, combine = [aligned_shape(shape, len(info.out_shape)) for shape in info.in_shapes], MERGES[info.type]
+    return lambda values, run: reduce(combine, (v.reshape(v.shape[0], *shape) for v, shape in zip(values, shapes)))
+
+
 class Network:
     def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None):
         self.compute, self.fp8 = jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
@@ -324,9 +353,10 @@ class Network:
         n = self.fp8.recipe.history if self.fp8 else 0
         return {fp8_key(site, role): jnp.zeros(n, jnp.float32) for site in self.products for role in ROLES} if n else {}
 
-    def build(self, specs, prefix: str) -> list[tuple[str, object]]:
-        """(path, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
-        return [(f"{prefix}{index}", LAYERS.build(self.infos[f"{prefix}{index}"], self)) for index in range(len(specs))]
+    def build(self, specs, prefix: str) -> list[tuple[object, object]]:
+        """(LayerInfo, layer function) of each of `specs`, the layers at `prefix`0, `prefix`1..."""
+        infos = [self.infos[f"{prefix}{index}"] for index in range(len(specs))]
+        return [(info, LAYERS.build(info, self)) for info in infos]
 
     def apply(self, params: dict, state: dict, x, masks: dict | None, training: bool, taps: dict | None = None,
               record: dict | None = None):
@@ -338,12 +368,15 @@ class Network:
 
     @staticmethod
     def run(layers, x, run: Run):
-        for path, layer in layers:
+        """The output of a list's layers (build's pairs) on its input `x`, wired as the spec names their inputs."""
+        def call(info, layer, value):
             # the scope only names the HLO ops' metadata (their op_name), by which a profile finds each layer's ops
-            with jax.named_scope(layer_scope(path)):
-                x = layer(x, run)
-            if run.taps is not None:
-                x = x + run.taps[path]
+            with jax.named_scope(layer_scope(info.path)):
+                out = layer(value, run)
+            if run.taps is not None:  # tapped before a later layer takes it (by name or not)
+                out = out + run.taps[info.path]
             if run.record is not None:
-                run.record[path] = x
-        return x
+                run.record[info.path] = out
+            return out
+
+        return run_list(layers, x, call)
