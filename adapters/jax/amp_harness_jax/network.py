@@ -161,8 +161,6 @@ def pool2d(info, net):
 
 
 FUNCTIONS = {  # the layers that are a function of their input alone
-    "global_avgpool2d": lambda x: x.mean(axis=(1, 2)),
-    "global_maxpool2d": lambda x: x.max(axis=(1, 2)),
     "flatten": lambda x: x.reshape(x.shape[0], -1),  # NHWC: H, W, C order, as the spec's
     "relu": jax.nn.relu,  # its gradient at 0 is 0, as in the other frameworks (jnp.maximum's is 1/2)
     "relu6": jax.nn.relu6,  # likewise at 0 and 6
@@ -177,6 +175,18 @@ FUNCTIONS = {  # the layers that are a function of their input alone
 @LAYERS.builder(*FUNCTIONS)
 def function(info, net):
     return lambda x, run: FUNCTIONS[info.type](x)
+
+
+@LAYERS.builder("global_avgpool2d", "global_maxpool2d")
+def global_pool2d(info, net):
+    pool = jnp.mean if info.type == "global_avgpool2d" else jnp.max
+    return lambda x, run: pool(x, axis=(1, 2), keepdims=info.spec.keepdims)
+
+
+@LAYERS.builder("rescaling")
+def rescaling(info, net):  # in x's dtype: the constants take it (a list, one per channel on the last axis)
+    scale, offset = info.spec.scale, info.spec.offset
+    return lambda x, run: x * jnp.asarray(scale, x.dtype) + jnp.asarray(offset, x.dtype)
 
 
 @LAYERS.builder("gelu")
