@@ -1,7 +1,7 @@
 """The spec's network as a Keras 3 functional model (channels-last), holding the core's canonical weights.
 
-Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in, out] and [in, out] kernels, H, W, C
-flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
+Keras' own layouts are the canonical ones (NHWC activations, [kH, kW, in/groups, out] and [in, out] kernels, H, W,
+C flatten order, sequences [N, T, D], embedding tables [rows, D]) and its 'same' padding is the spec's, so weights
 load without conversion. Token ids stay int64 from the input to Keras' Embedding (ops.take on the float32 table).
 
 Under the mixed policies (measured from the traced graphs, Keras 3.15 on TensorFlow 2.21; the layers compute in
@@ -29,7 +29,7 @@ from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
-from harness.model.layers import LayerBuilders
+from harness.model.layers import LayerBuilders, run_list
 from harness.numerics import AttentionMask
 
 LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
@@ -254,8 +254,13 @@ def matmul_layer(info, net):  # FP8's product under an FP8 policy (_Fp8Product)
         return Fp8Dense(spec.units, use_bias=spec.use_bias, **named)
     if info.type == "patches":
         return Patches(spec.dim, spec.size, strides=spec.size, padding="valid", **named)
+    # Conv2D's grouped kernel [k, k, C/groups, F] is the canonical one, output channel o in group o // (F/groups)
+    # (depthwise: groups = C; DepthwiseConv2D's [k, k, C, multiplier] would need converting both ways). Keras'
+    # TensorFlow backend runs a grouped convolution as an XLA-compiled function, on every device and in every
+    # variant (TensorFlow's CPU kernels have no float64 gradient for it; profile.py attributes its time). TF's 'same'
+    # pads for the dilated window, as the spec does.
     return Fp8Conv2D(spec.filters, spec.kernel_size, strides=spec.strides, padding=spec.padding,
-                     use_bias=spec.use_bias, **named)
+                     use_bias=spec.use_bias, groups=spec.groups, dilation_rate=spec.dilation, **named)
 
 
 @LAYERS.builder("maxpool2d", "avgpool2d")
@@ -265,16 +270,29 @@ def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as
     return pool(spec.pool_size, strides=spec.strides, padding=spec.padding, **_named(info, net))
 
 
-# the Keras layers built from fixed arguments and their name; residual's Add is called as layer([main, shortcut])
-# (_apply runs the block's branches)
-FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "flatten": keras.layers.Flatten,
-         "residual": keras.layers.Add, "softmax": partial(keras.layers.Softmax, axis=-1),
-         **{name: partial(keras.layers.Activation, name) for name in ("relu", "tanh", "sigmoid")}}
+# the Keras layers built from fixed arguments and their name. Merges are called on the list of their inputs, residual's
+# Add as layer([main, shortcut]) (_apply runs the block's branches). Keras' Add and Multiply align inputs of lower
+# rank at their last axes (expand_dims after the batch axis: a [N, C] gate against [N, H, W, C] is [N, 1, 1, C]),
+# numpy's broadcasting per sample as the spec says; like every layer they cast float inputs to the policy's
+# compute dtype. Keras' activation names: "silu" is x * sigmoid(x) (tf.nn.silu), "hard_swish" Keras' hard_silu,
+# x * relu6(x + 3) / 6.
+FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "global_maxpool2d": keras.layers.GlobalMaxPooling2D,
+         "flatten": keras.layers.Flatten, "residual": keras.layers.Add, "add": keras.layers.Add,
+         "multiply": keras.layers.Multiply, "concat": partial(keras.layers.Concatenate, axis=-1),
+         "softmax": partial(keras.layers.Softmax, axis=-1),
+         **{name: partial(keras.layers.Activation, name)
+            for name in ("relu", "relu6", "silu", "hard_swish", "tanh", "sigmoid")}}
 
 
 @LAYERS.builder(*FIXED)
 def fixed(info, net):
     return FIXED[info.type](**_named(info, net))
+
+
+@LAYERS.builder("zero_pad2d")
+def zero_pad2d(info, net):
+    top, bottom, left, right = info.spec.pads
+    return keras.layers.ZeroPadding2D(((top, bottom), (left, right)), **_named(info, net))
 
 
 @LAYERS.builder("batchnorm")
@@ -294,23 +312,35 @@ def embedding(info, net):  # the ids stay integer: Keras' own lookup (ops.take),
     return keras.layers.Embedding(vocab, dim, **_named(info, net))
 
 
-def _apply(specs, prefix: str, x, layers: dict, masks: dict | None, record: dict | None = None):
-    """The layers applied to x; `masks` (symbolic inputs by path) in the training graph, None in inference.
-    With `record`, each layer's output is kept there by path (diagnose mode, run eagerly)."""
-    for index, spec in enumerate(specs):
-        path = f"{prefix}{index}"
-        if spec.type == "residual":
-            main = _apply(spec.layers, f"{path}.layers.", x, layers, masks, record)
-            shortcut = _apply(spec.projection, f"{path}.projection.", x, layers, masks, record) \
-                if spec.projection else x
-            x = layers[path]([main, shortcut])
-        elif masks is not None and path in masks:  # a dropout's (or attention dropout's) mask, in training
-            x = layers[path](x, masks[path])
-        elif spec.type != "dropout":  # a dropout without its mask drops nothing
-            x = layers[path](x)
+def _lists(graph: Graph, layers: dict) -> dict[str, list]:
+    """Each list's (LayerInfo, Keras layer) pairs in order, by its paths' prefix: "" the network's, "5.layers." and
+    "5.projection." block 5's (graph.layers is depth-first, each list in its order)."""
+    lists: dict[str, list] = {}
+    for info in graph.layers:
+        head, dot, _ = info.path.rpartition(".")
+        lists.setdefault(head + dot, []).append((info, layers[info.path]))
+    return lists
+
+
+def _apply(lists: dict, prefix: str, x, masks: dict | None, record: dict | None = None):
+    """The list at `prefix` applied to x as the spec wires it (run_list: named tensors, merges on lists);
+    `masks` (symbolic inputs by path) in the training graph, None in inference. With `record`, each layer's output
+    is kept there by path (diagnose mode, run eagerly)."""
+    def call(info, layer, value):
+        if info.type == "residual":
+            main = _apply(lists, f"{info.path}.layers.", value, masks, record)
+            shortcut = _apply(lists, f"{info.path}.projection.", value, masks, record) \
+                if info.spec.projection else value
+            value = layer([main, shortcut])
+        elif masks is not None and info.path in masks:  # a dropout's (or attention dropout's) mask, in training
+            value = layer(value, masks[info.path])
+        elif info.type != "dropout":  # a dropout without its mask drops nothing
+            value = layer(value)
         if record is not None:
-            record[path] = x
-    return x
+            record[info.path] = value
+        return value
+
+    return run_list(lists[prefix], x, call)
 
 
 class Network:
@@ -325,9 +355,10 @@ class Network:
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
-        self.model = keras.Model(inputs, _apply(spec.layers, "", inputs, layers, None), name=spec.name)
+        self.lists = _lists(graph, layers)
+        self.model = keras.Model(inputs, _apply(self.lists, "", inputs, None), name=spec.name)
         self.train_model = keras.Model([inputs, *masks.values()],
-                                       _apply(spec.layers, "", inputs, layers, masks)) if masks else self.model
+                                       _apply(self.lists, "", inputs, masks)) if masks else self.model
         #: which attention ran, by canonical layer path (the trainer's options["attention"])
         self.attention = {path: layer.implementation for path, layer in layers.items()
                           if isinstance(layer, SelfAttention)}
@@ -341,4 +372,4 @@ class Network:
         """(each layer's output by canonical path, the network's output): the inference network run eagerly,
         so that a GradientTape can differentiate the loss with respect to every output."""
         outputs: dict = {}
-        return outputs, _apply(self.spec.layers, "", x, self.layers, None, outputs)
+        return outputs, _apply(self.lists, "", x, None, outputs)

@@ -5,7 +5,7 @@ Graph steps: the executor traces every op it runs as "node_name:OpType" on the h
 the name scopes it was built in: each Keras layer's (its name, network.py), the parts' (adapter.py, optimizers.py)
 and, for a gradient, "gradient_tape/<the forward op's scopes>/", which GradientTape gives every op of a backward
 function. Each op is joined by name to the graph of the tf.function that ran, for its dtypes (fixed when the
-function was traced; the trace records none). Four kinds of time get their scopes otherwise:
+function was traced; the trace records none). Five kinds of time get their scopes otherwise:
 - Grappler's remapper (oneDNN on CPU) fuses a matmul or convolution with the bias add and activation after it into
   one kernel named after the last node it fused, often the next layer's activation: the kernel gets the scopes and
   dtypes of the matmul or convolution it starts from, the node doing its work.
@@ -18,6 +18,11 @@ function was traced; the trace records none). Four kinds of time get their scope
 - The tf.function's own trace event on the calling thread, less the run of its graph in it, is the runtime's
   dispatch (Python handling the arguments and outputs, the eager runtime launching the function): RUNTIME_SCOPE.
   On a small model it is a large share of the step (mnist_mlp: about 0.6 of 2.5 ms).
+- A jit-compiled function that a graph step calls (Keras' TensorFlow backend compiles every grouped convolution so:
+  TensorFlow's CPU kernels have no float64 gradient for one) runs as an asynchronous kernel
+  (ExecutorState::ProcessAsync::Start) with no node event, its XLA program's thunks traced inside it, named by
+  instructions of the function's own graph, which holds no layer's scope. Its thunks and its launch (the kernel's
+  time outside them) go to the scope of the node calling it (_compiled_calls).
 
 XLA steps (the "xla" variant): the CPU runtime traces every thunk of the compiled program by its HLO instruction,
 and the profile carries the program's HLO, whose instructions' scopes, dtypes and casts harness.run.xla_profile
@@ -44,6 +49,8 @@ from harness.run import xla_profile
 OP_EVENT = re.compile(r"^([A-Za-z0-9.][\w./>-]*):(\w+)$")  # TraceMeOp's "node_name:OpType"
 PROCESS = "ExecutorState::Process"  # the executor running a batch of ready nodes, one after another
 GRAPH_RUN = "KernelAndDeviceFunc::Run"  # the caller's thread running the function's graph (waiting on the executor)
+ASYNC = "ExecutorState::ProcessAsync::Start"  # an asynchronous kernel's run: a compiled function call's in a graph
+LAUNCH = "XLA launch"  # the op of a compiled call's time outside its thunks
 LOWERED = re.compile(r"^(.+?)/(then|else)/_\d+/(.+)$")  # a cond branch's node inlined by the If lowering pass
 # a node a Grappler optimizer rewrote: "<scope>/ArithmeticOptimizer/AddOpsRewrite_Leaf_1_<the node's name>"
 REWRITTEN = re.compile(r"^(.+)/\w+Optimizer/(\w+)$")
@@ -80,13 +87,24 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
     if not graphs:
         raise HarnessError(f"TensorFlow's profile shows none of the step's functions running (it ran: "
                            f"{', '.join(sorted(ran)) or 'no function'})")
-    # the XLA programs in the profile by module name (none for a graph step)
+    # the XLA programs in the profile by module name (for a graph step, only those of the compiled functions it calls)
     hlo = {name: module for (name, _), module in xla_profile.modules(serialized, BACKWARD_MARK).items()}
+    called = _compiled_calls(graphs)
+    nested = {name: called[_function(name)] for name in hlo if _function(name) in called}  # module -> scope
     ops = []
-    for key, (self_ps, calls, executor_ps) in _event_times(host, hlo).items():
+    for key, (self_ps, calls, executor_ps) in _event_times(host, hlo, set(nested)).items():
         if key[0] == "hlo":  # an instruction that ran, as an op named by XLA (its name without its number); no
             # weight is named by a TensorFlow step's arguments: none to find
             ops.append(hlo[key[1]].op_time(key[2], self_ps * 1e-12, calls, {}, op=re.sub(r"\.\d+$", "", key[2])))
+            if key[1] in nested:  # a compiled call's: its caller's scope
+                ops[-1] = replace(ops[-1], scope=nested[key[1]], backward=GRADIENT in nested[key[1]].split("/"))
+            continue
+        if key[0] == "launch":
+            scope = nested[key[1]]
+            ops.append(OpTime(op=LAUNCH, scope=scope, seconds=self_ps * 1e-12, backward=GRADIENT in scope.split("/"),
+                              calls=calls))
+            if executor_ps:
+                ops.append(replace(ops[-1], op=PROCESS, seconds=executor_ps * 1e-12))
             continue
         _, name, op_type = key
         if name in ran:  # an XLA-compiled function's launch: its thunks are the ops
@@ -100,13 +118,42 @@ def profile_steps(trainer, run_steps) -> ProfiledOps:
                           cast=_base_type(op_type) == "Cast", calls=calls, **dtypes))
         if executor_ps:  # the executor handling this node's tensors
             ops.append(replace(ops[-1], op=PROCESS, seconds=executor_ps * 1e-12, cast=False))
-    if not hlo:
+    compiled_step = len(hlo) > len(nested)  # the xla variant: the step's own program
+    if not compiled_step:
         dispatch_ps, calls = _dispatch(host, step.__name__)
         if calls:
             ops.append(OpTime(op=f"{step.__name__} dispatch", scope=RUNTIME_SCOPE, seconds=dispatch_ps * 1e-12,
                               calls=calls))
     return ProfiledOps(f"tf.profiler.experimental (TensorFlow {tf.__version__}, host trace)", ops,
-                       XLA_NOTE if hlo else "")
+                       XLA_NOTE if compiled_step else "")
+
+
+def _compiled_calls(graphs) -> dict[str, str]:
+    """{function name: the scope its call ran in} for each call of a jit-compiled function in the step's graphs (the
+    module docstring). A forward call is named in its layer's scope; the call of its gradient function is made
+    outside every scope but takes the forward call's outputs: it gets that call's scope under GradientTape's."""
+    out = {}
+    for graph in graphs:
+        calls = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall") and _jit(op)]
+        scopes = {op.name: op.name.rpartition("/")[0] for op in calls}
+        for op in calls:
+            scope = scopes[op.name] or next((f"{GRADIENT}/{scopes[t.op.name]}" for t in op.inputs
+                                             if scopes.get(t.op.name)), "")
+            out[op.get_attr("f").name.lstrip("_")] = scope
+    return out
+
+
+def _jit(op) -> bool:
+    try:
+        return bool(op.get_attr("_XlaMustCompile"))
+    except ValueError:  # not set
+        return False
+
+
+def _function(module: str) -> str:
+    """The function an XLA module was compiled from, as _compiled_calls names it: "a_forward__conv_xla_71__.1" ->
+    "forward__conv_xla_71"."""
+    return re.sub(r"^a_|__(\.\d+)?$", "", module)
 
 
 def _dispatch(plane, function: str) -> tuple[int, int]:
@@ -137,19 +184,24 @@ def _functions_run(plane) -> set[str]:
             if any(s.metadata_id in ids for s in event.stats)}
 
 
-def _event_times(plane, hlo: dict) -> dict[tuple, list[int]]:
-    """{("op", node name, op type) or ("hlo", module, instruction): [self picoseconds, calls, executor picoseconds
-    after it]} over every thread. An op's self time excludes the ops nested in it on its thread (a function-call
-    op runs its body inline); XLA thunks call none, and the pool's threads share one line, where their thunks
-    overlap without nesting."""
+def _event_times(plane, hlo: dict, nested: set) -> dict[tuple, list[int]]:
+    """{("op", node name, op type), ("hlo", module, instruction) or ("launch", module): [self picoseconds, calls,
+    executor picoseconds after it]} over every thread. An op's self time excludes the ops nested in it on its thread
+    (a function-call op runs its body inline); XLA thunks call none, and the pool's threads share one line, where
+    their thunks overlap without nesting. A "launch" is the asynchronous kernel running a `nested` module (a
+    compiled call in a graph step) less the time its module's thunks ran in it, on any thread; it takes the place
+    of an op among the executor's."""
     totals: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
+    lines, thunks = [], []  # each line's (ops, processes, launches); (start, end, module) of the nested modules' thunks
     for line in plane.lines:
-        ops, processes = [], []
+        ops, processes, launches = [], [], []
         for event in line.events:
             name = plane.event_metadata[event.metadata_id].name
             span = (event.offset_ps, event.offset_ps + event.duration_ps)
             if name == PROCESS:
                 processes.append(span)
+            elif name == ASYNC and nested:
+                launches.append(span)
             elif match := OP_EVENT.match(name):
                 ops.append((*span, ("op", *match.groups())))
             elif hlo and event.stats:
@@ -158,6 +210,16 @@ def _event_times(plane, hlo: dict) -> dict[tuple, list[int]]:
                 if key[0] in hlo and key[1] in hlo[key[0]].by_name:
                     totals[("hlo", *key)][0] += event.duration_ps
                     totals[("hlo", *key)][1] += 1
+                    if key[0] in nested:
+                        thunks.append((*span, key[0]))
+        lines.append((ops, processes, launches))
+    for ops, processes, launches in lines:
+        for start, end in launches:
+            inside = [t for t in thunks if start <= t[0] and t[1] <= end]
+            if inside:
+                key = ("launch", inside[0][2])
+                ops.append((start, end, key))
+                totals[key][0] -= _covered(inside)
         ops.sort(key=lambda e: (e[0], -e[1]))
         outer, enclosing = [], []  # ops nested in no other op; the ops enclosing the current one
         for start, end, key in ops:
@@ -179,6 +241,17 @@ def _event_times(plane, hlo: dict) -> dict[tuple, list[int]]:
             for (_, end, key), following in zip(inside, [*(e[0] for e in inside[1:]), p_end]):
                 totals[key][2] += following - end
     return totals
+
+
+def _covered(spans) -> int:
+    """Picoseconds in the union of (start, end, ...) spans (thunks on several threads overlap)."""
+    total, reach = 0, None
+    for start, end, *_ in sorted(spans):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
 
 
 def _node(graphs, name: str):
