@@ -276,8 +276,7 @@ def pool2d(info, net):  # TF's 'same' average pooling excludes padded pixels, as
 # numpy's broadcasting per sample as the spec says; like every layer they cast float inputs to the policy's
 # compute dtype. Keras' activation names: "silu" is x * sigmoid(x) (tf.nn.silu), "hard_swish" Keras' hard_silu,
 # x * relu6(x + 3) / 6.
-FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "global_maxpool2d": keras.layers.GlobalMaxPooling2D,
-         "flatten": keras.layers.Flatten, "residual": keras.layers.Add, "add": keras.layers.Add,
+FIXED = {"flatten": keras.layers.Flatten, "residual": keras.layers.Add, "add": keras.layers.Add,
          "multiply": keras.layers.Multiply, "concat": partial(keras.layers.Concatenate, axis=-1),
          "softmax": partial(keras.layers.Softmax, axis=-1),
          **{name: partial(keras.layers.Activation, name)
@@ -287,6 +286,17 @@ FIXED = {"global_avgpool2d": keras.layers.GlobalAveragePooling2D, "global_maxpoo
 @LAYERS.builder(*FIXED)
 def fixed(info, net):
     return FIXED[info.type](**_named(info, net))
+
+
+@LAYERS.builder("global_avgpool2d", "global_maxpool2d")
+def global_pool2d(info, net):
+    pool = keras.layers.GlobalAveragePooling2D if info.type == "global_avgpool2d" else keras.layers.GlobalMaxPooling2D
+    return pool(keepdims=info.spec.keepdims, **_named(info, net))
+
+
+@LAYERS.builder("rescaling")
+def rescaling(info, net):  # Keras' own: in the policy's compute dtype, a list broadcast on the last axis
+    return keras.layers.Rescaling(info.spec.scale, info.spec.offset, **_named(info, net))
 
 
 @LAYERS.builder("zero_pad2d")
