@@ -2,13 +2,17 @@
 
 A PyTorch model is Python code, so it is read by running it: `MODULE:ATTR` names an importable module (or a file,
 `path/to/file.py:ATTR`) and an attribute that is an nn.Module, or a class or function of no arguments that returns
-one. torch.fx.symbolic_trace turns its forward into a graph, which one forward pass on a zero input of the given
-shape (batch 3, fx's ShapeProp, in eval mode) annotates with every tensor's shape. The graph must be a chain with
-residual adds (`x + f(x)`, or `f(x) + g(x)` for a projection shortcut: harness.model.importers.Chain, as Keras's
-functional graphs); each node maps to the spec's layers by MODULES (module classes) and FUNCTIONS (functional
-calls and tensor methods) below, each option either copied into the spec's field or held to the value the spec's
-math has. Everything else is one line per problem naming the module (its qualified name in the model, or the
-module whose forward made a functional call) and the field.
+one. It runs once in eval mode on a zero (or token-id) input of the given shape, batch 3. Then torch.export.export
+captures its forward as an ATen graph, which importer_export.py reads: the ops of each known leaf module (MODULES
+below, Hugging Face's Conv1D, modules whose values are the spec's activations or rmsnorm) become its spec layers, the
+glue between modules is read from the ATen ops (merges, pools, flattens, pads, position tables), and
+scaled_dot_product_attention with its projections is the spec's attention. Where torch.export cannot capture the
+module, torch.fx.symbolic_trace turns its forward into a graph, which one forward pass (fx's ShapeProp) annotates
+with every tensor's shape; that graph must be a chain with residual adds (`x + f(x)`, or `f(x) + g(x)` for a
+projection shortcut: harness.model.importers.Chain, as Keras's functional graphs) of the modules in MODULES and the
+calls in FUNCTIONS below. Either way each option is copied into the spec's field or held to the value the spec's
+math has, and everything else is one line per problem naming the module (its qualified name in the model, or the
+module whose forward made a call) and the field.
 
 Conventions that differ from the spec's and how they map:
 - images are NCHW in PyTorch and NHWC in the spec: the input shape C,H,W is the spec's [H, W, C];
@@ -26,9 +30,11 @@ Conventions that differ from the spec's and how they map:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import operator
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -172,11 +178,42 @@ def _linear(m: nn.Linear, shape: tuple[int, ...]) -> list[dict]:
 
 def _conv2d(m: nn.Conv2d, shape) -> list[dict]:
     k, s = _pair(m.kernel_size, "kernel_size", "kernel size"), _pair(m.stride, "stride", "stride")
-    _held(m, "conv2d", {"dilation": ((1, 1),), "groups": (1,), "padding_mode": ("zeros",)})
-    padding = _window_padding(m.padding, k, s)
+    d = _pair(m.dilation, "dilation", "dilation")
+    _held(m, "conv2d", {"padding_mode": ("zeros",)})
+    if s > 1 and d > 1:
+        raise Problem(f"dilation {_show(m.dilation)}", f"with stride {s}: the spec's conv2d takes a dilation at "
+                      f"stride 1 only")
+    padding = _window_padding(m.padding, (k - 1) * d + 1, s)
     layer = {"type": "conv2d", "filters": m.out_channels, "kernel_size": k}
     return [layer | ({"strides": s} if s != 1 else {}) | ({"padding": padding} if padding != "valid" else {})
-            | ({} if m.bias is not None else {"use_bias": False})]
+            | ({} if m.bias is not None else {"use_bias": False}) | ({"groups": m.groups} if m.groups != 1 else {})
+            | ({"dilation": d} if d != 1 else {})]
+
+
+def _zero_pad(m: nn.ZeroPad2d, shape) -> list[dict]:
+    left, right, top, bottom = m.padding
+    if min(m.padding) < 0:
+        raise Problem(f"padding {_show(m.padding)}", "crops: the spec's zero_pad2d adds pixels")
+    return [{"type": "zero_pad2d", "padding": [top, bottom, left, right]}]
+
+
+def _rmsnorm(m, shape) -> list[dict]:
+    if tuple(m.normalized_shape) != (shape[-1],) or len(shape) == 4:
+        raise Problem(f"normalized_shape {_show(tuple(m.normalized_shape))}", "the spec's rmsnorm normalises the last "
+                      "axis of a vector or a sequence")
+    if m.eps is None:
+        raise Problem("eps None", "PyTorch then uses the input dtype's machine epsilon; the spec's rmsnorm takes one "
+                      "number")
+    if not m.elementwise_affine:
+        raise Problem("elementwise_affine False", "the spec's rmsnorm has gamma")
+    return [{"type": "rmsnorm", "epsilon": m.eps}]
+
+
+def _adaptive_max(m, shape) -> list[dict]:
+    if m.output_size not in (1, (1, 1), [1, 1]) or m.return_indices:
+        raise Problem(f"output_size {_show(m.output_size)}", "the spec's global_maxpool2d is output_size 1 without "
+                      "indices")
+    return [{"type": "global_maxpool2d"}]
 
 
 def _pool(m, shape) -> list[dict]:
@@ -258,9 +295,15 @@ def _layernorm(m: nn.LayerNorm, shape) -> list[dict]:
 
 
 def _embedding(m: nn.Embedding, shape) -> list[dict]:
-    _held(m, "embedding", {"padding_idx": (None,), "max_norm": (None,), "scale_grad_by_freq": (False,),
-                           "sparse": (False,)})
+    _held(m, "embedding", {"max_norm": (None,), "scale_grad_by_freq": (False,), "sparse": (False,)})
     return [{"type": "embedding", "dim": m.embedding_dim}]
+
+
+def embedding_note(importer, where: str, m: nn.Embedding) -> None:
+    """padding_idx: the same lookup, but PyTorch never trains that row; a note, not a refusal."""
+    if m.padding_idx is not None:
+        importer.notes.append(f"{where}: padding_idx {m.padding_idx}: PyTorch's embedding gives that row no gradient "
+                              f"(it never trains); the spec's embedding trains every row")
 
 
 MODULES = {  # module class -> its spec layers (from the module and its input's shape, batch axis included)
@@ -281,7 +324,28 @@ MODULES = {  # module class -> its spec layers (from the module and its input's 
     nn.Dropout: lambda m, shape: [{"type": "dropout", "rate": m.p}],
     nn.Embedding: _embedding,
     nn.Identity: lambda m, shape: [],
+    nn.ReLU6: lambda m, shape: [{"type": "relu6"}],
+    nn.SiLU: lambda m, shape: [{"type": "silu"}],
+    nn.Hardswish: lambda m, shape: [{"type": "hard_swish"}],
+    nn.ZeroPad2d: _zero_pad,
+    nn.AdaptiveMaxPool2d: _adaptive_max,
 }
+if hasattr(nn, "RMSNorm"):  # torch 2.4 on
+    MODULES[nn.RMSNorm] = _rmsnorm
+
+
+def module_weights(kind: str, prefix: str, m: nn.Module) -> dict[str, tuple]:
+    """Where a module's spec layer finds each canonical weight: (the module's parameter or buffer, its layout, part)
+    (importer_export.TorchImported.weights)."""
+    names = {"dense": {"kernel": ("weight", "linear"), "bias": ("bias", "plain")},
+             "conv2d": {"kernel": ("weight", "conv"), "bias": ("bias", "plain")},
+             "batchnorm": {"gamma": ("weight", "plain"), "beta": ("bias", "plain"),
+                           "moving_mean": ("running_mean", "plain"), "moving_variance": ("running_var", "plain")},
+             "layernorm": {"gamma": ("weight", "plain"), "beta": ("bias", "plain")},
+             "rmsnorm": {"gamma": ("weight", "plain")},
+             "embedding": {"embeddings": ("weight", "plain")}}.get(kind, {})
+    return {param: (prefix + attr, layout, None) for param, (attr, layout) in names.items()
+            if getattr(m, attr, None) is not None}
 
 
 # ---- functional calls and tensor methods --------------------------------------------------------------------
@@ -396,21 +460,82 @@ class TorchImporter:
         self.converted: dict[str, list[dict]] = {}  # fx node -> its spec layers, tagged
         self.vocab: int | None = None
         self.batchnorm = False  # a BatchNorm was mapped (a note on its running variance)
+        self.export_failure: str | None = None  # why torch.export could not capture it (then torch.fx reads it)
+        self.graph = None  # the ExportedGraph, where torch.export captured it
 
-    def problem(self, where: str, message: str) -> None:
-        """One line per node: a node refused where it was converted is not refused again by the walk."""
-        if where not in self.flagged:
+    def read(self) -> list[dict]:
+        """The spec's layers: torch.export's graph (importer_export), or torch.fx's where export cannot capture the
+        module; problems in self.problems."""
+        from amp_harness_torch.importer_export import CaptureFailed, export_layers
+
+        required = _required_arguments(self.model)
+        if required is not None and len(required) > 1:
+            raise ImportProblems([f"{self.target}: forward takes {len(required)} tensors "
+                                  f"({', '.join(required) or 'none'}): the spec has one input"])
+        modes = {name: m.training for name, m in self.model.named_modules()}
+        try:
+            self.model.eval()
+            sample = self.sample()
+            try:
+                return export_layers(self, self.model, sample)
+            except CaptureFailed as exc:
+                self.export_failure = str(exc)
+                self.problems, self.flagged, self.notes, self.vocab, self.batchnorm = [], set(), [], None, False
+        finally:
+            for name, m in self.model.named_modules():
+                m.training = modes[name]
+        traced = self.trace()
+        nodes, start, end = self.nodes(traced)
+        chain = TorchChain(self, nodes, start)
+        layers = chain.walk(end, start) if end != start else []
+        for name, node in nodes.items():  # once the walk met a problem, the nodes it did not reach say nothing new
+            if name not in chain.visited and name != start and not self.problems:
+                self.problem(node.where, "not on the chain from the input to the output (an in-place op whose result "
+                             "is not used, or a branch the spec cannot express: only residual adds join the chain)")
+        return layers
+
+    def sample(self) -> torch.Tensor:
+        """The capture's input: token ids (zeros) for a model with an embedding and one size, else zeros; the module
+        run on it once (HarnessError: it fails on that shape)."""
+        from amp_harness_torch.importer_export import _output
+
+        embeds = len(self.input_shape) == 1 and any(isinstance(m, nn.Embedding) for m in self.model.modules())
+        floating = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        error = None
+        for dtype in ((torch.int64, floating) if embeds else (floating,)):
+            sample = torch.zeros((SHAPE_BATCH, *self.input_shape), dtype=dtype)
+            try:
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _output(self.model(sample))
+                return sample
+            except HarnessError as exc:
+                raise HarnessError(f"{self.target}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - the module's own failure, said in one line
+                error = error or exc
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise HarnessError(f"{self.target}: --input-shape {','.join(map(str, self.input_shape))}: the module fails "
+                           f"on a {'token' if embeds else 'zero'} input of that shape ({type(error).__name__}: "
+                           f"{clip(first, 160)})") from None
+
+    def problem(self, where: str, message: str, repeat: bool = False) -> None:
+        """One line per node: a node refused where it was converted is not refused again by the walk (`repeat`: one
+        line per problem of the node)."""
+        line = f"{self.target}: {where}: {message}"
+        if (where not in self.flagged or repeat) and line not in self.problems:
             self.flagged.add(where)
-            self.problems.append(f"{self.target}: {where}: {message}")
+            self.problems.append(line)
 
     def trace(self) -> torch.fx.GraphModule:
         try:
             traced = torch.fx.symbolic_trace(self.model)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise HarnessError(f"{self.target}: torch.fx.symbolic_trace cannot trace it ({type(exc).__name__}: "
-                               f"{clip(first, 160)}): the importer reads a forward without data-dependent control "
-                               f"flow") from None
+            exported = f"torch.export.export cannot capture it ({self.export_failure}), and " \
+                if self.export_failure else ""
+            raise HarnessError(f"{self.target}: {exported}torch.fx.symbolic_trace cannot trace it "
+                               f"({type(exc).__name__}: {clip(first, 160)}): the importer reads a forward without "
+                               f"data-dependent control flow") from None
         placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
         used = [n for n in placeholders if n.users]
         if len(used) != 1:
@@ -490,6 +615,7 @@ class TorchImporter:
                 layers = rule(node.module, shape)
                 if isinstance(node.module, nn.Embedding):
                     self.vocab = node.module.num_embeddings
+                    embedding_note(self, node.where, node.module)
                 if isinstance(node.module, (nn.BatchNorm1d, nn.BatchNorm2d)):
                     self.batchnorm = True
             elif key in ADDS:
@@ -548,14 +674,7 @@ def import_nn_module(model: nn.Module, input_shape: tuple[int, ...], options: Im
     options = options or ImportOptions()
     target = target or type(model).__name__
     importer = TorchImporter(target, model, input_shape)
-    traced = importer.trace()
-    nodes, start, end = importer.nodes(traced)
-    chain = TorchChain(importer, nodes, start)
-    layers = chain.walk(end, start) if end != start else []
-    for name, node in nodes.items():  # once the walk met a problem, the nodes it did not reach say nothing new
-        if name not in chain.visited and name != start and not importer.problems:
-            importer.problem(node.where, "not on the chain from the input to the output (an in-place op whose result "
-                             "is not used, or a branch the spec cannot express: only residual adds join the chain)")
+    layers = importer.read()
     if not layers and not importer.problems:
         importer.problems.append(f"{target}: forward computes nothing the spec can hold")
     if importer.problems:
@@ -591,8 +710,45 @@ def import_nn_module(model: nn.Module, input_shape: tuple[int, ...], options: Im
         notes.append(f"batch_size {spec['batch_size']} and steps {spec['steps']}: a torch module says neither "
                      f"(--batch-size and --steps set them)")
     sources = tags.get("_source", {})
+    if importer.graph is None:
+        spec = finish(spec, sources, target, "the torch module")
+        return Imported(spec, notes, sources, tags.get("_flattened", {}))
+    from amp_harness_torch.importer_export import TorchImported
+
+    weights = tags.get("_weights", {})
+    shared = _shared(importer, weights, notes)
     spec = finish(spec, sources, target, "the torch module")
-    return Imported(spec, notes, sources, tags.get("_flattened", {}))
+    return TorchImported(spec, notes, sources, tags.get("_flattened", {}), weights, shared)
+
+
+def _shared(importer, weights: dict[str, dict[str, tuple]], notes: list[str]) -> int:
+    """The parameters the spec holds more than once (a tied or shared weight), with a note for each tensor."""
+    tensors = importer.graph.tensors
+    uses: dict[tuple, list[str]] = {}
+    for path, params in weights.items():
+        for param, (fqn, _, part) in params.items():
+            if fqn is not None and fqn in tensors:
+                tensor = tensors[fqn]
+                uses.setdefault((tensor.data_ptr(), tuple(tensor.shape), part), []).append(fqn)
+    extra = 0
+    for (_, shape, part), names in uses.items():
+        if len(names) > 1:
+            size = math.prod(shape) // (part[1] if part else 1)
+            extra += size * (len(names) - 1)
+            notes.append(f"{' and '.join(dict.fromkeys(names))} are one tensor (tied or shared weights) used "
+                         f"{len(names)} times: the spec holds {len(names)} weights, {size * (len(names) - 1):,} "
+                         f"parameters more than the module, which train apart")
+    return extra
+
+
+def _required_arguments(model: nn.Module) -> list[str] | None:
+    """The names of forward's arguments without defaults (None: not read)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.default is inspect.Parameter.empty and
+            p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 
 
 def import_torch(target: str, input_shape: tuple[int, ...], options: ImportOptions | None = None) -> Imported:
@@ -613,26 +769,44 @@ def flatten_permutation(chw: tuple[int, int, int]) -> np.ndarray:
     return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
 
 
-def canonical_weights(model: nn.Module, imported: Imported) -> dict[str, np.ndarray]:
+def canonical_weights(model: nn.Module, imported: Imported, dtype=np.float32) -> dict[str, np.ndarray]:
     """The module's own weights (and batchnorm statistics) in the spec's canonical names and layouts
-    (harness.model.weights), for the network built from `imported.spec`: kernels from channels-first, and the
-    rows of a dense after a flatten (and the features of a norm between) permuted from C, H, W to H, W, C order."""
+    (harness.model.weights), for the network built from `imported.spec`, in `dtype`: kernels from channels-first,
+    and the rows of a dense after a flatten (and the features of a norm between) permuted from C, H, W to H, W, C
+    order. A torch.export import (importer_export.TorchImported) names each weight's parameter and layout: a Linear's
+    [out, in] transposed, a Conv1D's [in, out] as it is, a fused q, k, v projection split in three."""
     from harness.model.graph import infer
     from harness.model.spec import validate
     from harness.model.weights import from_channels_first
 
     graph = infer(validate(imported.spec, imported.spec["name"]))
+    sources = getattr(imported, "weights", None)
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)),
+               **dict(model.named_buffers(remove_duplicate=False))}
     out = {}
     for info in graph.layers:
         if not info.params:
             continue
-        module = model.get_submodule(imported.sources[info.path])
         perm = flatten_permutation(imported.flattened[info.path]) if info.path in imported.flattened else None
         for param, shape in info.params.items():
             name = f"{info.path}.{param}"
-            value = from_channels_first(getattr(module, TORCH_NAMES[param]).detach().cpu().numpy(), name)
+            if sources is not None:
+                fqn, layout, part = sources[info.path][param]
+                value = tensors[fqn].detach().cpu().double().numpy()
+                if layout == "linear":
+                    value = value.T
+                elif layout == "conv":
+                    value = value.transpose(2, 3, 1, 0)
+                if part is not None:
+                    index, count = part
+                    width = value.shape[-1] // count
+                    value = value[..., index * width:(index + 1) * width]
+                value = value.reshape(shape)
+            else:
+                module = model.get_submodule(imported.sources[info.path])
+                value = from_channels_first(getattr(module, TORCH_NAMES[param]).detach().cpu().double().numpy(), name)
             if perm is not None and (info.type != "dense" or param == "kernel"):
                 value = value[perm]  # a dense's input rows ([in, out]; not its bias), a norm's features
             assert value.shape == tuple(shape), (name, value.shape, shape)
-            out[name] = np.ascontiguousarray(value, dtype=np.float32)
+            out[name] = np.ascontiguousarray(value, dtype=dtype)
     return out

@@ -107,13 +107,172 @@ class TokenBag(nn.Module):
         return self.head(x.mean(dim=1))
 
 
+class Branches(nn.Module):
+    """Two branches joined by a concatenation: the spec's named tensors and concat."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.out(torch.cat([self.a(x), self.b(x)], dim=1))
+
+
+class Crossing(nn.Module):
+    """Adds whose branches cross (the second add takes a tensor from inside the first block): not a chain with
+    residual adds, a graph of named tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.out = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        y = self.b(h) + x
+        return self.out(self.c(y) + h)
+
+
+class GatedConvNet(nn.Module):
+    """A MobileNet/EfficientNet-style graph in plain torch: a ZeroPad2d before a stride-2 conv, a depthwise and a
+    dilated conv, ReLU6, SiLU and Hardswish, a squeeze-and-excite gate (mean over H, W kept as [N, C, 1, 1], two 1x1
+    convs, a sigmoid, a product), a concatenation of channels, global average pooling and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.pad = nn.ZeroPad2d((0, 1, 0, 1))
+        self.stem = nn.Conv2d(3, 8, 3, stride=2)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU6()
+        self.depthwise = nn.Conv2d(8, 16, 3, padding=1, groups=8, bias=False)  # multiplier 2
+        self.silu = nn.SiLU()
+        self.squeeze = nn.Conv2d(16, 4, 1)
+        self.excite = nn.Conv2d(4, 16, 1)
+        self.dilated = nn.Conv2d(8, 4, 3, padding=2, dilation=2)
+        self.hswish = nn.Hardswish()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(20, 3)
+
+    def forward(self, x):
+        x = self.act(self.bn(self.stem(self.pad(x))))
+        expanded = self.silu(self.depthwise(x))
+        gate = torch.sigmoid(self.excite(F.silu(self.squeeze(expanded.mean((2, 3), keepdim=True)))))
+        gated = expanded * gate
+        wide = self.hswish(self.dilated(x))
+        joined = torch.cat([gated, wide], dim=1)
+        return self.head(torch.flatten(self.pool(joined), 1))
+
+
+class PatchEncoder(nn.Module):
+    """A ViT without a class token: 4x4 patches (a Conv2d of kernel = stride = 4, flattened and transposed), a learned
+    position table added, two pre-norm nn.TransformerEncoder layers (GELU), the mean over patches, a norm, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 32, 4, stride=4)
+        self.position = nn.Parameter(torch.randn(1, 16, 32) * 0.02)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.position
+        return self.head(self.norm(self.encoder(x).mean(dim=1)))
+
+
+class CausalSelfAttention(nn.Module):
+    """Separate q, k, v projections without biases, heads by view and transpose, torch's SDPA (is_causal, or an
+    explicit additive mask of -inf above the diagonal) with dropout 0.05 on the probabilities in training, the heads
+    merged and projected, then a dropout of 0.1 (an attribute named `dropout` that is not the attention's)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, explicit_mask: bool = False):
+        super().__init__()
+        self.heads, self.explicit_mask = heads, explicit_mask
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        q, k, v = (p(x).view(n, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        rate = 0.05 if self.training else 0.0
+        if self.explicit_mask:
+            mask = torch.full((t, t), float("-inf")).triu(1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=rate)
+        return self.dropout(self.proj(y.transpose(1, 2).reshape(n, t, d)))
+
+
+class LlamaStyleRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: epsilon inside the root, the weight after, a 16-bit input normalised in float32
+    (Llama's own casts to float32 whatever the input, a float64 one too: here at least float32, so that the float64
+    check compares the math, not that cast)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class TinyCausalLM(nn.Module):
+    """Token and position embeddings (an nn.Embedding of torch.arange), a pre-norm block of CausalSelfAttention and
+    a SwiGLU feed-forward (silu(gate(x)) * up(x), Llama's, after a Llama-style RMSNorm), a final nn.RMSNorm and a
+    head."""
+
+    def __init__(self, vocab: int = 50, dim: int = 32, explicit_mask: bool = False):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(24, dim)
+        self.norm1, self.norm2, self.norm = nn.LayerNorm(dim), LlamaStyleRMSNorm(dim), nn.RMSNorm(dim, eps=1e-5)
+        self.attention = CausalSelfAttention(dim, 4, explicit_mask)
+        self.gate, self.up, self.down = nn.Linear(dim, 48), nn.Linear(dim, 48), nn.Linear(48, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+        x = x + self.attention(self.norm1(x))
+        h = self.norm2(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(self.norm(x))
+
+
+def tiny_causal_lm_masked() -> nn.Module:
+    return TinyCausalLM(explicit_mask=True)
+
+
+class FunctionalOps(nn.Module):
+    """Functional calls on the model's own parameters: F.max_pool2d, F.avg_pool2d (count_include_pad=False), a flatten
+    of C, H, W features into F.linear, F.layer_norm and F.dropout, beside an AdaptiveMaxPool2d branch; their sum into
+    a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.weight, self.bias = nn.Parameter(torch.randn(6, 4 * 4 * 4) * 0.1), nn.Parameter(torch.zeros(6))
+        self.gamma, self.beta = nn.Parameter(torch.ones(6)), nn.Parameter(torch.zeros(6))
+        self.amax, self.fc, self.head = nn.AdaptiveMaxPool2d(1), nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = F.avg_pool2d(F.max_pool2d(self.conv(x), 2), 3, 1, 1, count_include_pad=False)
+        h = F.layer_norm(F.linear(torch.flatten(y, 1), self.weight, self.bias), (6,), self.gamma, self.beta, 1e-5)
+        return self.head(F.dropout(h, 0.2, self.training) + self.fc(torch.flatten(self.amax(y), 1)))
+
+
 # ---- what the spec cannot express: one of each kind ----------------------------------------------------------
 def unsupported_module() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 2))
+    return nn.Sequential(nn.Linear(8, 8), nn.ELU(), nn.Linear(8, 2))
 
 
 def unsupported_field() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3, dilation=2), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Flatten(),
+                         nn.Linear(4 * 8 * 8, 2))
 
 
 def unsupported_padding() -> nn.Module:
@@ -131,31 +290,59 @@ class UnsupportedFunction(nn.Module):
         self.out = nn.Linear(8, 2)
 
     def forward(self, x):
-        return self.out(F.silu(self.fc(x)))
+        return self.out(torch.exp(self.fc(x)))
 
 
-class Branches(nn.Module):
-    """Two branches joined by a concatenation: not a chain with residual adds."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.out = nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.out(torch.cat([self.a(x), self.b(x)], dim=1))
-
-
-class Crossing(nn.Module):
-    """Adds whose branches cross (the second add takes a tensor from inside the first block): not a chain."""
+class ConcatHeight(nn.Module):
+    """Two conv branches stacked along the height (dim 2 of NCHW): the spec concatenates channels only."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.c, self.out = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.out = nn.Linear(4 * 16 * 8, 2)
 
     def forward(self, x):
-        h = self.a(x)
-        y = self.b(h) + x
-        return self.out(self.c(y) + h)
+        return self.out(torch.flatten(torch.cat([self.a(x), self.b(x)], dim=2), 1))
+
+
+class Scaled(nn.Module):
+    """x * 2: a product with a constant, which no spec layer computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.out(self.fc(x) * 2)
+
+
+class PaddingMasked(nn.Module):
+    """Attention whose mask comes from the token ids (padding): the spec's attention masks nothing or the future."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        y, _ = self.attention(x, x, x, key_padding_mask=ids == 0, need_weights=False)
+        return self.head(x + y)
+
+
+class WrittenOut(nn.Module):
+    """nn.MultiheadAttention asked for its weights: torch computes the attention as matmuls and a softmax, not SDPA."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        return self.head(x + self.attention(x, x, x)[0])
 
 
 class Untraceable(nn.Module):
@@ -164,7 +351,7 @@ class Untraceable(nn.Module):
         self.fc = nn.Linear(8, 2)
 
     def forward(self, x):
-        if x.sum() > 0:  # data-dependent control flow: symbolic_trace cannot follow it
+        if x.sum() > 0:  # data-dependent control flow: neither torch.export nor symbolic_trace follows it
             return self.fc(x)
         return -self.fc(x)
 

@@ -1,10 +1,14 @@
-"""`amp-harness import torch MODULE:ATTR --input-shape ...` against real PyTorch: each test model (import_models.py)
-is traced into a spec that the core accepts, the harness's torch network is built from the spec holding the
-module's own weights (copied into the canonical layout, the flatten permutation included), and both networks'
-outputs are compared in float32 in eval mode on the same inputs; the trainable parameter counts must match too.
-What the spec cannot express is one line naming the module and the field, and exit 2."""
+"""`amp-harness import torch MODULE:ATTR --input-shape ...` against real PyTorch: each test model (import_models.py,
+and the Hugging Face models and nn.TransformerEncoder of native_models.py) is captured by torch.export (torch.fx where
+export cannot) into a spec that the core accepts; the module's own weights are copied into the canonical layout
+(the flatten permutation, transposed Linears, a fused q, k, v projection split in three) and the spec computed with
+them, by the harness's torch network in float32 and by the float64 reference (harness.model.reference), gives the
+module's outputs in eval mode; the trainable parameter counts match too. What the spec cannot express is one line
+naming the module and the field, and exit 2."""
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from pathlib import Path
 
@@ -15,9 +19,12 @@ import yaml
 torch = pytest.importorskip("torch")
 
 import import_models as M  # noqa: E402
+import native_models as NATIVE  # noqa: E402
+from amp_harness_torch import importer_export  # noqa: E402
 from amp_harness_torch.importer import canonical_weights, flatten_permutation, import_nn_module  # noqa: E402
 from amp_harness_torch.network import Network  # noqa: E402
 from harness.cli import main  # noqa: E402
+from harness.model import reference  # noqa: E402
 from harness.model.graph import infer  # noqa: E402
 from harness.model.importers import ImportProblems  # noqa: E402
 from harness.model.spec import MODELS_DIR, validate  # noqa: E402
@@ -161,19 +168,22 @@ def _run(capsys, target: str, shape: str) -> tuple[int, str, list[str]]:
 
 # (category, attribute, input shape, the one line's telling part)
 UNSUPPORTED = [
-    ("module", "unsupported_module", "8", "module '1' (SiLU): module class SiLU: not in the spec (mapped: Linear"),
-    ("field", "unsupported_field", "3,8,8",
-     "module '0' (Conv2d): dilation (2, 2): the spec's conv2d takes only (1, 1)"),
+    ("module", "unsupported_module", "8", "module '1' (ELU): module class ELU: not in the spec (mapped: Linear"),
+    ("field", "unsupported_field", "3,8,8", "module '0' (Conv2d): padding_mode 'reflect': the spec's conv2d takes "
+     "only 'zeros'"),
     ("padding", "unsupported_padding", "3,8,8", "module '0' (Conv2d): padding (1, 1): with kernel 3 and stride 2: "
      "PyTorch pads 1 on every side"),
     ("avgpool divisor", "unsupported_avgpool", "3,8,8", "module '0' (AvgPool2d): count_include_pad True: with "
      "padding 1: PyTorch divides a border window by k*k"),
-    ("function", "UnsupportedFunction", "8", "forward calls torch.nn.functional.silu (fx node 'silu'): call: not in "
-     "the spec (mapped functions:"),
-    ("concatenation", "Branches", "8", "forward calls torch.cat (fx node 'cat'): call: not in the spec"),
-    ("graph", "Crossing", "8", "module 'a' (Linear): on two paths: only residual adds join the chain"),
+    ("function", "UnsupportedFunction", "8", "forward calls aten.exp (node 'exp', import_models.py:"),
+    ("concatenation axis", "ConcatHeight", "3,8,8", "forward calls aten.cat (node 'cat', import_models.py:"),
+    ("constant product", "Scaled", "8", "calls aten.mul (node 'mul', import_models.py:"),
+    ("padding mask", "PaddingMasked", "12", "module 'attention' (MultiheadAttention): attention: attn_mask: a mask "
+     "computed from the input (a padding mask?)"),
+    ("attention written out", "WrittenOut", "12", "module 'attention' (MultiheadAttention) calls aten.bmm (node 'bmm', "
+     "activation.py:"),
     ("shape", "MLP", "3,8,8", "--input-shape 3,8,8: the module fails on a zero input of that shape"),
-    ("trace", "Untraceable", "8", "torch.fx.symbolic_trace cannot trace it (TraceError"),
+    ("trace", "Untraceable", "8", "torch.export.export cannot capture it (GuardOnDataDependentSymNode"),
     ("not a module", "not_a_module", "8", "not_a_module is a int, not an nn.Module"),
     ("no attribute", "nothing_here", "8", "has no attribute nothing_here"),
 ]
@@ -205,18 +215,208 @@ def test_each_problem_gets_its_own_line(tmp_path, capsys):
     assert "module '1' (ELU): module class ELU: not in the spec" in lines[1]
 
 
-def test_an_unused_in_place_result_is_refused():
+def test_an_in_place_op_reads_as_its_op():
+    """torch.export points every later use of a tensor changed in place at the op's result: `torch.relu_(x)` then
+    `fc(x)` is a relu and a dense (torch.fx saw an unused node there and refused it)."""
+
     class InPlace(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(4, 2)
 
         def forward(self, x):
-            torch.relu_(x)  # fx records a node whose result nothing uses: the chain would skip the relu
+            torch.relu_(x)
             return self.fc(x)
 
+    layers = import_nn_module(InPlace(), (4,)).spec["layers"]
+    assert [layer["type"] for layer in layers] == ["relu", "dense"]
+
+
+def test_where_export_cannot_capture_torch_fx_reads_the_module_as_before(monkeypatch):
+    """The fx reading is the fallback: with torch.export failing, every classic model gives the spec it gives
+    through export."""
+    def fail(*args, **kwargs):
+        raise importer_export.CaptureFailed("ExportError: no export here")
+
+    through_export = {name: import_nn_module(make(), shape).spec for name, (make, shape) in MODELS.items()}
+    monkeypatch.setattr(importer_export, "export_layers", fail)
+    for name, (make, shape) in MODELS.items():
+        imported = import_nn_module(make(), shape)
+        assert not hasattr(imported, "weights")  # an fx import: canonical_weights reads modules by their names
+        assert imported.spec == through_export[name], name
+
+
+# ---- graphs, attention and Hugging Face models through torch.export -----------------------------------------
+def _randomise_all(model: torch.nn.Module, seed: int = 1) -> None:
+    """_randomise, every bias drawn too (Hugging Face starts them at 0), and every matrix (Linear, Conv1D,
+    embedding) drawn at a scale of 1/sqrt(its last axis): Hugging Face's 0.02 leaves attention's scores near 0, its
+    probabilities near uniform, which would hide a query swapped for a key."""
+    _randomise(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(torch.rand(param.shape, generator=gen, dtype=param.dtype) * 0.2 - 0.1)
+            elif param.dim() == 2:
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) / math.sqrt(param.shape[-1]))
+            elif param.dim() == 1:  # norm scales, RMSNorm's included
+                param.copy_(torch.rand(param.shape, generator=gen, dtype=param.dtype) * 0.6 + 0.7)
+
+
+# name -> (factory, input shape in PyTorch's layout)
+GRAPHS = {
+    "branches": (M.Branches, (8,)),
+    "crossing": (M.Crossing, (8,)),
+    "gated_convnet": (M.GatedConvNet, (3, 16, 16)),
+    "functional_ops": (M.FunctionalOps, (3, 8, 8)),
+    "patch_encoder": (M.PatchEncoder, (3, 16, 16)),
+    "tiny_causal_lm": (M.TinyCausalLM, (12,)),
+    "tiny_causal_lm_masked": (M.tiny_causal_lm_masked, (12,)),
+    "encoder": (NATIVE.encoder, (16,)),  # benchmarks/native/torch_*.yaml's inputs
+    "gpt2": (NATIVE.gpt2, (16,)),
+    "mobilenet_v2": (NATIVE.mobilenet_v2, (3, 16, 16)),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _imported(name: str):
+    """(the module in float64, eval mode, its weights drawn; its import) for a GRAPHS model."""
+    make, shape = GRAPHS[name]
+    torch.manual_seed(0)
+    model = make().double().eval()
+    _randomise_all(model)
+    return model, import_nn_module(model, shape, target=name)
+
+
+def _sample(spec, shape, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(2)
+    if spec.tokens:
+        return torch.randint(0, spec.input.vocab, (4, *shape), generator=gen)
+    return torch.randn((4, *shape), generator=gen, dtype=dtype)
+
+
+def _reference(name: str, weights=None):
+    """(the module's outputs, the float64 reference's from the spec and the module's weights)."""
+    model, imported = _imported(name)
+    spec = validate(imported.spec, name)
+    x = _sample(spec, GRAPHS[name][1])
+    with torch.no_grad():
+        out = model(x)
+    expected = getattr(out, "logits", out).numpy()
+    weights = weights if weights is not None else canonical_weights(model, imported, np.float64)
+    return expected, reference.forward(spec, weights, x.permute(0, 2, 3, 1).numpy() if x.dim() == 4 else x.numpy())
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_the_spec_computes_the_module_in_float64(name):
+    """The spec, computed by the float64 reference from the module's own weights, gives the module's outputs to
+    1e-9; its trainable parameters are the module's (a tied weight counted once more per use)."""
+    model, imported = _imported(name)
+    graph = infer(validate(imported.spec, name))
+    assert graph.param_count == sum(p.numel() for p in model.parameters()) + imported.shared_parameters
+    expected, got = _reference(name)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["encoder", "gpt2", "patch_encoder"])
+def test_the_harness_torch_network_computes_the_module_in_float32(name):
+    model, imported = _imported(name)
+    model = copy.deepcopy(model).float()
+    spec = validate(imported.spec, name)
+    net = Network(spec.layers, infer(spec), canonical_weights(model, imported)).eval()
+    x = _sample(spec, GRAPHS[name][1], torch.float32)
+    with torch.no_grad():
+        out = model(x)
+        expected, got = getattr(out, "logits", out).numpy(), net(x).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_what_the_transformers_import_as():
+    layers = _imported("gpt2")[1].spec["layers"]
+    assert [layer["type"] for layer in layers[:4]] == ["embedding", "position_embedding", "dropout", "residual"]
+    assert layers[3]["layers"][1] == {"type": "attention", "heads": 4, "causal": True, "dropout": 0.1}
+    assert layers[4]["layers"][2] == {"type": "gelu", "approximate": True}  # NewGELUActivation, by its values
+    assert layers[-1] == {"type": "dense", "units": 64, "use_bias": False}
+    encoder = _imported("encoder")[1].spec["layers"]  # post-norm: the norm after each residual block
+    assert [layer["type"] for layer in encoder] == ["embedding"] + ["residual", "layernorm"] * 4 + ["dense"]
+    assert encoder[1]["layers"] == [{"type": "attention", "heads": 4}]
+    patches = _imported("patch_encoder")[1].spec["layers"]
+    assert patches[:2] == [{"type": "patches", "size": 4, "dim": 32}, {"type": "position_embedding"}]
+    lm, masked = (_imported(name)[1].spec["layers"] for name in ("tiny_causal_lm", "tiny_causal_lm_masked"))
+    assert lm == masked  # is_causal=True and an explicit -inf mask above the diagonal are the same spec
+    # the dropout SDPA is called with in training (0.05), not the module's `dropout` attribute (0.1: a layer after)
+    attention = lm.index({"type": "attention", "heads": 4, "causal": True, "use_bias": False, "dropout": 0.05})
+    assert lm[attention + 1] == {"type": "dropout", "rate": 0.1, "name": "attention_dropout"}
+    assert patches[2]["layers"][1] == {"type": "attention", "heads": 4, "dropout": 0.1}  # MultiheadAttention's
+    assert {"type": "multiply", "inputs": ["silu", "up"]} in lm  # SwiGLU: silu(gate(x)) * up(x)
+    assert {"type": "rmsnorm", "name": "norm2"} in lm  # a Llama-style RMSNorm, by its values (epsilon 1e-6)
+    assert {"type": "rmsnorm", "epsilon": 1e-5} in lm  # nn.RMSNorm
+    assert lm[1] == {"type": "position_embedding", "max_length": 24, "name": "add"}
+
+
+def test_notes_say_what_a_weight_copier_must_know():
+    notes = _imported("gpt2")[1].notes
+    assert any("'transformer.h.0.attn.c_attn.weight' projects to q, k and v at once" in n for n in notes)
+    assert any(n.startswith("transformer.wte.weight and lm_head.weight are one tensor") and "2,048 parameters more"
+               in n for n in notes)
+    assert _imported("gpt2")[1].shared_parameters == 64 * 32
+    padded = torch.nn.Sequential(torch.nn.Embedding(20, 8, padding_idx=0), torch.nn.Linear(8, 20))
+    notes = import_nn_module(padded, (6,)).notes
+    assert any("module '0' (Embedding): padding_idx 0: PyTorch's embedding gives that row no gradient" in n
+               for n in notes)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "tiny_causal_lm"])
+def test_the_head_split_is_what_makes_them_equal(name):
+    """Swapping the query and key kernels (a copier that splits a fused projection in the wrong order, or maps
+    separate ones to the wrong places) changes the outputs: the check above sees the attention's weights."""
+    model, imported = _imported(name)
+    weights = canonical_weights(model, imported, np.float64)
+    path = next(p for p, layer in _layer_paths(imported.spec["layers"]) if layer["type"] == "attention")
+    weights[f"{path}.query_kernel"], weights[f"{path}.key_kernel"] = \
+        weights[f"{path}.key_kernel"], weights[f"{path}.query_kernel"]
+    expected, got = _reference(name, weights)
+    assert not np.allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def _layer_paths(layers, prefix=""):
+    for index, layer in enumerate(layers):
+        yield f"{prefix}{index}", layer
+        for key in ("layers", "projection"):
+            yield from _layer_paths(layer.get(key) or [], f"{prefix}{index}.{key}.")
+
+
+# Hugging Face models the spec cannot hold yet: one line each, naming the module
+REFUSED = {
+    "bert": ["bert: module 'bert.embeddings.token_type_embeddings' (Embedding): takes constant ids (all 0: its ids "
+             "are not given to the model's forward) and adds row 0 of its table to every position: the spec has no "
+             "layer that adds a learned constant row (fold the row into the position table by hand, or drop it)"],
+    "vit": ["vit: module 'vit.embeddings' (ViTEmbeddings) calls aten.cat (node 'cat', modeling_vit.py:"],
+    "llama": [f"llama: module 'model.layers.{i}.self_attn' (LlamaAttention): {what}: not in the spec yet"
+              for i in (0, 1) for what in ("rotary position embedding",
+                                           "grouped key/value heads (2 key/value heads for 4 query heads)")],
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_what_the_spec_cannot_hold_yet_is_one_line_each(name):
+    shape = (3, 16, 16) if name == "vit" else (16,)
     with pytest.raises(ImportProblems) as caught:
-        import_nn_module(InPlace(), (4,))
-    assert caught.value.lines == ["InPlace: forward calls torch.relu_ (fx node 'relu_'): not on the chain from the "
-                                  "input to the output (an in-place op whose result is not used, or a branch the "
-                                  "spec cannot express: only residual adds join the chain)"]
+        import_nn_module(getattr(NATIVE, name)(), shape, target=name)
+    lines = caught.value.lines
+    assert len(lines) == len(REFUSED[name]), lines
+    for line, expected in zip(lines, REFUSED[name]):
+        assert line.startswith(expected), line
+    if name == "vit":
+        assert "concatenates the learned tensor 'vit.embeddings.cls_token' with the data along axis 1 (a class " \
+               "token?)" in lines[0]
+
+
+@pytest.mark.parametrize("name, shape", [("gpt2", "16"), ("mobilenet_v2", "3,16,16")])
+def test_a_hugging_face_import_passes_check(tmp_path, capsys, name, shape):
+    out = tmp_path / f"{name}.yaml"
+    assert main(["import", "torch", f"{HERE / 'native_models.py'}:{name}", "--input-shape", shape, "-o",
+                 str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["check", str(out)]) == 0
