@@ -78,11 +78,15 @@ def run_list(items, x, call):
     """A list's layers applied as the spec wires them (harness.model.spec, "named tensors"; LayerInfo.sources):
     `items` (LayerInfo, the framework's layer) in the list's order, `x` the list's input; `call(info, layer, value)`
     gives a layer's output, `value` being its input, or a merge's list of inputs. Returns the last layer's output."""
-    outputs = []
-    for info, layer in items:
+    last_use = {source: index for index, (info, _) in enumerate(items) for source in info.sources}
+    outputs: dict[int, object] = {}  # each layer's output until the last layer that takes it
+    for index, (info, layer) in enumerate(items):
         values = [x if source < 0 else outputs[source] for source in info.sources]
-        outputs.append(call(info, layer, values if info.type in MERGE_TYPES else values[0]))
-    return outputs[-1]
+        outputs[index] = call(info, layer, values if info.type in MERGE_TYPES else values[0])
+        for source in set(info.sources):
+            if source >= 0 and last_use[source] == index:
+                del outputs[source]
+    return outputs[len(items) - 1]
 
 
 def aligned_shape(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
