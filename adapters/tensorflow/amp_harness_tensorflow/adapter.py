@@ -216,8 +216,11 @@ class TensorFlowTrainer(Trainer):
 
     def layer_outputs(self, x, y):
         tf = self.tf
+        inputs = tf.constant(x, dtype=self.net.input_dtype)
         with tf.GradientTape() as tape:
-            outputs, out = self.net.layer_outputs(tf.constant(x, dtype=self.net.input_dtype))
+            if inputs.dtype.is_floating:  # a layer of no weights on the input (a rescaling) is on the tape too
+                tape.watch(inputs)
+            outputs, out = self.net.layer_outputs(inputs)
             tape.watch(list(outputs.values()))
             loss = self.loss_fn(self.spec.loss, out, tf.constant(y))
         grads = tape.gradient(loss, list(outputs.values()))
