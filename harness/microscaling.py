@@ -1,0 +1,490 @@
+"""Microscaling (block-scaled) formats, the rules written once: MXFP8, MXFP6 and MXFP4 (OCP MX v1.0), NVFP4, and
+DeepSeek-V3's block-scaled FP8, as a numpy reference, and as the same arithmetic written against the elementwise
+primitives of harness.rounding.RoundingOps (`block_quantize_with(ops, ...)`: an adapter fills the table for its
+framework, as it does for harness.fp8), held to the reference bit for bit through numpy's table.
+
+The elements (Fp8Format, the grid of harness.fp8): e4m3 (max 448) and e5m2 (57344) as in FP8; e2m3 (FP6: max 7.5,
+smallest normal 1, smallest subnormal 2^-3), e3m2 (FP6: max 28, 2^-2, 2^-4), e2m1 (FP4: max 6, 1, 2^-1; its grid
+0, 0.5, 1, 1.5, 2, 3, 4, 6). None of the FP6/FP4 formats has an infinity or a NaN. Every cast is harness.fp8's:
+nearest, ties to even, saturating to the largest finite value (ml_dtypes 0.7 casts e4m3fn overflow to NaN and e5m2's
+to infinity, while it saturates the FP6/FP4 types and writes NaN as -0); NaN stays NaN in the float32 emulation.
+Stochastic rounding (`rounding="stochastic"`) takes 16 caller-supplied bits r per value, harness.rounding's rule on
+the element's grid: with g the gap at |x| (2^(max(e, emin) - mantissa bits)) and m = |x| / g, the magnitude rounds
+away from zero iff r + (m - floor(m)) 2^16 >= 2^16, computed in float32; then it saturates.
+
+A block is `block` consecutive values along one axis (`rows` x `block` tiles for 2-D weight tiles: `rows` along a
+second axis). In a matmul the blocks run along the reduction axis: a left operand [M, K] blocks along its axis -1,
+a right operand [K, N] along its axis 0 (`matmul`). A dimension that is not a multiple of the block ends in a
+partial block, scaled by its own values (as if padded with zeros, which change no amax). Each block has its amax,
+the largest magnitude of its values; a block holding a NaN or an infinity gets a NaN scale and all its values
+become NaN (OCP MX: a NaN scale makes every element of its block NaN; torchao's to_mx gives such a block the NaN
+scale; the same here for every format, so saturation never hides a non-finite value). The formats, value =
+element x block scale (x tensor scale):
+
+- MX (OCP Microscaling Formats v1.0, section 6.3; torchao.prototype.mx_formats.mx_tensor.to_mx): blocks of 32,
+  a shared E8M0 scale 2^E, E = floor(log2 amax) - emax_elem, emax_elem = floor(log2 max_elem) (8, 15, 2, 4, 2),
+  clamped to [-127, 127]; E8M0 holds 2^-127..2^127 and NaN (0xFF), no zero: an all-zero block has 2^-127. Other
+  modes (torchao's ScaleCalculationMode): "ceil" E = ceil(log2 amax) - emax_elem (amax / scale <= 2^emax_elem:
+  never saturates, and underflows more); "even" E = floor(log2 of amax rounded half up to the element's mantissa
+  bits) - emax_elem; "rceil" (cuBLAS's, Transformer Engine's MXFP8) the smallest 2^E >= amax x fl32(1 / max_elem),
+  E >= -127. "floor" (the spec's and torchao's default) puts amax / scale in [2^emax, 2^(emax+1)): above max_elem
+  (448 of 512, 6 of 8) values saturate. The elements: x x 2^-E (exact) cast.
+- NVFP4 (two levels; torchao.prototype.mx_formats.nvfp4_tensor.nvfp4_quantize with per_tensor_amax_to_scale, whose
+  float32 operations are followed one for one): e2m1 in blocks of 16; a per-tensor float32 scale
+  g = max(amax_tensor / 2688, 2^-119) (2688 = 448 x 6; amax_tensor the largest finite block amax; the floor is ours:
+  torchao divides by zero for an all-zero tensor; it keeps every scale, reciprocal and non-zero value a normal
+  float32); the block scale s = e4m3(clip((amax / 6) / g, 2^-6, 448)), an E4M3 number (torchao clamps at
+  e4m3's smallest normal); the elements e2m1(clip(x ((1 / g) / s), -6, 6)); the value q (g s). Transformer Engine's
+  reference (pytorch/custom_recipes/quantization_ref_nvfp4.py) computes the same quantities in another float32
+  order (amax (S_enc / 6), S_enc = 2688 / amax_tensor; no lower clamp on s), so a block scale can differ from it
+  in the last e4m3 bit (a core test shows one: 5 here, 5.5 there).
+- Block FP8 (DeepSeek-V3's inference/kernel.py act_quant / weight_quant): e4m3 with a float32 scale per 1 x 128
+  block (activations) or 128 x 128 tile (weights): s = max(amax / 448, 2^-126) (the floor is ours: DeepSeek's kernel
+  divides by zero for an all-zero block), the elements e4m3(x / s) (a division, as DeepSeek's), the value q s.
+
+Every value is float32. MX's scales are powers of two: its scaling and dequantizing are exact and only the casts
+round (but a dequantized MX value under 2^-126, in a block whose amax is below about 2^-110, is a float32
+subnormal, which a framework that flushes subnormals reads as 0). NVFP4's and block FP8's scales are not: their
+divisions and products round in float32, so the order of the operations above is part of the rule.
+
+The 16 x 16 random Hadamard transform (NVFP4's pretraining recipe, on the weight-gradient GEMM's inputs): along an
+axis in blocks of 16, y = x diag(s) H / 4, H Sylvester's Hadamard matrix (entries +-1, H H = 16 I) and s a sign
+vector drawn from a seed (Transformer Engine's reference hard-codes one), so Q = diag(s) H / 4 is orthogonal,
+exactly (Q Q^T = I in float64), and y Q^T = x. It is computed in float64 by the fast Walsh-Hadamard butterfly in a
+fixed order (4 stages of a + b, a - b), so any framework that follows the order gets the same bits; it is exact,
+equal to x @ Q, whenever a block's float32 values span at most 25 binades (16 float32 significands fit float64's
+53 bits). A dimension that is not a multiple of 16 is refused (as Transformer Engine does).
+
+Storage (`bits_per_value`, `storage_bits`): element bits plus the block scale's share (E8M0 and E4M3: 8 bits;
+float32: 32) plus NVFP4's 32-bit tensor scale; packed, without the padding and swizzled layouts kernels use.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.errors import HarnessError
+from harness.fp8 import E4M3, E5M2, Fp8Format
+# the element casts are harness.fp8's (nearest, ties to even, saturating), on every element format here
+from harness.fp8 import quantize as cast  # noqa: F401  (x, fmt) -> float32
+from harness.fp8 import quantize_with as cast_with  # noqa: F401  (ops, x, fmt): the written-once cast
+
+E2M3 = Fp8Format("e2m3", 7.5, 0, 3)
+E3M2 = Fp8Format("e3m2", 28.0, -2, 2)
+E2M1 = Fp8Format("e2m1", 6.0, 0, 1)
+ELEMENTS = {f.name: f for f in (E4M3, E5M2, E2M3, E3M2, E2M1)}
+ELEMENT_BITS = {"e4m3": 8, "e5m2": 8, "e2m3": 6, "e3m2": 6, "e2m1": 4}
+
+NOISE_BITS = 16  # harness.rounding's random bits per value
+NOISE_RANGE = 1 << NOISE_BITS
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
+NVFP4_TENSOR_DIVISOR = 448.0 * 6.0  # torchao's per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX)
+NVFP4_MIN_TENSOR_SCALE = 2.0**-119
+NVFP4_MIN_BLOCK_SCALE = 2.0**-6  # e4m3's smallest normal (torchao's E4M3_EPS)
+FP8_BLOCK_MIN_SCALE = 2.0**-126
+HADAMARD_SIZE = 16
+_SIGN_STREAM = 0x4AD4  # keeps the Hadamard signs apart from every other use of a seed
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """A block-scaled format: `element` values in blocks of `block` along the quantized axis (x `rows` along a
+    second axis for 2-D tiles), each block with a scale of kind `scale` ("e8m0", "e4m3": NVFP4's two levels,
+    "float32"), E8M0 scales rounded by `scale_mode` (SCALE_MODES)."""
+    name: str
+    element: Fp8Format
+    block: int
+    scale: str
+    rows: int = 1
+    scale_mode: str = "floor"
+
+    def __post_init__(self) -> None:
+        if self.scale not in ("e8m0", "e4m3", "float32") or self.scale_mode not in SCALE_MODES:
+            raise HarnessError(f"{self.name}: scale must be e8m0, e4m3 or float32, scale_mode one of {SCALE_MODES}")
+        if self.block < 1 or self.rows < 1:
+            raise HarnessError(f"{self.name}: blocks of at least 1 value")
+
+
+MXFP8_E4M3 = BlockFormat("mxfp8_e4m3", E4M3, 32, "e8m0")
+MXFP8_E5M2 = BlockFormat("mxfp8_e5m2", E5M2, 32, "e8m0")
+MXFP6_E2M3 = BlockFormat("mxfp6_e2m3", E2M3, 32, "e8m0")
+MXFP6_E3M2 = BlockFormat("mxfp6_e3m2", E3M2, 32, "e8m0")
+MXFP4 = BlockFormat("mxfp4", E2M1, 32, "e8m0")
+NVFP4 = BlockFormat("nvfp4", E2M1, 16, "e4m3")
+NVFP4_WEIGHT = BlockFormat("nvfp4_16x16", E2M1, 16, "e4m3", rows=16)  # the recipe's 2-D weight tiles
+FP8_BLOCK = BlockFormat("fp8_block_1x128", E4M3, 128, "float32")  # activations and gradients
+FP8_BLOCK_WEIGHT = BlockFormat("fp8_block_128x128", E4M3, 128, "float32", rows=128)
+FORMATS = {f.name: f for f in (MXFP8_E4M3, MXFP8_E5M2, MXFP6_E2M3, MXFP6_E3M2, MXFP4, NVFP4, NVFP4_WEIGHT,
+                               FP8_BLOCK, FP8_BLOCK_WEIGHT)}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A quantized tensor as its matmul sees it: `values` the dequantized float32 array (x's shape); `scales` the
+    float32 block scales (x's shape with each blocked axis shortened to its number of blocks: the E8M0 power of
+    two, NVFP4's E4M3 block scale, or the float32 scale; NaN for a block holding a non-finite value);
+    `tensor_scale` NVFP4's per-tensor float32 scale g (1 for the others)."""
+    values: np.ndarray
+    scales: np.ndarray
+    tensor_scale: float = 1.0
+
+
+# ---- the reference (numpy) --------------------------------------------------------------------------------
+def _f32(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _check_bits(bits, shape) -> np.ndarray:
+    r = np.asarray(bits)
+    if r.shape != tuple(shape) or not np.issubdtype(r.dtype, np.integer) or \
+            (r.size and (r.min() < 0 or r.max() >= NOISE_RANGE)):
+        raise HarnessError(f"stochastic rounding needs one integer in [0, 2^16) per value; got {r.dtype} "
+                           f"{r.shape} for {tuple(shape)}")
+    return r.astype(np.int32)
+
+
+def cast_stochastic(x, fmt: Fp8Format, bits) -> np.ndarray:
+    """float32 x cast to the element format with stochastic rounding by `bits` (integers 0..2^16-1, x's shape),
+    saturating, back to float32; NaN stays NaN, infinities saturate."""
+    x = _f32(x)
+    r = _check_bits(bits, x.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.abs(x)
+        finite = np.isfinite(x)
+        exponent = np.frexp(np.where(finite, magnitude, 1.0).astype(np.float64))[1] - 1  # floor(log2 |x|)
+        gap = np.exp2(np.maximum(exponent, fmt.min_normal_exp) - fmt.mantissa).astype(np.float32)
+        m = magnitude / gap  # exact: a power of two
+        low = np.floor(m)
+        away = r.astype(np.float32) + (m - low) * np.float32(NOISE_RANGE) >= np.float32(NOISE_RANGE)
+        rounded = np.minimum((low + away) * gap, np.float32(fmt.max))
+    rounded = np.where(np.isinf(x), np.float32(fmt.max), rounded)
+    return np.where(np.isnan(x), x, np.copysign(rounded, x)).astype(np.float32)
+
+
+def e8m0_codes(amax, element: Fp8Format, mode: str = "floor") -> np.ndarray:
+    """The biased E8M0 code (uint8: the scale is 2^(code - 127), 255 NaN) of blocks whose largest magnitude is
+    `amax` (float32, >= 0; infinite or NaN for a block holding a non-finite value), by the rounding mode."""
+    if mode not in SCALE_MODES:
+        raise HarnessError(f"E8M0 scale mode '{mode}': one of {', '.join(SCALE_MODES)}")
+    amax = _f32(amax).astype(np.float64)
+    finite = np.isfinite(amax)
+    a = np.where(finite, amax, 1.0)
+    if mode == "rceil":  # the smallest 2^E >= amax x fl32(1 / max), E >= -127
+        d = (_f32(a) * np.float32(1.0 / element.max)).astype(np.float64)
+        sig, e = np.frexp(np.where(d > 0, d, 1.0))  # d = sig 2^e, sig in [0.5, 1)
+        exponent = np.where(d > 0, e - (sig == 0.5), -127)  # ceil(log2 d)
+    else:
+        sig, e = np.frexp(np.where(a > 0, a, 1.0))
+        exponent = np.where(a > 0, e - 1, -127)  # floor(log2 amax); amax = 0: the clamp's end
+        if mode == "ceil":
+            exponent = exponent + ((sig != 0.5) & (a > 0))
+        elif mode == "even":  # amax rounded half up to the element's mantissa bits reaches the next power of two
+            exponent = exponent + ((2 * sig >= 2 - 2.0 ** -(element.mantissa + 1)) & (a > 0))
+        exponent = exponent - element.max_exp
+    code = np.clip(exponent, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS
+    return np.where(finite, code, E8M0_NAN).astype(np.uint8)
+
+
+def e8m0_values(codes) -> np.ndarray:
+    """The float32 value of E8M0 codes: 2^(code - 127) (code 0: the float32 subnormal 2^-127), 255 NaN."""
+    codes = np.asarray(codes, np.int64)
+    return np.where(codes == E8M0_NAN, np.nan, np.ldexp(1.0, codes - E8M0_BIAS)).astype(np.float32)
+
+
+def nvfp4_tensor_scale(tensor_amax: float) -> np.float32:
+    """NVFP4's per-tensor float32 scale g = max(amax / 2688, 2^-119) of the tensor's largest finite magnitude."""
+    amax = np.float32(tensor_amax)
+    if not np.isfinite(amax):
+        raise HarnessError("nvfp4: the tensor amax is the largest finite magnitude, not an infinity or NaN")
+    return np.maximum(amax / np.float32(NVFP4_TENSOR_DIVISOR), np.float32(NVFP4_MIN_TENSOR_SCALE))
+
+
+def nvfp4_block_scales(amax, g) -> np.ndarray:
+    """NVFP4's E4M3 block scales (as float32) of blocks with largest magnitude `amax`, under tensor scale g."""
+    amax, g = _f32(amax), np.float32(g)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.clip((amax / np.float32(6.0)) / g, np.float32(NVFP4_MIN_BLOCK_SCALE), np.float32(E4M3.max))
+    return np.where(np.isfinite(amax), cast(s, E4M3), np.float32(np.nan)).astype(np.float32)
+
+
+def fp8_block_scales(amax) -> np.ndarray:
+    """Block FP8's float32 scales: max(amax / 448, 2^-126); NaN for a block holding a non-finite value."""
+    amax = _f32(amax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.maximum(amax / np.float32(E4M3.max), np.float32(FP8_BLOCK_MIN_SCALE))
+    return np.where(np.isfinite(amax), s, np.float32(np.nan)).astype(np.float32)
+
+
+def _axes(ndim: int, fmt: BlockFormat, axis: int, across: int | None) -> tuple[int, int | None]:
+    if ndim < 1:
+        raise HarnessError(f"{fmt.name}: a tensor of at least one dimension")
+    if not -ndim <= axis < ndim:
+        raise HarnessError(f"{fmt.name}: axis {axis} of a {ndim}-d tensor")
+    axis %= ndim
+    if fmt.rows == 1:
+        return axis, None
+    if across is None:
+        if ndim != 2:
+            raise HarnessError(f"{fmt.name}: {fmt.rows} x {fmt.block} tiles need a 2-d tensor or `across`")
+        across = 1 - axis
+    if not -ndim <= across < ndim or across % ndim == axis:
+        raise HarnessError(f"{fmt.name}: across {across} must be another axis than {axis}")
+    return axis, across % ndim
+
+
+def to_blocks(x, fmt: BlockFormat, axis: int = -1, across: int | None = None) -> np.ndarray:
+    """x arranged as [..., M, rows, N, block]: the quantized axis last and split into blocks, `across` (or a new
+    axis of 1 for 1-D blocks) before it, split into `rows`; a partial last block padded with zeros."""
+    x = np.asarray(x)
+    axis, across = _axes(x.ndim, fmt, axis, across)
+    y = np.moveaxis(x, axis, -1)[..., None, :] if across is None else np.moveaxis(x, (across, axis), (-2, -1))
+    m, n = y.shape[-2:]
+    pad_m, pad_n = -m % fmt.rows, -n % fmt.block
+    if pad_m or pad_n:
+        y = np.pad(y, [(0, 0)] * (y.ndim - 2) + [(0, pad_m), (0, pad_n)])
+    return y.reshape(*y.shape[:-2], (m + pad_m) // fmt.rows, fmt.rows, (n + pad_n) // fmt.block, fmt.block)
+
+
+def from_blocks(blocks: np.ndarray, shape: tuple[int, ...], fmt: BlockFormat, axis: int = -1,
+                across: int | None = None) -> np.ndarray:
+    """to_blocks' inverse: the array of x's `shape` (the padding dropped)."""
+    axis, across = _axes(len(shape), fmt, axis, across)
+    lead = blocks.shape[:-4]
+    y = blocks.reshape(*lead, blocks.shape[-4] * fmt.rows, blocks.shape[-2] * fmt.block)
+    if across is None:
+        return np.moveaxis(y[..., 0, :shape[axis]], -1, axis)
+    return np.moveaxis(y[..., :shape[across], :shape[axis]], (-2, -1), (across, axis))
+
+
+def _scale_grid(scales: np.ndarray, ndim: int, fmt: BlockFormat, axis: int, across: int | None) -> np.ndarray:
+    """Block scales [..., M, 1, N, 1] laid out as x is, each blocked axis holding its blocks."""
+    axis, across = _axes(ndim, fmt, axis, across)
+    s = scales[..., 0, :, 0]
+    return np.moveaxis(s[..., 0, :], -1, axis) if across is None else np.moveaxis(s, (-2, -1), (across, axis))
+
+
+def block_amax(blocks) -> np.ndarray:
+    """Each block's largest magnitude, [..., M, 1, N, 1] float32, a non-finite value counting as infinity (the
+    reduction an adapter runs: max over the block of where(isfinite(x), |x|, inf))."""
+    blocks = _f32(blocks)
+    magnitude = np.where(np.isfinite(blocks), np.abs(blocks), np.float32(np.inf))
+    return magnitude.max(axis=(-3, -1), keepdims=True).astype(np.float32)
+
+
+def tensor_amax(amax) -> np.float32:
+    """NVFP4's tensor amax from the block amaxes: the largest finite one (0 where none is)."""
+    amax = _f32(amax)
+    return np.float32(np.max(np.where(np.isfinite(amax), amax, 0), initial=0))
+
+
+def quantize(x, fmt: BlockFormat, axis: int = -1, rounding: str = "nearest", bits=None, across: int | None = None,
+             tensor_amax_value: float | None = None) -> Quantized:
+    """x (float32) quantized to the block format along `axis` (and `across`, for 2-D tiles) and dequantized: the
+    emulation a matmul multiplies. `rounding`: the element cast's, "nearest" (to even) or "stochastic" with `bits`
+    (integers 0..2^16-1, x's shape). `tensor_amax_value`: NVFP4's tensor amax when the caller keeps one (None: x's)."""
+    if rounding not in ("nearest", "stochastic"):
+        raise HarnessError(f"element rounding '{rounding}': nearest or stochastic")
+    x = _f32(x)
+    blocks = to_blocks(x, fmt, axis, across)
+    amax = block_amax(blocks)
+    g = np.float32(1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if fmt.scale == "e8m0":
+            codes = e8m0_codes(amax, fmt.element, fmt.scale_mode)
+            scales = e8m0_values(codes)
+            inverse = e8m0_values(np.where(codes == E8M0_NAN, E8M0_NAN, 2 * E8M0_BIAS - codes.astype(np.int64)))
+            scaled, multiplier = blocks * inverse, scales
+        elif fmt.scale == "e4m3":
+            g = nvfp4_tensor_scale(tensor_amax(amax) if tensor_amax_value is None else tensor_amax_value)
+            scales = nvfp4_block_scales(amax, g)
+            scaled = np.clip(blocks * ((np.float32(1.0) / g) / scales), -np.float32(E2M1.max), np.float32(E2M1.max))
+            multiplier = g * scales
+        else:
+            scales = fp8_block_scales(amax)
+            scaled, multiplier = blocks / scales, scales
+        scaled = scaled.astype(np.float32)
+        if rounding == "stochastic":
+            r = to_blocks(_check_bits(bits, x.shape), fmt, axis, across)
+            q = cast_stochastic(scaled, fmt.element, r)
+        else:
+            q = cast(scaled, fmt.element)
+        values = (q * multiplier).astype(np.float32)
+    return Quantized(from_blocks(values, x.shape, fmt, axis, across),
+                     _scale_grid(scales, x.ndim, fmt, axis, across), float(g))
+
+
+def matmul(a, b, fmt_a: BlockFormat, fmt_b: BlockFormat | None = None, rounding: str = "nearest",
+           bits_a=None, bits_b=None) -> np.ndarray:
+    """a [M, K] @ b [K, N] with both quantized along K (a's axis -1, b's axis 0; a 2-D tile format blocks b
+    across N too), the products summed in float32 (numpy's order: the emulation's rounding, not a kernel's)."""
+    qa = quantize(a, fmt_a, axis=-1, rounding=rounding, bits=bits_a).values
+    qb = quantize(b, fmt_b or fmt_a, axis=0, rounding=rounding, bits=bits_b).values
+    return np.matmul(qa, qb).astype(np.float32)
+
+
+# ---- storage ------------------------------------------------------------------------------------------------
+SCALE_BITS = {"e8m0": 8, "e4m3": 8, "float32": 32}
+TENSOR_SCALE_BITS = {"e8m0": 0, "e4m3": 32, "float32": 0}
+
+
+def bits_per_value(fmt: BlockFormat) -> float:
+    """Bits per value of a large tensor: the element's plus its share of the block scale (MXFP8 8.25, MXFP6 6.25,
+    MXFP4 4.25, NVFP4 4.5, block FP8 8.25 (1 x 128) and 8.002 (128 x 128)); float32 is 32, bfloat16 16."""
+    return ELEMENT_BITS[fmt.element.name] + SCALE_BITS[fmt.scale] / (fmt.block * fmt.rows)
+
+
+def storage_bits(shape, fmt: BlockFormat, axis: int = -1, across: int | None = None) -> int:
+    """The bits a tensor of `shape` takes in the format, packed: every element, one scale per block (a partial
+    block too), and NVFP4's tensor scale."""
+    shape = tuple(int(n) for n in shape)
+    axis, across = _axes(len(shape), fmt, axis, across)
+    values = math.prod(shape)
+    blocks = values // shape[axis] * -(-shape[axis] // fmt.block) if shape[axis] else 0
+    if across is not None and shape[across]:
+        blocks = blocks // shape[across] * -(-shape[across] // fmt.rows)
+    return values * ELEMENT_BITS[fmt.element.name] + blocks * SCALE_BITS[fmt.scale] + TENSOR_SCALE_BITS[fmt.scale]
+
+
+# ---- the random Hadamard transform ----------------------------------------------------------------------
+def hadamard_signs(seed: int = 0) -> np.ndarray:
+    """The transform's 16 signs (+-1.0), from the seed's first 16 bits of a SeedSequence (stable across numpy)."""
+    word = int(np.random.SeedSequence([seed % 2**63, _SIGN_STREAM]).generate_state(1, np.uint32)[0])
+    return np.array([1.0 - 2.0 * ((word >> i) & 1) for i in range(HADAMARD_SIZE)])
+
+
+def hadamard_matrix(seed: int = 0) -> np.ndarray:
+    """Q = diag(signs) H / 4, float64: the transform is y = x Q per block of 16, its inverse x = y Q^T."""
+    h = np.ones((1, 1))
+    while h.shape[0] < HADAMARD_SIZE:
+        h = np.block([[h, h], [h, -h]])
+    return hadamard_signs(seed)[:, None] * h / math.sqrt(HADAMARD_SIZE)
+
+
+def _butterfly(v: np.ndarray) -> np.ndarray:
+    """v [..., 16] @ H (Sylvester's), by 4 fixed stages of pairs (a + b, a - b) at strides 1, 2, 4, 8."""
+    v = v.copy()
+    h = 1
+    while h < HADAMARD_SIZE:
+        v = v.reshape(*v.shape[:-1], HADAMARD_SIZE // (2 * h), 2, h)
+        a, b = v[..., 0, :], v[..., 1, :]
+        v = np.stack([a + b, a - b], axis=-2).reshape(*v.shape[:-3], HADAMARD_SIZE)
+        h *= 2
+    return v
+
+
+def _hadamard_blocks(x, axis: int) -> tuple[np.ndarray, tuple]:
+    x = np.asarray(x, np.float64)
+    if x.ndim < 1 or x.shape[axis] % HADAMARD_SIZE:
+        raise HarnessError(f"the Hadamard transform runs along a dimension that is a multiple of {HADAMARD_SIZE}; "
+                           f"got shape {x.shape} along axis {axis}")
+    y = np.moveaxis(x, axis, -1)
+    return y.reshape(*y.shape[:-1], -1, HADAMARD_SIZE), y.shape
+
+
+def hadamard_transform(x, axis: int = -1, seed: int = 0) -> np.ndarray:
+    """The 16 x 16 random Hadamard transform of x along `axis` (a multiple of 16), in float64: x diag(s) H / 4
+    per block (the butterfly's fixed order; exactly x @ hadamard_matrix(seed) where the block spans at most 25
+    binades). The caller rounds it once to float32 before quantizing."""
+    blocks, shape = _hadamard_blocks(x, axis)
+    y = _butterfly(blocks * hadamard_signs(seed)) * (1.0 / math.sqrt(HADAMARD_SIZE))
+    return np.moveaxis(y.reshape(shape), -1, axis)
+
+
+def inverse_hadamard_transform(y, axis: int = -1, seed: int = 0) -> np.ndarray:
+    """hadamard_transform's inverse: y H / 4 diag(s) per block, float64."""
+    blocks, shape = _hadamard_blocks(y, axis)
+    x = _butterfly(blocks) * (1.0 / math.sqrt(HADAMARD_SIZE)) * hadamard_signs(seed)
+    return np.moveaxis(x.reshape(shape), -1, axis)
+
+
+# ---- written once against an adapter's primitives (harness.rounding.RoundingOps) ---------------------------
+def _clamp_int(ops, v, lo: int, hi: int):
+    """An int32 tensor clamped to [lo, hi] with maximum alone (ops.clip is float32's)."""
+    return 0 - ops.maximum(0 - ops.maximum(v, lo), -hi)
+
+
+def _positive(ops, v):
+    """1 where the int32 tensor v (>= 0) is above 0, else 0: -((-v) >> 31) (an arithmetic shift)."""
+    return 0 - ops.shift_right(0 - v, 31)
+
+
+def _power_of_two(ops, biased):
+    """float32 2^(biased - 127) of int32 `biased` in [0, 254]: 0 is the subnormal 2^-127."""
+    normal = ops.as_float32(ops.shift_left(ops.maximum(biased, 1), 23))
+    return ops.where(biased > 0, normal, ops.full_like(normal, 2.0**-127))
+
+
+def cast_stochastic_with(ops, x, bits, fmt: Fp8Format):
+    """cast_stochastic() on a framework's float32 tensors through its RoundingOps, `bits` int32 0..2^16-1: the gap
+    from the float32 exponent field (as harness.fp8.quantize_with), the comparison in float32, the same values as
+    the reference bit for bit."""
+    magnitude = ops.abs(x)
+    biased = ops.bit_and(ops.shift_right(ops.as_int32(magnitude), 23), 0xFF)
+    exponent = ops.maximum(biased - 127, fmt.min_normal_exp)
+    gap = ops.as_float32(ops.shift_left(exponent + (127 - fmt.mantissa), 23))
+    m = magnitude / gap
+    low = ops.floor(m)
+    away = ops.to_float32(bits) + (m - low) * float(NOISE_RANGE) >= float(NOISE_RANGE)
+    rounded = ops.copysign(ops.clip(ops.add_mask(low, away) * gap, 0.0, fmt.max), x)
+    saturated = ops.where(ops.abs(x) > fmt.max, ops.copysign(ops.full_like(x, fmt.max), x), x)
+    return ops.where(ops.isfinite(x), rounded, saturated)
+
+
+def e8m0_scale_with(ops, amax, element: Fp8Format, mode: str = "floor"):
+    """(scale, its inverse), float32 tensors, of float32 block amaxes (>= 0, infinite for a block holding a
+    non-finite value) by e8m0_codes' rule, in integers from the float32 fields; NaN for a non-finite amax."""
+    if mode not in SCALE_MODES:
+        raise HarnessError(f"E8M0 scale mode '{mode}': one of {', '.join(SCALE_MODES)}")
+    if mode == "rceil":
+        bits = ops.as_int32(amax * float(np.float32(1.0 / element.max)))
+        field = ops.bit_and(ops.shift_right(bits, 23), 0xFF)
+        mantissa = ops.bit_and(bits, 0x7FFFFF)
+        # a subnormal d (field 0) rounds up to 2^-126 only above 2^-127 (mantissa 2^22)
+        up = ops.where(field > 0, _positive(ops, mantissa), _positive(ops, mantissa - 0x400000))
+        code = _clamp_int(ops, field + up, 0, 254)
+    else:
+        bits = ops.as_int32(amax)
+        if mode == "even":  # half an element ulp added to the float32 pattern: a carry reaches the exponent
+            bits = bits + (1 << (22 - element.mantissa))
+        field = ops.bit_and(ops.shift_right(bits, 23), 0xFF)
+        exponent = field - 127  # an amax of 0 or a float32 subnormal: -127, the clamp's end anyway
+        if mode == "ceil":
+            exponent = exponent + _positive(ops, ops.bit_and(bits, 0x7FFFFF))
+        code = _clamp_int(ops, exponent - element.max_exp, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS
+    finite = ops.isfinite(amax)
+    nan = ops.full_like(amax, math.nan)
+    return (ops.where(finite, _power_of_two(ops, code), nan),
+            ops.where(finite, _power_of_two(ops, _clamp_int(ops, 2 * E8M0_BIAS - code, 0, 254)), nan))
+
+
+def nvfp4_tensor_scale_with(ops, tensor_amax):
+    """nvfp4_tensor_scale() of a float32 scalar tensor (the largest finite block amax)."""
+    return ops.maximum(tensor_amax / NVFP4_TENSOR_DIVISOR, ops.full_like(tensor_amax, NVFP4_MIN_TENSOR_SCALE))
+
+
+def block_quantize_with(ops, blocks, amax, fmt: BlockFormat, tensor_scale=None, bits=None):
+    """quantize()'s arithmetic on a framework's float32 `blocks` ([..., M, rows, N, block], to_blocks' layout)
+    through its RoundingOps: `amax` their block_amax ([..., M, 1, N, 1]: the framework's reduction), NVFP4's
+    `tensor_scale` g (nvfp4_tensor_scale_with of the largest finite block amax, or of a kept one), `bits` the
+    stochastic rounding's (int32, the blocks' shape; None: nearest). Returns (the dequantized blocks, the block
+    scales): the reference's values bit for bit (a core test holds NUMPY_OPS to it)."""
+    element = fmt.element
+    if fmt.scale == "e8m0":
+        scale, inverse = e8m0_scale_with(ops, amax, element, fmt.scale_mode)
+        scaled, multiplier = blocks * inverse, scale
+    elif fmt.scale == "e4m3":
+        g = tensor_scale
+        raw = ops.clip((amax / 6.0) / g, NVFP4_MIN_BLOCK_SCALE, E4M3.max)
+        scale = ops.where(ops.isfinite(amax), cast_with(ops, raw, E4M3), ops.full_like(amax, math.nan))
+        scaled = ops.clip(blocks * ((1.0 / g) / scale), -element.max, element.max)
+        multiplier = g * scale
+    else:
+        scale = ops.maximum(amax / E4M3.max, ops.full_like(amax, FP8_BLOCK_MIN_SCALE))
+        scale = ops.where(ops.isfinite(amax), scale, ops.full_like(amax, math.nan))
+        scaled, multiplier = blocks / scale, scale
+    q = cast_with(ops, scaled, element) if bits is None else cast_stochastic_with(ops, scaled, bits, element)
+    return q * multiplier, scale
