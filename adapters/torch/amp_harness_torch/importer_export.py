@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from amp_harness_torch import importer_modules as base
 from harness.errors import HarnessError, clip
 from harness.model.importers import Chain, Imported, ImportProblems, Problem
 
@@ -399,9 +400,7 @@ class ExportedGraph:
         return None
 
     def is_leaf(self, module: nn.Module) -> bool:
-        from amp_harness_torch.importer import MODULES
-
-        if type(module) in MODULES or _is_conv1d(module):
+        if type(module) in base.MODULES or _is_conv1d(module):
             return True
         if type(module).__module__.startswith("torch.nn.modules") and not any(True for _ in module.children()):
             return True  # a torch.nn layer the table does not map: refused by its class
@@ -957,10 +956,8 @@ class ExportedGraph:
         return _shape(self.rep[unit.entry]) if unit.entry is not None else None
 
     def convert(self, unit: Unit) -> None:
-        from amp_harness_torch import importer as base
-
         try:
-            layers = self.convert_module(unit, base) if unit.kind == "module" else self.convert_call(unit, base)
+            layers = self.convert_module(unit) if unit.kind == "module" else self.convert_call(unit)
         except _Elsewhere as exc:
             self.importer.problem(exc.where, exc.why)
             unit.refused = True
@@ -971,7 +968,7 @@ class ExportedGraph:
             return
         unit.layers = [dict(layer, _source=layer.get("_source", unit.source)) for layer in layers]
 
-    def convert_module(self, unit: Unit, base) -> list[dict]:
+    def convert_module(self, unit: Unit) -> list[dict]:
         m, shape = unit.module, self.in_shape(unit)
         if len(set(unit.inputs)) > 1:
             raise Problem("inputs", f"takes {len(set(unit.inputs))} tensors: a spec layer takes one (merges: add, "
@@ -1011,7 +1008,7 @@ class ExportedGraph:
             layers[0] = dict(layers[0], _weights=weights)
         return layers
 
-    def convert_call(self, unit: Unit, base) -> list[dict]:
+    def convert_call(self, unit: Unit) -> list[dict]:
         node = unit.output
         op, args = _op(node), _bound(node)
         shape = self.in_shape(unit)
@@ -1146,7 +1143,7 @@ class ExportedGraph:
         if kind == "add" and isinstance(other, torch.fx.Node):
             return self.position(unit, other, shape)
         what = "a tensor the model computes from its weights alone" if isinstance(other, torch.fx.Node) else \
-            f"the constant {base_show(other)}"
+            f"the constant {base._show(other)}"
         raise Problem("operands", f"{'adds' if kind == 'add' else 'multiplies by'} {what}: the spec's merges join "
                       f"tensors computed from the input")
 
@@ -1224,7 +1221,6 @@ class ExportedGraph:
 
     def cat(self, unit: Unit, node, args) -> list[dict]:
         parts = list(args.get("tensors") or [])
-        data = [p for p in parts if p in self.data]
         static = [p for p in parts if p not in self.data and _numel(p) != 0]
         if static:
             origin, _ = self.origin(static[0])
@@ -1263,12 +1259,6 @@ class _Elsewhere(Problem):
     def __init__(self, where: str, why: str):
         Exception.__init__(self, why)
         self.where, self.why = where, why
-
-
-def base_show(value) -> str:
-    from amp_harness_torch.importer import _show
-
-    return _show(value)
 
 
 def _apply(node: torch.fx.Node, args, kwargs):
