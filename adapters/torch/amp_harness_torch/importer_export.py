@@ -42,7 +42,7 @@ from torch import nn
 
 from amp_harness_torch import importer_modules as base
 from harness.errors import HarnessError, clip
-from harness.model.importers import Chain, Imported, ImportProblems, Problem
+from harness.model.importers import Chain, Imported, ImportProblems, Problem, name_tensors
 
 WRAPPER = "model"  # the attribute of the wrapper module that holds the user's model (stripped from every name)
 
@@ -1387,24 +1387,6 @@ class UnitChain(Chain):
         self.importer.problem(unit.where, message)
 
 
-def tensor_names(units: list[Unit], wanted: set[str]) -> dict[str, str]:
-    """Each wanted unit's output as a spec tensor name: its module's path (`blocks.0.attn` -> `blocks_0_attn`), or
-    its ATen node's name; letters, digits and _, never `input`, unique (a module called twice: `_2`)."""
-    out: dict[str, str] = {}
-    for unit in units:
-        if unit.name not in wanted:
-            continue
-        label = unit.path if unit.kind != "call" and unit.path else unit.name
-        base = re.sub(r"\W", "_", label)
-        base = f"_{base}" if not base or base[0].isdigit() or base == "input" else base
-        name, n = base, 1
-        while name in out.values():
-            n += 1
-            name = f"{base}_{n}"
-        out[unit.name] = name
-    return out
-
-
 def graph_layers(importer, units: list[Unit], start: str, end: str) -> list[dict]:
     """The units from the input to the output in the graph's order, with named tensors where a layer does not take
     the one before it and for every merge's inputs (as the Keras importer writes a functional graph)."""
@@ -1443,17 +1425,9 @@ def graph_layers(importer, units: list[Unit], start: str, end: str) -> list[dict
         out += layers
         last[unit.name] = len(out) - 1
         current = unit.name
-    names = tensor_names(units, wanted - {start})
-    for name, index in last.items():
-        if name in names:
-            out[index]["name"] = names[name]
-    rename = {**names, start: "input"}
-    for layer in out:
-        if "input" in layer:
-            layer["input"] = rename[layer["input"]]
-        if "inputs" in layer:
-            layer["inputs"] = [rename[name] for name in layer["inputs"]]
-    return out
+    # a tensor is named after its module's path (`blocks.0.attn` -> `blocks_0_attn`), or its ATen node's name
+    labels = {u.name: u.path if u.kind != "call" and u.path else u.name for u in units if u.name in wanted - {start}}
+    return name_tensors(out, last, labels, start)
 
 
 FEATUREWISE = ("relu", "relu6", "silu", "hard_swish", "sigmoid", "tanh", "gelu", "softmax", "dropout", "batchnorm",

@@ -194,6 +194,34 @@ def _readable(layer: dict) -> dict:
     return out | {k: layer[k] for k in wiring if k in layer}
 
 
+# ---- a graph's named tensors ---------------------------------------------------------------------------------
+def name_tensors(layers: list[dict], outputs: dict[str, int], labels: dict[str, str], start: str) -> list[dict]:
+    """A graph's layers with their named tensors written (harness.model.spec, "named tensors"): `layers` name the
+    nodes they take (`input`, `inputs`) by the importer's keys; `outputs` gives the index of the layer whose output
+    each node is; `labels` (in the order names are given) a readable label of each node a later layer takes, which
+    becomes its tensor name (letters, digits and _, not starting with a digit, never `input`, unique) on the layer
+    giving it; the model's input (`start`) is `input`."""
+    names: dict[str, str] = {}
+    for node, label in labels.items():
+        base = re.sub(r"\W", "_", label)
+        base = f"_{base}" if not base or base[0].isdigit() or base == "input" else base
+        name, n = base, 1
+        while name in names.values():
+            n += 1
+            name = f"{base}_{n}"
+        names[node] = name
+    for node, index in outputs.items():
+        if node in names:
+            layers[index]["name"] = names[node]
+    rename = {**names, start: "input"}
+    for layer in layers:
+        if "input" in layer:
+            layer["input"] = rename[layer["input"]]
+        if "inputs" in layer:
+            layer["inputs"] = [rename[name] for name in layer["inputs"]]
+    return layers
+
+
 # ---- a chain with residual adds -----------------------------------------------------------------------------
 class Stop(Exception):
     """The walk met a problem, already reported."""

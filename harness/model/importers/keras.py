@@ -16,7 +16,6 @@ field; initialisers are dropped with a note (the core draws every weight: harnes
 from __future__ import annotations
 
 import json
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from harness.model.importers import (
     dataset as choose_dataset,
     default_loss,
     finish,
+    name_tensors,
     untag,
 )
 
@@ -536,17 +536,7 @@ class KerasImporter:
             out += layers
             last[node.name] = len(out) - 1
             current = node.name
-        names = _tensor_names(wanted - {start})
-        for node_name, index in last.items():
-            if node_name in names:
-                out[index]["name"] = names[node_name]
-        rename = {**names, start: "input"}
-        for layer in out:
-            if "input" in layer:
-                layer["input"] = rename[layer["input"]]
-            if "inputs" in layer:
-                layer["inputs"] = [rename[name] for name in layer["inputs"]]
-        return out
+        return name_tensors(out, last, {node: node for node in sorted(wanted - {start})}, start)
 
     def merge(self, node: Node) -> list[dict]:
         kind, config = MERGES[node.cls], node.config
@@ -576,21 +566,6 @@ class KerasImporter:
             producer["keepdims"] = True
             return True
         return all(MERGES.get(user.cls) in ("add", "multiply") for user in users.get(node.name, [None]) if user)
-
-
-def _tensor_names(nodes: set[str]) -> dict[str, str]:
-    """Each node's name as a spec tensor name (letters, digits and _, not starting with a digit, never `input`),
-    unique."""
-    out: dict[str, str] = {}
-    for node in sorted(nodes):
-        base = re.sub(r"\W", "_", node)
-        base = f"_{base}" if not base or base[0].isdigit() or base == "input" else base
-        name, n = base, 1
-        while name in out.values():
-            n += 1
-            name = f"{base}_{n}"
-        out[node] = name
-    return out
 
 
 class _Chain(Chain):
