@@ -1387,10 +1387,8 @@ class UnitChain(Chain):
         self.importer.problem(unit.where, message)
 
 
-def graph_layers(importer, units: list[Unit], start: str, end: str) -> list[dict]:
-    """The units from the input to the output in the graph's order, with named tensors where a layer does not take
-    the one before it and for every merge's inputs (as the Keras importer writes a functional graph)."""
-    by_name = {u.name: u for u in units}
+def _ancestors(by_name: dict[str, Unit], start: str, end: str) -> set[str]:
+    """The units `end` is computed from (itself included), back to `start`."""
     needed, stack = set(), [end]
     while stack:
         name = stack.pop()
@@ -1398,6 +1396,14 @@ def graph_layers(importer, units: list[Unit], start: str, end: str) -> list[dict
             continue
         needed.add(name)
         stack += by_name[name].inputs
+    return needed
+
+
+def graph_layers(importer, units: list[Unit], start: str, end: str) -> list[dict]:
+    """The units from the input to the output in the graph's order, with named tensors where a layer does not take
+    the one before it and for every merge's inputs (as the Keras importer writes a functional graph)."""
+    by_name = {u.name: u for u in units}
+    needed = _ancestors(by_name, start, end)
     out: list[dict] = []
     last: dict[str, int] = {}
     alias: dict[str, str] = {start: start}
@@ -1478,13 +1484,7 @@ def export_layers(importer, model: nn.Module, sample: torch.Tensor) -> list[dict
     if end == start:
         return []
     by_name = {u.name: u for u in units}
-    needed, stack = set(), [end]
-    while stack:
-        name = stack.pop()
-        if name in needed or name == start or name not in by_name:
-            continue
-        needed.add(name)
-        stack += by_name[name].inputs
+    needed = _ancestors(by_name, start, end)
     known, flagged = list(importer.problems), set(importer.flagged)
     chain = UnitChain(importer, {**by_name, start: Unit(start, [graph.user_input], "the input", start, kind="input")},
                       start)
