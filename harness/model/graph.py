@@ -2,7 +2,8 @@
 
 Adapters and the weight initialiser both read parameter shapes from here, so there is one source of truth.
 Shapes exclude the batch axis; a sequence is [T, D] (token ids [T] before the embedding). FLOPs count
-multiply-adds as 2 in dense, conv, patch and attention layers only (attention: the four projections, 8*T*D^2,
+multiply-adds as 2 in dense, conv, patch and attention layers only (attention: the four projections, 8*T*D^2
+with every head its own keys and values, less with grouped ones,
 and the scores and the probabilities times the values, 4*T^2*D, counted in full even when causal: the
 frameworks compute the masked half too); a training step is counted as 3x the forward pass (backward = 2x
 forward), elementwise ops and the optimizer excluded.
@@ -166,7 +167,7 @@ def step_matmuls(graph: Graph, batch_size: int) -> list[Matmul]:
             forward = [(batch_size * count, spec.size**2 * shape[-1], dim)]
         elif layer.type == "attention":
             length, dim = shape
-            forward = [(batch_size * length, dim, dim)] * 4
+            forward = [(batch_size * length, dim, width) for width in attention_widths(spec, dim).values()]
         else:
             continue
         for m, k, n in forward:
@@ -344,11 +345,17 @@ def _infer_one(layer, shape, path, out, source, vocab=None, names=None) -> tuple
         length, dim = _sequence(shape)
         if dim % layer.heads:
             raise ValueError(f"heads {layer.heads} do not divide the model dimension {dim}")
-        names = ("query", "key", "value", "output")
-        info.params = {f"{n}_kernel": (dim, dim) for n in names}
+        if layer.heads % layer.key_heads:
+            raise ValueError(f"kv_heads {layer.key_heads} do not divide the heads {layer.heads}")
+        if layer.rotary and (dim // layer.heads) % 2:
+            raise ValueError(f"rotary turns pairs of dimensions: the head dimension {dim // layer.heads} is odd")
+        widths = attention_widths(layer, dim)
+        info.params = {f"{n}_kernel": (dim, width) for n, width in widths.items()}
         if layer.use_bias:
-            info.params |= {f"{n}_bias": (dim,) for n in names}
-        info.flops = 8 * length * dim * dim + 4 * length * length * dim
+            info.params |= {f"{n}_bias": (width,) for n, width in widths.items()}
+        info.flops = 2 * length * dim * sum(widths.values()) + 4 * length * length * dim
+    elif t == "bias":
+        info.params = {"bias": (shape[-1],)}
     elif t == "rmsnorm":
         info.params = {"gamma": (shape[-1],)}
     elif t == "sequence_pool":
@@ -412,6 +419,13 @@ def _infer_one(layer, shape, path, out, source, vocab=None, names=None) -> tuple
                             f"match its {what} {list(shortcut)}")
         info.out_shape = main
     return info.out_shape
+
+
+def attention_widths(spec, dim: int) -> dict[str, int]:
+    """An attention layer's projections and their output widths: the key and value projections of grouped heads
+    are narrower (kv_heads x the head dimension)."""
+    grouped = dim // spec.heads * spec.key_heads
+    return {"query": dim, "key": grouped, "value": grouped, "output": dim}
 
 
 def _image(shape) -> tuple[int, int, int]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from harness.errors import HarnessError
 from harness.model.data import sample_bytes
-from harness.model.graph import DTYPE_BYTES, Graph, state_memory_mb
+from harness.model.graph import DTYPE_BYTES, Graph, attention_widths, state_memory_mb
 from harness.precision import Precision
 
 MB = 2**20
@@ -66,7 +66,8 @@ def attention_kept(layer) -> int:
         return 0
     length, dim = layer.in_shape
     probabilities = layer.spec.heads * length * length
-    return 4 * length * dim + probabilities * (3 if layer.spec.dropout > 0 else 1)
+    projections = length * sum(attention_widths(layer.spec, dim).values())  # q, k, v and the heads' outputs
+    return projections + probabilities * (3 if layer.spec.dropout > 0 else 1)
 
 
 def dataset_mb(spec) -> float:

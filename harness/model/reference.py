@@ -6,6 +6,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from harness.model.graph import avgpool_divisors, effective_kernel, same_padding
+from harness.model.rotary import rotary_tables, rotate
 from harness.model.spec import MERGE_TYPES, ModelSpec
 
 
@@ -135,6 +136,8 @@ def _layer(layer, path, w, x, training, masks, record):
         return _attention(layer, path, w, x, masks.get(path) if training else None)
     if t == "rmsnorm":
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + layer.epsilon) * w[f"{path}.gamma"]
+    if t == "bias":
+        return x + w[f"{path}.bias"]
     if t == "sequence_pool":
         return x.mean(axis=1) if layer.mode == "mean" else x[:, 0 if layer.mode == "first" else -1]
     if t == "patches":
@@ -166,10 +169,15 @@ def _attention_parts(layer, path, w, x, mask=None) -> dict[str, np.ndarray]:
     def project(name, value):
         return value @ w[f"{path}.{name}_kernel"] + w.get(f"{path}.{name}_bias", 0.0)
 
-    def split(value):  # [N, T, D] -> [N, H, T, Dh]
-        return value.reshape(n, length, heads, head_dim).transpose(0, 2, 1, 3)
+    def split(value):  # [N, T, heads x Dh] -> [N, heads, T, Dh]
+        return value.reshape(n, length, -1, head_dim).transpose(0, 2, 1, 3)
 
     q, k, v = (split(project(name, x)) for name in ("query", "key", "value"))
+    if layer.rotary:
+        tables = rotary_tables(length, head_dim, layer.rotary.base, layer.rotary.pairing)
+        q, k = rotate(q, *tables), rotate(k, *tables)
+    group = heads // layer.key_heads  # query heads per key/value head
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
     if layer.causal:
         scores = np.where(causal_mask(length), -np.inf, scores)

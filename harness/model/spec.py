@@ -54,12 +54,20 @@ framework):
 - position_embedding: out[t] = x[t] + embeddings[t], the table [max_length (default T), D], its first T rows;
 - attention (multi-head self-attention, H heads of Dh = D / H): q = x @ query_kernel + query_bias, k and v
   likewise (kernels [D, D], biases [D], no biases when use_bias is false); head h is columns h*Dh .. (h+1)*Dh-1
-  of q, k and v; scores s = q_h k_h^T / sqrt(Dh) ([T, T] per head, scaled before the softmax); causal: s[i, j] =
+  of q, k and v; `kv_heads` G (grouped-query attention; G divides H): k and v have G heads (kernels [D, G*Dh]),
+  query head h attending with key/value head h // (H/G) (Llama's repeat_kv); `rotary` (base b, pairing):
+  after the projections, each head of q and k at position t becomes x*cos + x[partner]*signed_sin, the angle of
+  dimension i t*b^(-2f/Dh) for its frequency f, the tables computed in float64 and taken in the run's parameter
+  dtype, then cast to q's (harness.model.rotary; "half": f = i mod Dh/2, i paired with i +- Dh/2 as Hugging
+  Face's rotate_half; "interleaved": f = i // 2, 2f paired with 2f+1 as GPT-J and Meta's Llama); scores s =
+  q_h k_h^T / sqrt(Dh) ([T, T] per head, scaled before the softmax); causal: s[i, j] =
   -inf where j > i (a causal row always keeps j = i, so no row is fully masked); p = softmax over j, in the
   compute dtype's own softmax (what each framework keeps in float32 is a finding, not the spec); dropout:
   p * mask / (1 - dropout) with the core's mask [H, T, T] per sample (harness.model.dropout); the heads' p v_h
   concatenated in head order, then @ output_kernel [D, D] + output_bias;
 - rmsnorm: x / sqrt(mean(x^2 over the last axis) + epsilon) * gamma (epsilon inside the root; no beta);
+- bias: x + bias, a learned vector on the last axis (BERT's token-type row when no token types are given), in
+  the dtype the framework's own add gives;
 - sequence_pool: mean over T, or the first (t = 0) or last (t = T-1) position: [T, D] -> [D];
 - patches (size P, dim D): the image [H, W, C] cut into (H/P) x (W/P) patches in row-major order, each
   flattened in (P, P, C) order and projected: patch @ kernel + bias, the kernel [P, P, C, D] (a conv2d of
@@ -101,7 +109,8 @@ class _Strict(BaseModel):
 # ---- layers -------------------------------------------------------------------------------------------
 TENSOR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # fields a spec without them dumps (and hashes) without: what a spec written before they existed says
-OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1, "keepdims": False, "per_sample": False}
+OMITTED_DEFAULTS = {"name": None, "input": None, "groups": 1, "dilation": 1, "keepdims": False, "per_sample": False,
+                    "kv_heads": None, "rotary": None}
 
 
 class _Layer(_Strict):
@@ -211,12 +220,28 @@ class PositionEmbedding(_Layer):
     max_length: Optional[PositiveInt] = None  # default: the sequence length
 
 
+class Rotary(_Strict):
+    """Rotary position embedding of an attention's queries and keys (the module's docstring, "rotary")."""
+    base: float = Field(10000.0, gt=1)
+    pairing: Literal["half", "interleaved"] = "half"  # i with i + Dh/2 (Hugging Face's Llama), or 2i with 2i + 1
+
+
 class Attention(_Layer):
     type: Literal["attention"]  # multi-head self-attention with its output projection
     heads: PositiveInt
+    kv_heads: Optional[PositiveInt] = None  # grouped key/value heads (default: heads; 1: multi-query)
     causal: bool = False
     use_bias: bool = True
     dropout: float = Field(0.0, ge=0, lt=1)  # on the attention probabilities
+    rotary: Optional[Rotary] = None
+
+    @property
+    def key_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+
+class Bias(_Layer):
+    type: Literal["bias"]  # a learned vector added on the last axis
 
 
 class RMSNorm(_Layer):
@@ -254,14 +279,15 @@ class Merge(_Layer):
 
 Layer = Annotated[
     Union[Dense, Conv2D, ZeroPad2D, MaxPool2D, AvgPool2D, GlobalPool2D, Rescaling, Flatten, Activation, GELU,
-          BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, RMSNorm, SequencePool, Patches, Residual, Merge],
+          BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention, Bias, RMSNorm, SequencePool, Patches,
+          Residual, Merge],
     Field(discriminator="type"),
 ]
 Residual.model_rebuild()
 LAYER_TYPES = ("dense", "conv2d", "zero_pad2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "global_maxpool2d",
                "rescaling", "flatten", "relu", "relu6", "silu", "hard_swish", "gelu", "tanh", "sigmoid", "softmax", "batchnorm",
                "layernorm", "dropout", "embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool",
-               "patches", "residual", "add", "multiply", "concat")
+               "patches", "bias", "residual", "add", "multiply", "concat")
 MERGE_TYPES = ("add", "multiply", "concat")
 SEQUENCE_LAYERS = ("embedding", "position_embedding", "attention", "rmsnorm", "sequence_pool", "patches")
 
@@ -641,8 +667,8 @@ def _where(loc: tuple) -> str:
 
 def _known_fields() -> set[str]:
     models = [ModelSpec, Native, Input, Dataset, Loss, SGD, Adam, AdamW, RMSprop, WarmupCosine, Dense, Conv2D, ZeroPad2D,
-              MaxPool2D, AvgPool2D, GlobalPool2D, Rescaling, GELU, BatchNorm, LayerNorm, Dropout, Embedding, PositionEmbedding, Attention,
-              RMSNorm, SequencePool, Patches, Residual, Merge]
+              MaxPool2D, AvgPool2D, GlobalPool2D, Rescaling, GELU, BatchNorm, LayerNorm, Dropout, Embedding,
+              PositionEmbedding, Attention, Rotary, Bias, RMSNorm, SequencePool, Patches, Residual, Merge]
     return {name for model in models for name in model.model_fields}
 
 

@@ -15,6 +15,7 @@ from harness.model import memory, reference
 from harness.model.data import Data, check
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import infer
+from harness.model.rotary import rotary_tables, rotate
 from harness.model.spec import MODELS_DIR, validate
 from harness.model.weights import initial_weights
 from harness.precision import parse_precision
@@ -220,3 +221,51 @@ def test_a_missing_corpus_is_one_line(tmp_path, capsys):
     assert "no files match" in capsys.readouterr().err
     with pytest.raises(HarnessError, match="does not exist"):
         check(validate(gpt(dataset={"name": "text", "path": str(tmp_path / "nowhere")}), "g"), "g")
+
+
+def test_rotary_pairings_are_hugging_faces_and_gpt_js():
+    rng = np.random.default_rng(1)
+    x, base = rng.standard_normal((2, 5, 8)), 50.0
+    inverse = 1.0 / base ** (np.arange(0, 8, 2) / 8)
+    angles = np.arange(5)[:, None] * inverse  # [T, Dh/2]
+    # Hugging Face's apply_rotary_pos_emb: cos and sin of cat(freqs, freqs), rotate_half(x) = cat(-x2, x1)
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    half = x * cos + np.concatenate([-x[..., 4:], x[..., :4]], -1) * sin
+    assert np.allclose(rotate(x, *rotary_tables(5, 8, base, "half")), half, atol=1e-15)
+    # GPT-J's rotate_every_two: pairs (2i, 2i+1), each frequency repeated twice in place
+    cos, sin = np.cos(np.repeat(angles, 2, -1)), np.sin(np.repeat(angles, 2, -1))
+    two = np.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+    assert np.allclose(rotate(x, *rotary_tables(5, 8, base, "interleaved")), x * cos + two * sin, atol=1e-15)
+    assert not np.allclose(half, x * cos + two * sin)
+
+
+def test_grouped_heads_read_their_groups_key_and_value_heads():
+    spec, graph = resolve(str(SPECS / "pitfall_rotary.yaml"))
+    layer, path = spec.layers[2].layers[1], "2.layers.1"  # 4 query heads, 2 key/value heads, rotary "half"
+    shapes = graph.param_shapes()
+    assert shapes[f"{path}.key_kernel"] == (16, 8) and shapes[f"{path}.query_kernel"] == (16, 16)
+    w = {k: v.astype(np.float64) for k, v in initial_weights(graph, spec.seed).items()}
+    x = np.random.default_rng(2).standard_normal((1, 8, 16))
+    q, k, v = (x[0] @ w[f"{path}.{n}_kernel"] for n in ("query", "key", "value"))
+    tables = rotary_tables(8, 4, 100.0, "half")
+    heads = []
+    for h in range(4):  # Llama's repeat_kv: query head h reads key/value head h // 2
+        g = h // 2
+        s = rotate(q[:, 4 * h:4 * h + 4], *tables) @ rotate(k[:, 4 * g:4 * g + 4], *tables).T / 2
+        p = np.exp(s + np.triu(np.full((8, 8), -np.inf), 1))
+        heads.append(p / p.sum(1, keepdims=True) @ v[:, 4 * g:4 * g + 4])
+    want = np.concatenate(heads, -1) @ w[f"{path}.output_kernel"]
+    assert np.allclose(reference._attention(layer, path, w, x, None)[0], want, atol=1e-12)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"kv_heads": 3}, "kv_heads 3 do not divide the heads 4"),
+    ({"heads": 16, "kv_heads": 4}, "rotary turns pairs of dimensions: the head dimension 1 is odd"),
+    ({"rotary": {"pairing": "even"}}, "rotary.pairing: Input should be 'half' or 'interleaved'"),
+])
+def test_bad_rotary_and_grouped_heads_are_one_line(tmp_path, capsys, change, expected):
+    doc = yaml.safe_load((SPECS / "pitfall_rotary.yaml").read_text())
+    doc["layers"][2]["layers"][1].update(change)
+    assert main(["check", write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
