@@ -30,6 +30,7 @@ from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders, run_list
+from harness.model.rotary import rotary_tables
 from harness.numerics import AttentionMask
 
 LAYERS = LayerBuilders("tensorflow")  # each builder: (LayerInfo, Network) -> a Keras layer
@@ -78,6 +79,12 @@ class MaskedDropout(CanonicalLayer):
 class PositionEmbedding(CanonicalLayer):
     def call(self, x):  # the table's first T rows, autocast to the compute dtype by the policy
         return x + self.embeddings[:x.shape[1]]
+
+
+@LAYERS.builder("bias")
+class Bias(CanonicalLayer):
+    def call(self, x):  # the vector autocast to the compute dtype by the policy, as position_embedding's table
+        return x + self.bias
 
 
 @LAYERS.builder("rmsnorm")
@@ -190,8 +197,14 @@ PROJECTIONS = ("query", "key", "value", "output")
 
 @LAYERS.builder("attention")
 class SelfAttention(CanonicalLayer):
-    """The spec's multi-head self-attention from the canonical [D, D] kernels (harness.model.spec), switching as
-    keras.layers.MultiHeadAttention does (measured under the mixed policies, Keras 3.15 on TensorFlow 2.21):
+    """The spec's multi-head self-attention from the canonical kernels (harness.model.spec: query and output [D, D],
+    key and value [D, kv_heads*Dh]). Before either path below, q, k and v are split into heads [N, T, heads, Dh],
+    q and k rotated when the spec has rotary (_rotate: after the projections and their biases, before the scores),
+    and each key/value head repeated for its group of query heads (Llama's repeat_kv: kv head g serves query heads
+    g*group .. (g+1)*group-1): Keras 3.15's fused op repeats grouped heads itself but not a single one
+    (multi-query), which its einsum then rejects, and the unfused path's einsums need equal heads. The attention
+    then switches as keras.layers.MultiHeadAttention does (measured under the mixed policies, Keras 3.15 on
+    TensorFlow 2.21):
     - without dropout, Keras' fused ops.dot_product_attention (on TensorFlow an einsum, the scale, a tf.where mask
       and a softmax): q k^T in the compute dtype, then the scale, the causal mask (KERAS_LARGE_NEGATIVE, never
       -inf; -0.7 * 65500 only for float16 scores, which this path never has) and the softmax on the scores cast to
@@ -206,18 +219,37 @@ class SelfAttention(CanonicalLayer):
         super().__init__(info, net, **kwargs)
         self.implementation = attention_implementation(info.spec)
         self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
+        self.group = info.spec.heads // info.spec.key_heads  # query heads per key/value head
 
     def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
         out = ops.matmul(x, kernel) if self.fp8 is None else self.fp8[name].product(tf.matmul, x, kernel, training)
         return out + getattr(self, f"{name}_bias") if self.spec.use_bias else out
 
+    def _rotate(self, q, k):
+        """q and k [N, T, heads, Dh] rotated (harness.model.rotary): x * cos + x[..., partner] * signed_sin, in that
+        order. The tables are constants in the parameter dtype (the variables': float32, float64 in fp64 runs), cast
+        to q's dtype (the compute dtype under mixed precision), as Hugging Face casts its float32 tables."""
+        length, head_dim = q.shape[1], q.shape[3]
+        cos, signed_sin, partner = rotary_tables(length, head_dim, self.spec.rotary.base, self.spec.rotary.pairing)
+        cos, signed_sin = (ops.cast(ops.convert_to_tensor(table.astype(self.variable_dtype)[:, None, :]), q.dtype)
+                           for table in (cos, signed_sin))  # [T, 1, Dh]: the same angles for every head
+
+        def rotate(x):
+            return x * cos + ops.take(x, partner, axis=-1) * signed_sin
+        return rotate(q), rotate(k)
+
     def call(self, x, mask=None, training=None):
         length, dim = x.shape[1], x.shape[2]
         head_dim = dim // self.spec.heads
-        # [N, T, H, Dh]: head h is columns h*Dh .. (h+1)*Dh-1
-        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, self.spec.heads, head_dim))
-                   for name in PROJECTIONS[:3])
+        # [N, T, heads, Dh]: head h is columns h*Dh .. (h+1)*Dh-1 (k and v: kv_heads of them)
+        counts = {"query": self.spec.heads, "key": self.spec.key_heads, "value": self.spec.key_heads}
+        q, k, v = (ops.reshape(self._project(x, name, training), (-1, length, n, head_dim))
+                   for name, n in counts.items())
+        if self.spec.rotary:
+            q, k = self._rotate(q, k)
+        if self.group > 1:  # each key/value head repeated for its group (repeat_kv), not the heads tiled
+            k, v = ops.repeat(k, self.group, axis=2), ops.repeat(v, self.group, axis=2)
         scale = 1 / math.sqrt(head_dim)
         if self.implementation == FUSED:
             scale = ops.convert_to_tensor(scale, dtype=keras.backend.result_type(x.dtype, "float32"))
