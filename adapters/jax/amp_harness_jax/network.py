@@ -3,16 +3,23 @@
 JAX's layouts are the canonical ones (NHWC, HWIO conv kernels, H, W, C flatten order, sequences [N, T, D]), so
 weights load without conversion. Mixed precision is written the way Flax modules do it (`dtype` /
 `param_dtype`): dense, conv, patches and attention layers cast their input and their float32 weights to the
-compute dtype, embeddings the rows they take; normalisation layers (batchnorm, layernorm, rmsnorm) compute in
-the weights' dtype (the usual advice for normalisation in JAX mixed precision); every other layer computes in
-the dtype it receives, and a merge (add, multiply, concat) of a 16-bit and a float32 tensor gives what jnp's own
-type promotion gives for them (float32), as a residual block's sum does.
+compute dtype, embeddings the rows they take, position_embedding and bias their input and the weights they add;
+normalisation layers (batchnorm, layernorm, rmsnorm) compute in the weights' dtype (the usual advice for
+normalisation in JAX mixed precision); every other layer computes in the dtype it receives, and a merge (add,
+multiply, concat) of a 16-bit and a float32 tensor gives what jnp's own type promotion gives for them (float32),
+as a residual block's sum does.
 
 Attention is written out as Flax's dot_product_attention computes it, in the spec's order, its softmax in the
 compute dtype (Flax's default, force_fp32_for_softmax=False; jnp.sum accumulates its sum in float32). The fused
 jax.nn.dot_product_attention (implementation "xla") is not used: its softmax is always float32, 4.5e-8 from the
 reference in a float64 run (not exact), under amp a float32 softmax this adapter's policy (Flax's) does not
 have, and it takes no dropout mask; in float32 it matches the reference as this attention does (1.1e-7).
+Rotary position embedding turns each head of q and k right after the projections (and their biases), before the
+scores, with the core's tables (harness.model.rotary) as constants in the weights' dtype, cast to the compute
+dtype where they multiply, as Hugging Face's Llama casts its float32 tables to the query's dtype. Grouped
+key/value heads are taken as jax.nn.dot_product_attention takes them: the query heads reshaped into [kv_heads,
+group] so that each group's scores and output are one batched product with its key/value head, which gives
+Llama's repeat_kv (head h reads key/value head h // group) without repeating k and v in memory.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
 from harness.model.graph import Graph, avgpool_divisors, effective_kernel, same_padding
 from harness.model.layers import LayerBuilders, aligned_shape, run_list
+from harness.model.rotary import rotary_tables
 from harness.numerics import AttentionMask
 
 
@@ -268,6 +276,13 @@ def position_embedding(info, net):
     return lambda x, run: add_bias(x.astype(net.compute), run.params[table][:length].astype(net.compute))
 
 
+@LAYERS.builder("bias")
+def bias(info, net):
+    weight = f"{info.path}.bias"
+    # as position_embedding adds its rows: both in the compute dtype, the gradient summed in float32 (add_bias)
+    return lambda x, run: add_bias(x.astype(net.compute), run.params[weight].astype(net.compute))
+
+
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
     """jnp.finfo(compute dtype).min, and jax.nn.softmax in that dtype, on any device: the code says so, not a
     kernel's choice (measured: docs/diagnose.md "Masks in 16 bits")."""
@@ -280,6 +295,8 @@ def attention(info, net):
     spec, path = info.spec, info.path
     length, dim = info.in_shape
     heads, head_dim, dropped = spec.heads, dim // spec.heads, spec.dropout > 0
+    kv_heads, group = spec.key_heads, spec.heads // spec.key_heads  # group: query heads per key/value head
+    tables = rotary_tables(length, head_dim, spec.rotary.base, spec.rotary.pairing) if spec.rotary else None
     net.attention[path] = "unfused (attention dropout: the core's masks)" if dropped else "unfused"
     net.products += [f"{path}.{name}" for name in ("query", "key", "value", "output")]
 
@@ -287,11 +304,23 @@ def attention(info, net):
         return product(net, jnp.matmul, x, run, f"{path}.{name}", f"{path}.{name}_kernel",
                        f"{path}.{name}_bias" if spec.use_bias else None)
 
+    def rotate(x, dtype):
+        """x [N, T, heads, Dh] turned by position (harness.model.rotary), in the reference's order of operations:
+        the tables are constants in the weights' dtype, cast to x's (the compute dtype) where they multiply."""
+        cos, signed_sin = (jnp.asarray(table[:, None, :], dtype).astype(x.dtype) for table in tables[:2])
+        return x * cos + jnp.take(x, tables[2], axis=-1) * signed_sin
+
     def apply(x, run):
         x = x.astype(net.compute)
-        q, k, v = (project(x, name, run).reshape(*x.shape[:-1], heads, head_dim) for name in ("query", "key", "value"))
-        # [N, T, H, Dh] -> [N, H, T, T], scaled before the softmax
-        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(head_dim)
+        # [N, T, heads x Dh] -> [N, T, heads, Dh]: the key and value projections have kv_heads heads
+        q, k, v = (project(x, name, run).reshape(*x.shape[:-1], -1, head_dim) for name in ("query", "key", "value"))
+        if tables is not None:  # after the projections and their biases, before the scores
+            q, k = (rotate(value, run.params[f"{path}.query_kernel"].dtype) for value in (q, k))
+        # query head h = g*group + r reads key/value head g = h // group (the module's docstring): k and v stay
+        # kv_heads wide, as the memory model counts what the backward keeps; group 1 is plain multi-head attention
+        q = q.reshape(*q.shape[:2], kv_heads, group, head_dim)
+        # [N, T, G, group, Dh] -> [N, H, T, T] (H = G x group, head order), scaled before the softmax
+        scores = jnp.einsum("nqgrd,nkgd->ngrqk", q, k).reshape(x.shape[0], heads, length, length) / math.sqrt(head_dim)
         if spec.causal:  # where key j is after query i, Flax's big_neg: exp of it less the row's maximum is exactly
             # 0 in every dtype, as -inf's would be (a causal row always keeps j = i)
             blocked = jnp.triu(jnp.ones((length, length), bool), k=1)
@@ -301,7 +330,8 @@ def attention(info, net):
             if run.masks is None or path not in run.masks:
                 raise HarnessError(f"attention layer {path}: no attention dropout mask was given with the batch")
             probs = probs * run.masks[path].astype(probs.dtype) / (1 - spec.dropout)
-        out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(x.shape)  # the heads concatenated in head order
+        probs = probs.reshape(x.shape[0], kv_heads, group, length, length)
+        out = jnp.einsum("ngrqk,nkgd->nqgrd", probs, v).reshape(x.shape)  # the heads concatenated in head order
         return project(out, "output", run)
 
     return apply
