@@ -23,7 +23,7 @@ from tests.conftest import ROOT
 
 DATA = Path(__file__).parent / "data" / "keras"
 PARAMS = json.loads((DATA / "params.json").read_text())
-MODELS = ["small_convnet", "resnet_mini", "mnist_mlp_dropout", "tiny_transformer", "inception_mini"]
+MODELS = ["small_convnet", "resnet_mini", "mnist_mlp_dropout", "tiny_transformer", "inception_mini", "mobilenetv2_mini"]
 # keras.applications at 32x32x3 and 10 classes, random weights (build_models.py)
 APPLICATIONS = ["MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0"]
 
@@ -78,6 +78,14 @@ def test_keras_applications_import_with_keras_parameter_count(tmp_path, capsys, 
     # EfficientNet's Normalization holds its mean, variance and count (7 numbers) as weights, which the importer
     # does not read (a note says so): the identity before adapt()
     assert weights == PARAMS[name]["count_params"] - (7 if name.startswith("EfficientNet") else 0)
+
+
+def test_the_imported_spec_the_frameworks_are_held_to_is_what_the_importer_writes():
+    """tests/specs/imported_mobilenetv2_mini.yaml (in tox's identity matrix) is the importer's output, as it is."""
+    kept = yaml.safe_load((ROOT / "tests" / "specs" / "imported_mobilenetv2_mini.yaml").read_text())
+    imported = import_keras(DATA / "mobilenetv2_mini.json").spec
+    assert {key: value for key, value in kept.items() if key != "description"} == \
+        {key: value for key, value in imported.items() if key != "description"}
 
 
 def test_branches_and_merges_become_named_tensors():

@@ -92,6 +92,11 @@ def features(spec) -> set[str]:
             found.add("rescaling per channel")
         if info.type == "concat" and len(info.in_shapes) > 2:
             found.add("concat of three")
+        if info.type == "attention":
+            if layer.key_heads < layer.heads:
+                found.add("attention multi-query" if layer.key_heads == 1 else "attention grouped heads")
+            if layer.rotary:
+                found.add(f"attention rotary {layer.rotary.pairing}")
         if getattr(layer, "input", None) is not None:
             found.add("named input")
     found.add(f"{spec.loss.type} from_logits={spec.loss.from_logits}")
@@ -114,7 +119,9 @@ REQUIRED = {
     "residual with projection", "nested residual",
     "conv2d same", "conv2d valid", "conv2d depthwise", "conv2d grouped", "conv2d dilated", "conv2d same, even kernel",
     "zero_pad2d asymmetric", "multiply broadcasting", "multiply broadcasting across ranks", "global pool keepdims",
-    "rescaling per channel", "dropout per sample", "concat of three", "named input", "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
+    "rescaling per channel", "dropout per sample", "concat of three", "named input",
+    "attention grouped heads", "attention multi-query", "attention rotary half", "attention rotary interleaved",
+    "maxpool2d same", "maxpool2d valid", "avgpool2d same", "avgpool2d valid",
     "dropout with adam",
     "sparse_categorical_crossentropy from_logits=True", "sparse_categorical_crossentropy from_logits=False",
     "binary_crossentropy from_logits=True", "binary_crossentropy from_logits=False",

@@ -2,19 +2,22 @@
 TrainingLoss, the network with the spec's loss, which the trainer hybridizes into one graph.
 
 Activations are NCHW (MXNet's CPU convolutions and pooling take no NHWC); sequences are [N, T, D], batch first, as
-the spec's. MXNet 1.9 has no fused attention with a softmax: attention is the spec's math in operators.
+the spec's. MXNet 1.9 has no fused attention with a softmax: attention is the spec's math in operators, rotary
+position embeddings and grouped key/value heads included (the attention builder says where and why).
 
 Under mxnet.contrib.amp, from its lists (contrib/amp/lists/symbol_fp16.py, symbol_bf16.py) and measured by typing
-the AMP-patched graph of tiny_gpt and vit_tiny (infer_type: no 16-bit kernel runs on this CPU):
+the AMP-patched graph of tiny_gpt, vit_tiny and pitfall_rotary (infer_type: no 16-bit kernel runs on this CPU):
 - amp_fp16: FullyConnected (and the patch Convolution) run in float16 (FP16_FUNCS); batch_dot and the additions
-  follow their widest input (WIDEST_TYPE_CASTS), so q k^T and its scaling are float16, and the causal mask (a
-  float32 constant) widens the scores to float32 before it is added: the masked scores are -inf in float32, never
-  a 16-bit value (without a mask, softmax's own cast widens the float16 scores). softmax, log_softmax, LayerNorm,
-  mean, sum, square and exp run in float32 (FP32_FUNCS), so the probabilities are float32, and so is their
-  product with the (widened) values; rmsnorm is float32 throughout. Embedding runs in its table's dtype
-  (FP16_FP32_FUNCS): float32.
+  follow their widest input (WIDEST_TYPE_CASTS), so q k^T and its scaling are float16; so is the rotation of q and
+  k, whose float32 tables the attention casts to q's dtype first, and the repeat of grouped k and v (take and
+  repeat: FP16_FP32_FUNCS, in their input's dtype). The causal mask (a float32 constant) widens the scores to
+  float32 before it is added: the masked scores are -inf in float32, never a 16-bit value (without a mask,
+  softmax's own cast widens the float16 scores). softmax, log_softmax, LayerNorm, mean, sum, square and exp run in
+  float32 (FP32_FUNCS), so the probabilities are float32, and so is their product with the (widened) values;
+  rmsnorm is float32 throughout. Embedding runs in its table's dtype (FP16_FP32_FUNCS): float32.
 - amp_bf16: only FullyConnected and Convolution run in bfloat16 (BF16_FUNCS); reshape and transpose are
-  FP32_FUNCS there, so the heads, both batch_dots, the -inf mask (float32), softmax and LayerNorm are all float32.
+  FP32_FUNCS there, so the heads, their rotation and repeat, both batch_dots, the -inf mask (float32), softmax and
+  LayerNorm are all float32.
 - merges (typed in pitfall_mobile_graph's graph): an add or multiply of inputs of one shape is `+` or `*`, as the
   residual block's sum (elemwise_add, elemwise_mul: WIDEST_TYPE_CASTS in both lists), a broadcasting one
   broadcast_add (WIDEST) or broadcast_mul (WIDEST; FP32_FUNCS under amp_bf16, so a gate's product is float32 there);
@@ -41,8 +44,10 @@ from mxnet import gluon
 from amp_harness_mxnet.optimizers import loss_ops
 from harness.adapter import LOSS_SCOPE, layer_scope
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import Graph, Padding, avgpool_divisors, effective_kernel, window_padding
+from harness.model.graph import (Graph, Padding, attention_widths, avgpool_divisors, effective_kernel,
+                                 window_padding)
 from harness.model.layers import LayerBuilders, aligned_shape, run_list
+from harness.model.rotary import rotary_tables
 from harness.model.training import loss_with
 from harness.model.weights import to_channels_first
 from harness.numerics import AttentionMask
@@ -304,11 +309,23 @@ def position_embedding(info, net):
     return apply
 
 
+@LAYERS.builder("bias")
+def bias(info, net):  # added as position_embedding adds its table: broadcast_add, the dtype AMP's lists give it
+    shape = _feature(info.in_shape)[1]
+    return lambda x, run: run.F.broadcast_add(x, run.F.reshape(run.weight(info.path, "bias"), shape=shape))
+
+
 def attention_implementation(info) -> str:
     """What runs an attention layer (the trainer's options["attention"]): MXNet 1.9's contrib
-    interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved projections."""
-    return ("unfused: batch_dot, softmax" + (", causal: an additive -inf mask" if info.spec.causal else "")
-            + (", attention dropout: the core's masks" if info.spec.dropout else ""))
+    interleaved_matmul_selfatt_* are the two products alone, on [T, N, 3*D] interleaved projections (and take no
+    grouped heads or rotation between the projections and the scores)."""
+    spec = info.spec
+    return ("unfused: batch_dot, softmax"
+            + (f", rotary ({spec.rotary.pairing}): the core's tables, a take of the partners" if spec.rotary else "")
+            + (f", {spec.heads // spec.key_heads} query heads per key/value head: k and v repeated"
+               if spec.key_heads < spec.heads else "")
+            + (", causal: an additive -inf mask" if spec.causal else "")
+            + (", attention dropout: the core's masks" if spec.dropout else ""))
 
 
 def attention_mask(info, precision, device_kind: str) -> AttentionMask:
@@ -319,24 +336,50 @@ def attention_mask(info, precision, device_kind: str) -> AttentionMask:
 
 @LAYERS.builder("attention")
 def attention(info, net):
+    """The spec's attention in operators: the projections (k and v narrower with grouped heads,
+    harness.model.graph.attention_widths), the heads split out as [N*heads, T, Dh], the rotation of q and k, k and v
+    repeated up to the query heads, then the scores, the softmax and the heads' products."""
     spec = info.spec
     length, dim = info.in_shape
     heads, head_dim = spec.heads, dim // spec.heads
+    widths, group = attention_widths(spec, dim), spec.heads // spec.key_heads  # query heads per key/value head
     root = math.sqrt(head_dim)
     if spec.causal:  # [T, T]: 0 where key j <= query i, -inf where j > i (added to the scores)
         net.constant(info.path, "causal_mask", np.where(np.triu(np.ones((length, length), bool), 1), -np.inf, 0.0))
+    if spec.rotary:  # in the weights' dtype, as the spec takes them; the partners as floats, which take accepts
+        cos, signed_sin, partner = rotary_tables(length, head_dim, spec.rotary.base, spec.rotary.pairing)
+        for name, table in (("rotary_cos", cos), ("rotary_signed_sin", signed_sin), ("rotary_partner", partner)):
+            net.constant(info.path, name, table)
 
     def apply(x, run):
         F = run.F
 
         def project(name, value):
-            return _fully_connected(value, run, info.path, f"{name}_", dim, spec.use_bias)
+            return _fully_connected(value, run, info.path, f"{name}_", widths[name], spec.use_bias)
 
-        def split(value):  # [N, T, D] -> [N*H, T, Dh], head h the columns h*Dh .. (h+1)*Dh-1
-            heads_last = F.reshape(value, shape=(0, 0, -4, heads, head_dim))  # [N, T, H, Dh]
+        def split(value):  # [N, T, h*Dh] -> [N*h, T, Dh], head j the columns j*Dh .. (j+1)*Dh-1
+            heads_last = F.reshape(value, shape=(0, 0, -4, -1, head_dim))  # [N, T, h, Dh]
             return F.reshape(F.transpose(heads_last, axes=(0, 2, 1, 3)), shape=(-3, 0, 0))
 
+        def rotate(value, cos, signed_sin):  # x*cos + x[partner]*signed_sin, in that order (harness.model.rotary)
+            partners = F.take(value, run.weight(info.path, "rotary_partner"), axis=-1)
+            return F.broadcast_mul(value, cos) + F.broadcast_mul(partners, signed_sin)
+
         q, k, v = (split(project(name, x)) for name in ("query", "key", "value"))
+        if spec.rotary:
+            # after the projections and their biases, before the scores; every head alike ([1, T, Dh] broadcast over
+            # N*heads). Under AMP the tables are cast to q's dtype, as Hugging Face casts its float32 tables to the
+            # query's: amp_multicast to the narrower of the two gives float16 under amp_fp16 (reshape and transpose
+            # keep the projection's float16) and leaves float32 under amp_bf16 (they are float32 functions there).
+            # Left float32, the tables would widen the float16 products to float32 (broadcast_mul: WIDEST_TYPE_CASTS)
+            tables = [F.expand_dims(run.weight(info.path, f"rotary_{name}"), axis=0) for name in ("cos", "signed_sin")]
+            if net.amp:
+                tables = [F.amp_multicast(q, table, num_outputs=2, cast_narrow=True)[1] for table in tables]
+            q, k = rotate(q, *tables), rotate(k, *tables)
+        if group > 1:
+            # batch_dot takes no grouped heads: Llama's repeat_kv. Each row n*kv_heads + g of [N*kv_heads, T, Dh]
+            # repeated `group` times in place gives row n*heads + h the key/value head g = h // group
+            k, v = F.repeat(k, repeats=group, axis=0), F.repeat(v, repeats=group, axis=0)  # [N*heads, T, Dh]
         scores = F.batch_dot(q, k, transpose_b=True) / root  # [N*H, T, T], scaled before the softmax
         if spec.causal:  # 0 where j <= i, -inf where j > i: exp gives exactly 0 there, as the spec's -inf
             scores = F.broadcast_add(scores, F.expand_dims(run.weight(info.path, "causal_mask"), axis=0))

@@ -40,6 +40,7 @@ from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with, scale_with
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, effective_kernel, window_padding
 from harness.model.layers import LayerBuilders, aligned_shape, run_list
+from harness.model.rotary import rotary_tables
 from harness.model.weights import from_channels_first, to_channels_first
 from harness.numerics import AttentionMask
 
@@ -393,17 +394,32 @@ class Attention(Layer):
         spec = info.spec
         length, dim = info.in_shape
         self.heads, self.head_dim, self.causal, self.rate = spec.heads, dim // spec.heads, spec.causal, spec.dropout
+        self.group = spec.heads // spec.key_heads  # query heads per key/value head
         self.kernel = attention_kernel(spec)
         self.mask = None  # this step's dropout mask [N, H, T, T] (set by Network.forward)
         if self.causal and self.kernel == UNFUSED:  # the keys after the query's position (j > i)
             self.register_buffer("future", torch.ones(length, length, dtype=torch.bool).triu(1), persistent=False)
+        self.rotary = spec.rotary is not None
+        if self.rotary:  # float64 buffers: .to() gives them the parameters' dtype, as the spec takes them
+            cos, signed_sin, partner = rotary_tables(length, self.head_dim, spec.rotary.base, spec.rotary.pairing)
+            self.register_buffer("cos", torch.from_numpy(cos), persistent=False)
+            self.register_buffer("signed_sin", torch.from_numpy(signed_sin), persistent=False)
+            self.register_buffer("partner", torch.from_numpy(partner), persistent=False)
 
     def forward(self, x):
         n, length, dim = x.shape
-        q, k, v = (self._project(name, x).view(n, length, self.heads, self.head_dim).transpose(1, 2)
+        q, k, v = (self._project(name, x).view(n, length, -1, self.head_dim).transpose(1, 2)
                    for name in ("query", "key", "value"))
+        if self.rotary:
+            q, k = self.rotate(q), self.rotate(k)
+        if self.group > 1:  # Llama's repeat_kv: query head h reads key/value head h // group
+            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
         heads = self.attend(q, k, v)  # [N, H, T, Dh]
         return self._project("output", heads.transpose(1, 2).reshape(n, length, dim))
+
+    def rotate(self, x):
+        """The spec's rotary rule (harness.model.rotary) on heads [N, H, T, Dh], the tables in x's dtype."""
+        return x * self.cos.to(x.dtype) + x.index_select(-1, self.partner) * self.signed_sin.to(x.dtype)
 
     def _project(self, name, x):
         return matmul_layer(self, F.linear, x, getattr(self, f"{name}_kernel"), getattr(self, f"{name}_bias", None),
@@ -417,6 +433,16 @@ class Attention(Layer):
         if self.causal:  # the future keys (j > i) at -inf
             scores = scores.masked_fill(self.future, float("-inf"))
         return self.dropped(torch.softmax(scores, dim=-1)) @ v
+
+
+@LAYERS.builder("bias")
+class Bias(Layer):
+    def __init__(self, info, net):
+        super().__init__(info, net)
+        self.shape = (-1, 1, 1) if len(info.in_shape) == 3 else (-1,)  # an image's channels are NCHW's dim 1
+
+    def forward(self, x):
+        return x + self.bias.view(self.shape)
 
 
 @LAYERS.builder("sequence_pool")

@@ -115,6 +115,32 @@ def inception_mini() -> keras.Model:
     return model
 
 
+def mobilenetv2_mini() -> keras.Model:
+    """MobileNetV2 cut short, from keras.applications' own block code: its stem, its first three inverted residual
+    blocks (the expansion-free one, the stride-2 one with its correct_pad ZeroPadding2D, the one with the residual
+    Add) and its head, at width 0.35 on 32x32x3 images; SGD with momentum (the tests' imported MobileNetV2-style
+    network: its spec, tests/specs/imported_mobilenetv2_mini.yaml, is fingerprinted in every framework)."""
+    from keras.src.applications.mobilenet_v2 import _inverted_res_block, _make_divisible
+
+    alpha = 0.35
+    inputs = keras.Input(shape=(32, 32, 3), name="image")
+    x = layers.Conv2D(_make_divisible(32 * alpha, 8), 3, strides=2, padding="same", use_bias=False, name="Conv1")(inputs)
+    x = layers.BatchNormalization(epsilon=1e-3, momentum=0.999, name="bn_Conv1")(x)
+    x = layers.ReLU(6.0, name="Conv1_relu")(x)
+    x = _inverted_res_block(x, filters=16, alpha=alpha, stride=1, expansion=1, block_id=0)
+    x = _inverted_res_block(x, filters=24, alpha=alpha, stride=2, expansion=6, block_id=1)
+    x = _inverted_res_block(x, filters=24, alpha=alpha, stride=1, expansion=6, block_id=2)
+    x = layers.Conv2D(64, 1, use_bias=False, name="Conv_1")(x)
+    x = layers.BatchNormalization(epsilon=1e-3, momentum=0.999, name="Conv_1_bn")(x)
+    x = layers.ReLU(6.0, name="out_relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(10, activation="softmax", name="predictions")(x)
+    model = keras.Model(inputs, outputs, name="mobilenetv2_mini")
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
+                  loss="sparse_categorical_crossentropy")
+    return model
+
+
 def application(build, **options):
     """A keras.applications model as a user starts from one: random weights, 32x32x3 images, 10 classes, trained with
     SGD and momentum on integer labels."""
@@ -127,7 +153,8 @@ def application(build, **options):
 
 
 MODELS = {"small_convnet": small_convnet, "resnet_mini": resnet_mini, "mnist_mlp_dropout": mnist_mlp_dropout,
-          "tiny_transformer": tiny_transformer, "inception_mini": inception_mini}
+          "tiny_transformer": tiny_transformer, "inception_mini": inception_mini,
+          "mobilenetv2_mini": mobilenetv2_mini}
 # keras.applications, written gzipped (hundreds of KiB of JSON each)
 APPLICATIONS = {"MobileNetV2": application(keras.applications.MobileNetV2),
                 "ResNet50": application(keras.applications.ResNet50),
