@@ -61,6 +61,7 @@ LAYOUT = {"view", "reshape", "_unsafe_view", "transpose", "permute", "unflatten"
 SAME = {"alias", "clone", "contiguous", "detach", "detach_", "lift_fresh_copy", "alias_copy"}  # always the identity
 SAME_IF_SHAPE = {"to", "_to_copy", "type_as", "view", "reshape", "_unsafe_view", "expand", "flatten", "squeeze",
                  "unsqueeze", "unflatten", "slice", "expand_as"}  # the identity where shape and dtype are kept
+ROTARY = "rotary position embedding"
 DROPOUTS = {"dropout", "dropout_", "feature_dropout", "feature_dropout_", "native_dropout"}
 
 
@@ -677,49 +678,50 @@ class ExportedGraph:
             chain = [node] + chain
             node = self.data_inputs(node)[0]
             candidates.append((node, list(chain)))
-        turned = None
+        between = None
         for x, pre in reversed(candidates):
             shape = _shape(x)
             if shape is None or len(shape) != 3 or shape[2] != heads * head_dim:
                 continue
-            fields, why = self.check_projections(x, pre, found, fused, heads, head_dim, args)
+            fields, problem = self.check_projections(x, pre, found, fused, heads, head_dim, args)
             if fields is not None:
                 return x, pre, fields
-            turned = turned or why
-        if turned:
-            raise Problem("rotary position embedding", turned)
+            between = between or problem
+        if between is not None:
+            raise between
         raise Problem("heads", f"q, k and v are not the heads of {heads} x {head_dim} columns of their projections "
                       f"of a sequence [N, T, D] in the spec's order (head h: columns h*Dh .. (h+1)*Dh-1; a fused "
                       f"projection: q, k, v along its last axis; grouped key/value heads: query head h reads key/value "
                       f"head h // (H/G))")
 
-    def check_projections(self, x, pre, found, fused, heads, head_dim, args) -> tuple[dict | None, str | None]:
+    def check_projections(self, x, pre, found, fused, heads, head_dim, args) -> tuple[dict | None,
+                                                                                     Problem | None]:
         """(the layer's fields kv_heads and rotary) where q, k and v are the heads of the projections of x (through
         the layout ops `pre`) in the spec's order, key/value head h // (H/G) repeated for query head h (repeat_kv,
-        or SDPA's enable_gqa), q and k turned alike by the spec's rotary or not at all; else (None, why the
-        rotation is not the spec's, or None)."""
+        or SDPA's enable_gqa), q and k turned alike by the spec's rotary or not at all; else (None, the problem
+        with what lies between a projection and SDPA, or None: not its heads)."""
         n, length, dim = _shape(x)
         rows = self.run_chain(pre, torch.arange(n * length * dim, dtype=torch.float64).reshape(n, length, dim))
         if rows is None or rows.shape[-1] != dim or not bool((rows % dim == torch.arange(dim)).all()):
             return None, None
         rows = torch.div(rows[..., 0], dim, rounding_mode="floor")  # the row (n * T + t) of x each row came from
         nn_, tt, dd = (torch.arange(s, dtype=torch.float64) for s in (n, length, head_dim))
-        fields, turns = {}, {}
-        for index, part in enumerate(("query", "key", "value")):
-            unit = found[part]
-            width = _shape(unit.output)[-1]
+        widths = {part: _shape(unit.output)[-1] for part, unit in found.items()}
+        kv_heads = heads if fused else widths["key"] // head_dim
+        if widths["value"] != widths["key"] or not kv_heads:
+            return None, None
+        fields = {"kv_heads": kv_heads} if kv_heads != heads else {}
+        turns = {}
+        for part in ("value", "query", "key"):  # v first: its layout alone says whether these are the heads
+            unit, width = found[part], widths[part]
             if _shape(unit.output)[:-1] != tuple(rows.shape):
                 return None, None
-            own = heads if fused or part == "query" else width // head_dim  # the heads its projection gives
+            own = heads if part == "query" else kv_heads  # the heads its projection gives
             taken = (_shape(args[part]) or (0, 0))[1]  # the heads SDPA takes (own, or repeated to `heads`)
             if (width != (3 * dim if fused else own * head_dim)) or heads % own or \
                     taken not in ((heads, own) if args.get("enable_gqa") else (heads,)):
                 return None, None
-            if part == "key" and own != heads:
-                fields["kv_heads"] = own
-            if part == "value" and own != fields.get("kv_heads", heads):
-                return None, None
-            offset = index * dim if fused else 0
+            offset = ("query", "key", "value").index(part) * dim if fused else 0
             hh = torch.div(torch.arange(taken), taken // own, rounding_mode="floor").double()  # its projection's head
             # for each element of the tensor SDPA takes, the element of the projection's output it is
             expected = (nn_[:, None, None, None] * length + tt[None, None, :, None]) * width + offset + \
@@ -739,16 +741,25 @@ class ExportedGraph:
 
             turns[part] = self.rotation(run, expected, n * length * width, head_dim)
             if turns[part] is None:
-                return None, (f"its {part} heads are not turned as the spec's rotary turns them (dimension i with "
-                              f"i + Dh/2: pairing half, Hugging Face's rotate_half; or 2i with 2i + 1: interleaved; by "
-                              f"the angle t * base^(-2f/Dh) at position t): a scaled or partial rotation is not in "
-                              f"the spec")
+                region = self.between(unit.output, args[part])
+                if any(_op(node) == "mul" and any(a not in self.data and self.static_ops(a) & {"cos", "sin"}
+                                                  for a in node.all_input_nodes) for node in region):
+                    return None, Problem(ROTARY, f"its {part} heads are not turned as the spec's rotary turns them "
+                                         f"(dimension i with i + Dh/2: pairing half, Hugging Face's rotate_half; or "
+                                         f"2i with 2i + 1: interleaved; by the angle t * base^(-2f/Dh) at position "
+                                         f"t): a scaled or partial rotation is not in the spec")
+                ops = sorted({f"aten.{_op(node)}" for node in region if not (self.identity(node) or
+                                                                            _op(node) in LAYOUT)})
+                return None, Problem(part, f"computed from its projection's heads by {', '.join(ops)}: neither "
+                                     f"layout ops nor the spec's rotary")
         if turns:
             if len(turns) == 1:
-                return None, f"turns its {next(iter(turns))} only: the spec's rotary turns the queries and the keys"
+                return None, Problem(ROTARY, f"turns its {next(iter(turns))} only: the spec's rotary turns the "
+                                     f"queries and the keys")
             if turns["query"] != turns["key"]:
-                return None, (f"turns its queries ({_show_rotary(turns['query'])}) and its keys "
-                              f"({_show_rotary(turns['key'])}) differently: the spec's rotary turns both alike")
+                return None, Problem(ROTARY, f"turns its queries ({_show_rotary(turns['query'])}) and its keys "
+                                     f"({_show_rotary(turns['key'])}) differently: the spec's rotary turns both "
+                                     f"alike")
             fields["rotary"] = turns["query"]
         return fields, None
 
@@ -757,31 +768,31 @@ class ExportedGraph:
         and gives what SDPA takes as q (or k), [N, H, T, Dh], where element `expected[...]` of the table is what
         the spec's heads hold before they are turned. The base is read from the turn of the lowest frequency at
         position 1 (to 6 significant figures: float32 tables hold about 7); then every entry must match, to the
-        precision of tables computed in float32 (Hugging Face computes them so: the angle t * inv_freq is off by up
-        to about t float32 ulps)."""
+        precision of tables computed in float32 (as Hugging Face computes them: the angle t * inv_freq rounded to
+        float32 is off by up to about t * 6e-8)."""
         length = expected.shape[2]
         if length < 2:
-            raise Problem("rotary position embedding", "one position turns nothing: import with an input of 2 or "
-                          "more positions to read the rotation")
+            raise Problem(ROTARY, "one position turns nothing: import with an input of 2 or more positions to read "
+                          "the rotation")
         table = torch.rand(size, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2 - 1
         got = run(table)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
             return None
-        heads_ = table[expected.long()]
+        before = table[expected.long()]  # the heads before they are turned
         tolerance = 1e-6 + 4 * length * torch.finfo(torch.float32).eps
         for pairing in ("half", "interleaved"):
-            for base in self.rotary_bases(run, expected, size, head_dim, pairing):
-                cos, signed_sin, partner = (torch.from_numpy(t) for t in rotary_tables(length, head_dim, base,
+            for radix in self.rotary_bases(run, expected, size, head_dim, pairing):
+                cos, signed_sin, partner = (torch.from_numpy(t) for t in rotary_tables(length, head_dim, radix,
                                                                                        pairing))
-                want = heads_ * cos + heads_[..., partner] * signed_sin
+                want = before * cos + before[..., partner] * signed_sin
                 if torch.allclose(got.double(), want, rtol=0, atol=tolerance):
-                    return {"base": base, "pairing": pairing}
+                    return {"base": radix, "pairing": pairing}
         return None
 
     def rotary_bases(self, run, expected, size, head_dim, pairing) -> list[float]:
         """The bases the turn of `pairing`'s lowest frequency at position 1 says (rounded to 6 significant figures,
         then as read); none where it is not a turn by an angle in (0, 1)."""
-        if head_dim == 2:  # one frequency, 1 whatever the base
+        if head_dim == 2:  # one frequency, whose angle is t whatever the base
             return [10000.0]
         low = head_dim // 2 - 1  # the lowest frequency: angle base^(-2 low / Dh) at position 1
         i = low if pairing == "half" else 2 * low
@@ -796,8 +807,8 @@ class ExportedGraph:
         angle = math.atan2(float(out[j]) * math.copysign(1.0, float(signed_sin[1, j])), float(out[i]))
         if not 0 < angle < 1:
             return []
-        base = math.exp(-math.log(angle) * head_dim / (2 * low))
-        return [float(f"{base:.6g}"), base]
+        radix = math.exp(-math.log(angle) * head_dim / (2 * low))
+        return [float(f"{radix:.6g}"), radix]
 
     def run_region(self, start: torch.fx.Node, end: torch.fx.Node, value: torch.Tensor) -> torch.Tensor | None:
         """`value` standing for `start`'s through the data ops on the paths from `start` to `end`, run as the model

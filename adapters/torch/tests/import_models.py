@@ -316,6 +316,15 @@ def rotary_scaled() -> nn.Module:
     return RotaryLM(scale=2.0)
 
 
+def gptj() -> nn.Module:
+    """Hugging Face GPT-J in small: rotary in the interleaved pairing (rotate_every_two, on [N, T, H, Dh]), its
+    tables a float32 buffer computed at construction, attention and MLP in parallel from one LayerNorm."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    return GPTJForCausalLM(GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16, rotary_dim=8,
+                                      bos_token_id=0, eos_token_id=0))
+
+
 class FunctionalOps(nn.Module):
     """Functional calls on the model's own parameters: F.max_pool2d, F.avg_pool2d (count_include_pad=False), a flatten
     of C, H, W features into F.linear, F.layer_norm and F.dropout, beside an AdaptiveMaxPool2d branch; their sum into
