@@ -589,10 +589,8 @@ class ExportedGraph:
         where = _where_module(path, module) if module is not None else self.call_where(sdpa)
         dense_units = {u.output: u for u in self.units if self.dense_of(u) is not None}
         found = {}
-        walked: dict[str, set] = {}
         for part in ("query", "key", "value"):
-            producers, seen = self.producers(args[part], dense_units)
-            walked[part] = seen
+            producers = self.producers(args[part], dense_units)
             if len(producers) != 1:
                 self.importer.problem(where, f"attention: its {part} is not the heads of one projection (a Linear "
                                       f"or Conv1D of the attention's input): not the spec's attention")
@@ -630,8 +628,8 @@ class ExportedGraph:
             return self.absorb(sdpa, found, out_unit, None, where, None)
         self.absorb(sdpa, found, out_unit, (x, y), where, layer)
 
-    def producers(self, node: torch.fx.Node, dense_units: dict) -> tuple[list[Unit], set]:
-        """The projection units a q, k or v is computed from (any data ops between), and the nodes walked."""
+    def producers(self, node: torch.fx.Node, dense_units: dict) -> list[Unit]:
+        """The projection units a q, k or v is computed from (any data ops between)."""
         seen, stack, found = set(), [node], []
         while stack:
             current = stack.pop()
@@ -644,9 +642,9 @@ class ExportedGraph:
                     found.append(dense_units[rep])
                 continue
             if current is self.user_input:
-                return [], seen
+                return []
             stack += self.data_inputs(current)
-        return found, seen
+        return found
 
     def output_projection(self, sdpa: torch.fx.Node, dense_units: dict):
         """(the Linear that projects the merged heads, the layout ops from the attention's output to it)."""
