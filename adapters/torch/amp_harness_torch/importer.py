@@ -243,6 +243,7 @@ class TorchImporter:
         self.batchnorm = False  # a BatchNorm was mapped (a note on its running variance)
         self.export_failure: str | None = None  # why torch.export could not capture it (then torch.fx reads it)
         self.graph = None  # the ExportedGraph, where torch.export captured it
+        self.unused_parameters = 0  # module parameters the spec does not hold (TorchImported.unused_parameters)
 
     def read(self) -> list[dict]:
         """The spec's layers: torch.export's graph (importer_export), or torch.fx's where export cannot capture the
@@ -499,7 +500,8 @@ def import_nn_module(model: nn.Module, input_shape: tuple[int, ...], options: Im
     weights = tags.get("_weights", {})
     shared = _shared(importer, weights, notes)
     spec = finish(spec, sources, target, "the torch module")
-    return TorchImported(spec, notes, sources, tags.get("_flattened", {}), weights, shared)
+    return TorchImported(spec, notes, sources, tags.get("_flattened", {}), weights, shared,
+                         importer.unused_parameters)
 
 
 def _shared(importer, weights: dict[str, dict[str, tuple]], notes: list[str]) -> int:
@@ -578,6 +580,8 @@ def canonical_weights(model: nn.Module, imported: Imported, dtype=np.float32) ->
                     value = value.T
                 elif layout == "conv":
                     value = value.transpose(2, 3, 1, 0)
+                elif isinstance(layout, tuple) and layout[0] == "row":
+                    value = value[layout[1]]
                 if part is not None:
                     index, count = part
                     width = value.shape[-1] // count

@@ -16,12 +16,19 @@ in four steps:
    projections of one tensor (three Linears or Conv1Ds, or one fused projection whose output is q, k, v in that
    order along its last axis), the heads' outputs merged back and projected by a Linear; the index maps of every
    view, transpose, split and select between them are checked by running them on tensors of indices, so any
-   layout that computes the spec's head split is read, and no other. Masks are read from their values: none, or
-   causal. The dropout on the probabilities is what each call gets in a forward in training mode (_sdpa_dropouts). A Conv2d of kernel = stride = P whose output is flattened to a sequence of patches in row-major order
-   is `patches`.
+   layout that computes the spec's head split is read, and no other; key/value projections of G heads repeated
+   for the query heads (Llama's repeat_kv: expand and reshape) or given to SDPA as they are (enable_gqa) are
+   kv_heads G. Where ops other than layout ones lie between a q or k projection and SDPA, they must be the spec's
+   rotary, which is read by its values: those ops, run on a table of random values with the sample's static
+   operands (the cos and sin tables the model computed), must give the heads turned as harness.model.rotary turns
+   them, by one pairing, with the base read from the turn of the lowest frequency at position 1; q and k alike.
+   Masks are read from their values: none, or causal. The dropout on the probabilities is what each call gets in
+   a forward in training mode (_sdpa_dropouts). A Conv2d of kernel = stride = P whose output is flattened to a
+   sequence of patches in row-major order is `patches`.
 4. Layers. Each unit maps to spec layers; adds of two tensors are residual blocks where the graph is a chain with
    residual adds (harness.model.importers.Chain), else the graph is written with the spec's named tensors and
-   merges (add, multiply, concat), as the Keras importer writes a functional graph.
+   merges (add, multiply, concat), as the Keras importer writes a functional graph. An embedding of constant ids
+   0 added to the data (BERT's token types, not given) is a bias holding the table's row 0.
 
 Every canonical weight is recorded with the module parameter it comes from and how (TorchImported.weights), which
 is what amp_harness_torch.importer.canonical_weights copies.
@@ -43,6 +50,7 @@ from torch import nn
 from amp_harness_torch import importer_modules as base
 from harness.errors import HarnessError, clip
 from harness.model.importers import Chain, Imported, ImportProblems, Problem, name_tensors
+from harness.model.rotary import rotary_tables
 
 WRAPPER = "model"  # the attribute of the wrapper module that holds the user's model (stripped from every name)
 
@@ -53,17 +61,21 @@ LAYOUT = {"view", "reshape", "_unsafe_view", "transpose", "permute", "unflatten"
 SAME = {"alias", "clone", "contiguous", "detach", "detach_", "lift_fresh_copy", "alias_copy"}  # always the identity
 SAME_IF_SHAPE = {"to", "_to_copy", "type_as", "view", "reshape", "_unsafe_view", "expand", "flatten", "squeeze",
                  "unsqueeze", "unflatten", "slice", "expand_as"}  # the identity where shape and dtype are kept
+ROTARY = "rotary position embedding"
 DROPOUTS = {"dropout", "dropout_", "feature_dropout", "feature_dropout_", "native_dropout"}
 
 
 @dataclass
 class TorchImported(Imported):
     #: canonical layer path -> {canonical weight: (the module's parameter or buffer, its layout, part)}: layout
-    #: "linear" (torch's [out, in], transposed), "plain" (as it is), "conv" ([out, in, kH, kW] -> [kH, kW, in, out]);
-    #: part (i, n): the i-th of n equal slices of the last axis (a fused q, k, v projection)
+    #: "linear" (torch's [out, in], transposed), "plain" (as it is), "conv" ([out, in, kH, kW] -> [kH, kW, in, out]),
+    #: ("row", r): row r of a table (an embedding of constant ids: BERT's token-type row); part (i, n): the i-th of n
+    #: equal slices of the last axis (a fused q, k, v projection)
     weights: dict[str, dict[str, tuple]] = field(default_factory=dict)
     #: parameters the spec holds twice (a tied or shared weight): the spec counts them once more per extra use
     shared_parameters: int = 0
+    #: the module's parameters the spec does not hold (a constant-id embedding's other rows: BERT's token types)
+    unused_parameters: int = 0
 
 
 class CaptureFailed(Exception):
@@ -577,10 +589,8 @@ class ExportedGraph:
         where = _where_module(path, module) if module is not None else self.call_where(sdpa)
         dense_units = {u.output: u for u in self.units if self.dense_of(u) is not None}
         found = {}
-        walked: dict[str, set] = {}
         for part in ("query", "key", "value"):
-            producers, seen = self.producers(args[part], dense_units)
-            walked[part] = seen
+            producers = self.producers(args[part], dense_units)
             if len(producers) != 1:
                 self.importer.problem(where, f"attention: its {part} is not the heads of one projection (a Linear "
                                       f"or Conv1D of the attention's input): not the spec's attention")
@@ -594,13 +604,6 @@ class ExportedGraph:
             return self.absorb_failed(sdpa, where)
         out_unit, mid_chain = out
         heads, head_dim = q_shape[1], q_shape[3]
-        problems = []
-        rotated = any(_op(n) == "mul" and any(a not in self.data and self.static_ops(a) & {"cos", "sin"}
-                                              for a in n.all_input_nodes)
-                      for part in ("query", "key") for n in walked[part])
-        if rotated:
-            problems.append("rotary position embedding: not in the spec yet")
-        widths = {part: _shape(unit.output)[-1] for part, unit in found.items()}
         distinct = len({id(u) for u in found.values()})
         fused = distinct == 1
         if distinct == 2:
@@ -609,20 +612,10 @@ class ExportedGraph:
                                   "and v")
             self.absorb_failed(sdpa, where)
             return self.absorb(sdpa, found, out_unit, None, where, None)
-        if not fused and (widths["key"] != widths["query"] or widths["value"] != widths["query"]) \
-                or args.get("enable_gqa"):
-            kv = widths["key"] // head_dim if head_dim else "?"
-            problems.append(f"grouped key/value heads ({kv} key/value heads for {heads} query heads): not in the "
-                            f"spec yet")
-        if problems:
-            for message in problems:
-                self.importer.problem(where, message, repeat=True)
-            self.absorb_failed(sdpa, where)
-            return self.absorb(sdpa, found, out_unit, None, where, None)
         try:
-            x, _ = self.attention_input(found, fused, heads, head_dim, args)
+            x, _, fields = self.attention_input(found, fused, heads, head_dim, args)
             y = self.attention_output(sdpa, out_unit, mid_chain, heads, head_dim)
-            layer = self.attention_layer(sdpa, args, module, heads, head_dim, found, out_unit, fused)
+            layer = self.attention_layer(sdpa, args, module, heads, head_dim, found, out_unit, fused) | fields
         except Problem as exc:
             self.importer.problem(where, f"attention: {exc}")
             self.absorb_failed(sdpa, where)
@@ -635,8 +628,8 @@ class ExportedGraph:
             return self.absorb(sdpa, found, out_unit, None, where, None)
         self.absorb(sdpa, found, out_unit, (x, y), where, layer)
 
-    def producers(self, node: torch.fx.Node, dense_units: dict) -> tuple[list[Unit], set]:
-        """The projection units a q, k or v is computed from (any data ops between), and the nodes walked."""
+    def producers(self, node: torch.fx.Node, dense_units: dict) -> list[Unit]:
+        """The projection units a q, k or v is computed from (any data ops between)."""
         seen, stack, found = set(), [node], []
         while stack:
             current = stack.pop()
@@ -649,9 +642,9 @@ class ExportedGraph:
                     found.append(dense_units[rep])
                 continue
             if current is self.user_input:
-                return [], seen
+                return []
             stack += self.data_inputs(current)
-        return found, seen
+        return found
 
     def output_projection(self, sdpa: torch.fx.Node, dense_units: dict):
         """(the Linear that projects the merged heads, the layout ops from the attention's output to it)."""
@@ -666,8 +659,9 @@ class ExportedGraph:
         return None
 
     def attention_input(self, found: dict, fused: bool, heads: int, head_dim: int, args: dict):
-        """The attention's input tensor (checked: q, k and v are its projections' heads in the spec's order) and
-        the layout ops before the projections."""
+        """The attention's input tensor (checked: q, k and v are its projections' heads in the spec's order, q and k
+        turned by the spec's rotary or not at all), the layout ops before the projections and the layer's fields
+        that say so (kv_heads, rotary)."""
         units = list({id(u): u for u in found.values()}.values())
         entries = {u.entry for u in units}
         if len(entries) != 1:
@@ -682,39 +676,155 @@ class ExportedGraph:
             chain = [node] + chain
             node = self.data_inputs(node)[0]
             candidates.append((node, list(chain)))
+        between = None
         for x, pre in reversed(candidates):
             shape = _shape(x)
             if shape is None or len(shape) != 3 or shape[2] != heads * head_dim:
                 continue
-            if self.check_projections(x, pre, found, fused, heads, head_dim, args):
-                return x, pre
+            fields, problem = self.check_projections(x, pre, found, fused, heads, head_dim, args)
+            if fields is not None:
+                return x, pre, fields
+            between = between or problem
+        if between is not None:
+            raise between
         raise Problem("heads", f"q, k and v are not the heads of {heads} x {head_dim} columns of their projections "
                       f"of a sequence [N, T, D] in the spec's order (head h: columns h*Dh .. (h+1)*Dh-1; a fused "
-                      f"projection: q, k, v along its last axis)")
+                      f"projection: q, k, v along its last axis; grouped key/value heads: query head h reads key/value "
+                      f"head h // (H/G))")
 
-    def check_projections(self, x, pre, found, fused, heads, head_dim, args) -> bool:
+    def check_projections(self, x, pre, found, fused, heads, head_dim, args) -> tuple[dict | None,
+                                                                                     Problem | None]:
+        """(the layer's fields kv_heads and rotary) where q, k and v are the heads of the projections of x (through
+        the layout ops `pre`) in the spec's order, key/value head h // (H/G) repeated for query head h (repeat_kv,
+        or SDPA's enable_gqa), q and k turned alike by the spec's rotary or not at all; else (None, the problem
+        with what lies between a projection and SDPA, or None: not its heads)."""
         n, length, dim = _shape(x)
         rows = self.run_chain(pre, torch.arange(n * length * dim, dtype=torch.float64).reshape(n, length, dim))
         if rows is None or rows.shape[-1] != dim or not bool((rows % dim == torch.arange(dim)).all()):
-            return False
+            return None, None
         rows = torch.div(rows[..., 0], dim, rounding_mode="floor")  # the row (n * T + t) of x each row came from
-        nn_, hh, tt, dd = (torch.arange(s, dtype=torch.float64) for s in (n, heads, length, head_dim))
-        for index, part in enumerate(("query", "key", "value")):
-            unit = found[part]
-            width = _shape(unit.output)[-1]
+        nn_, tt, dd = (torch.arange(s, dtype=torch.float64) for s in (n, length, head_dim))
+        widths = {part: _shape(unit.output)[-1] for part, unit in found.items()}
+        kv_heads = heads if fused else widths["key"] // head_dim
+        if widths["value"] != widths["key"] or not kv_heads:
+            return None, None
+        fields = {"kv_heads": kv_heads} if kv_heads != heads else {}
+        turns = {}
+        for part in ("value", "query", "key"):  # v first: its layout alone says whether these are the heads
+            unit, width = found[part], widths[part]
             if _shape(unit.output)[:-1] != tuple(rows.shape):
-                return False
-            ids = rows[..., None] * width + torch.arange(width, dtype=torch.float64)
-            start, post = self.back_chain(args[part], lambda node, u=unit: node is u.output)
-            got = self.run_chain(post, ids) if start is not None else None
-            offset = index * dim if fused else 0
-            if not fused and width != dim:
-                return False
+                return None, None
+            own = heads if part == "query" else kv_heads  # the heads its projection gives
+            taken = (_shape(args[part]) or (0, 0))[1]  # the heads SDPA takes (own, or repeated to `heads`)
+            if (width != (3 * dim if fused else own * head_dim)) or heads % own or \
+                    taken not in ((heads, own) if args.get("enable_gqa") else (heads,)):
+                return None, None
+            offset = ("query", "key", "value").index(part) * dim if fused else 0
+            hh = torch.div(torch.arange(taken), taken // own, rounding_mode="floor").double()  # its projection's head
+            # for each element of the tensor SDPA takes, the element of the projection's output it is
             expected = (nn_[:, None, None, None] * length + tt[None, None, :, None]) * width + offset + \
                 hh[None, :, None, None] * head_dim + dd[None, None, None, :]
-            if got is None or tuple(got.shape) != tuple(expected.shape) or not torch.equal(got, expected):
-                return False
-        return True
+            ids = rows[..., None] * width + torch.arange(width, dtype=torch.float64)
+            start, post = self.back_chain(args[part], lambda node, u=unit: node is u.output)
+            if start is not None:  # layout ops only
+                got = self.run_chain(post, ids)
+                if got is None or tuple(got.shape) != tuple(expected.shape) or not torch.equal(got, expected):
+                    return None, None
+                continue
+            if part == "value":
+                return None, None
+
+            def run(table, unit=unit, ids=ids, end=args[part]):
+                return self.run_region(unit.output, end, table[ids.long()])
+
+            turns[part] = self.rotation(run, expected, n * length * width, head_dim)
+            if turns[part] is None:
+                region = self.between(unit.output, args[part])
+                if any(_op(node) == "mul" and any(a not in self.data and self.static_ops(a) & {"cos", "sin"}
+                                                  for a in node.all_input_nodes) for node in region):
+                    return None, Problem(ROTARY, f"its {part} heads are not turned as the spec's rotary turns them "
+                                         f"(dimension i with i + Dh/2: pairing half, Hugging Face's rotate_half; or "
+                                         f"2i with 2i + 1: interleaved; by the angle t * base^(-2f/Dh) at position "
+                                         f"t): a scaled or partial rotation is not in the spec")
+                ops = sorted({f"aten.{_op(node)}" for node in region if not (self.identity(node) or
+                                                                            _op(node) in LAYOUT)})
+                return None, Problem(part, f"computed from its projection's heads by {', '.join(ops)}: neither "
+                                     f"layout ops nor the spec's rotary")
+        if turns:
+            if len(turns) == 1:
+                return None, Problem(ROTARY, f"turns its {next(iter(turns))} only: the spec's rotary turns the "
+                                     f"queries and the keys")
+            if turns["query"] != turns["key"]:
+                return None, Problem(ROTARY, f"turns its queries ({_show_rotary(turns['query'])}) and its keys "
+                                     f"({_show_rotary(turns['key'])}) differently: the spec's rotary turns both "
+                                     f"alike")
+            fields["rotary"] = turns["query"]
+        return fields, None
+
+    def rotation(self, run, expected: torch.Tensor, size: int, head_dim: int) -> dict | None:
+        """The spec's rotary ({base, pairing}) that `run` computes, or None: `run` takes a table of `size` values
+        and gives what SDPA takes as q (or k), [N, H, T, Dh], where element `expected[...]` of the table is what
+        the spec's heads hold before they are turned. The base is read from the turn of the lowest frequency at
+        position 1 (to 6 significant figures: float32 tables hold about 7); then every entry must match, to the
+        precision of tables computed in float32 (as Hugging Face computes them: the angle t * inv_freq rounded to
+        float32 is off by up to about t * 6e-8)."""
+        length = expected.shape[2]
+        if length < 2:
+            raise Problem(ROTARY, "one position turns nothing: import with an input of 2 or more positions to read "
+                          "the rotation")
+        table = torch.rand(size, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2 - 1
+        got = run(table)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            return None
+        before = table[expected.long()]  # the heads before they are turned
+        tolerance = 1e-6 + 4 * length * torch.finfo(torch.float32).eps
+        for pairing in ("half", "interleaved"):
+            for radix in self.rotary_bases(run, expected, size, head_dim, pairing):
+                cos, signed_sin, partner = (torch.from_numpy(t) for t in rotary_tables(length, head_dim, radix,
+                                                                                       pairing))
+                want = before * cos + before[..., partner] * signed_sin
+                if torch.allclose(got.double(), want, rtol=0, atol=tolerance):
+                    return {"base": radix, "pairing": pairing}
+        return None
+
+    def rotary_bases(self, run, expected, size, head_dim, pairing) -> list[float]:
+        """The bases the turn of `pairing`'s lowest frequency at position 1 says (rounded to 6 significant figures,
+        then as read); none where it is not a turn by an angle in (0, 1)."""
+        if head_dim == 2:  # one frequency, whose angle is t whatever the base
+            return [10000.0]
+        low = head_dim // 2 - 1  # the lowest frequency: angle base^(-2 low / Dh) at position 1
+        i = low if pairing == "half" else 2 * low
+        _, signed_sin, partner = rotary_tables(2, head_dim, 10000.0, pairing)
+        j = int(partner[i])
+        table = torch.zeros(size, dtype=torch.float64)
+        table[expected[:, 0, 1, i].long()] = 1.0  # head 0's dimension i at position 1, in every sample
+        got = run(table)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+            return []
+        out = got[0, 0, 1].double()
+        angle = math.atan2(float(out[j]) * math.copysign(1.0, float(signed_sin[1, j])), float(out[i]))
+        if not 0 < angle < 1:
+            return []
+        radix = math.exp(-math.log(angle) * head_dim / (2 * low))
+        return [float(f"{radix:.6g}"), radix]
+
+    def run_region(self, start: torch.fx.Node, end: torch.fx.Node, value: torch.Tensor) -> torch.Tensor | None:
+        """`value` standing for `start`'s through the data ops on the paths from `start` to `end`, run as the model
+        runs them, their other operands the static values of the sample; None where another data tensor enters or
+        an op does not run on it."""
+        computed = {start: value}
+        for node in sorted(self.between(start, end), key=lambda n: self.order[n]):
+            if any(a not in computed for a in self.data_inputs(node)):
+                return None
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs),
+                                                 lambda a: computed[a] if a in computed else self.values.get(a))
+            if _op(node) == "getitem":
+                computed[node] = args[0][args[1]]
+                continue
+            computed[node] = _apply(node, args, kwargs)
+            if computed[node] is None:
+                return None
+        return computed.get(end)
 
     def attention_output(self, sdpa, out_unit: Unit, mid: list, heads: int, head_dim: int) -> torch.fx.Node:
         """The node whose value is the attention's output [N, T, D] (checked: the heads merged in the spec's order,
@@ -1192,11 +1302,19 @@ class ExportedGraph:
                     return [{"type": "position_embedding"} | ({"max_length": rows} if rows != length else {})
                             | {"_source": path or table, "_weights": {"embeddings": (table, "plain", None)}}]
                 constant = ids.flatten()
-                if bool((constant == constant[0]).all()):
+                row = looked_up[int(constant[0])] if len(constant) else None
+                if row is not None and all(torch.equal(f, row.expand(length, dim)) for f in flat):
+                    if int(constant[0]) == 0:  # BERT's token-type embedding without token types: its row 0
+                        self.importer.unused_parameters += (rows - 1) * width
+                        self.importer.notes.append(
+                            f"{where}: takes constant ids (all 0: its ids are not given to the model's forward): "
+                            f"the spec's bias holds row 0 of its table; the other {rows - 1} row(s) "
+                            f"({(rows - 1) * width:,} parameters) are not in the spec")
+                        return [{"type": "bias", "_source": path or table,
+                                 "_weights": {"bias": (table, ("row", 0), None)}}]
                     raise _Elsewhere(where, f"takes constant ids (all {int(constant[0])}: its ids are not given to "
                                      f"the model's forward) and adds row {int(constant[0])} of its table to every "
-                                     f"position: the spec has no layer that adds a learned constant row (fold the row "
-                                     f"into the position table by hand, or drop it)")
+                                     f"position: the spec's bias is a token-type embedding's row 0 (ids all 0)")
             raise _Elsewhere(where, "adds an embedding of ids that are not the positions 0 .. T-1: not in the spec")
         table = self.param_name(origin)
         if table is not None and self.kinds[origin.name][0] == "PARAMETER":
@@ -1259,6 +1377,10 @@ class _Elsewhere(Problem):
     def __init__(self, where: str, why: str):
         Exception.__init__(self, why)
         self.where, self.why = where, why
+
+
+def _show_rotary(rotary: dict) -> str:
+    return f"base {rotary['base']:g}, pairing {rotary['pairing']}"
 
 
 def _apply(node: torch.fx.Node, args, kwargs):

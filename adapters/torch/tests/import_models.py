@@ -247,6 +247,84 @@ def tiny_causal_lm_masked() -> nn.Module:
     return TinyCausalLM(explicit_mask=True)
 
 
+class RotaryAttention(nn.Module):
+    """Grouped-query attention with rotary position embeddings written as GPT-J writes them: on [N, T, H, Dh] before
+    the heads are transposed, each head's dimensions 2i and 2i + 1 turned together ("interleaved"), the tables
+    computed in float64 from `base` (here 500) and taken in q's dtype; the key/value heads given to SDPA as they are
+    (enable_gqa). `pairing` "half" turns i with i + Dh/2 (Hugging Face's rotate_half); "mixed" has half's frequencies
+    and interleaved's pairs, and `scale` divides the positions (a linearly scaled rope): neither is the spec's."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 1, base: float = 500.0,
+                 pairing: str = "interleaved", scale: float = 1.0):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.base, self.pairing, self.scale = base, pairing, scale
+        self.q, self.o = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.k, self.v = (nn.Linear(dim, kv_heads * self.head_dim, bias=False) for _ in range(2))
+
+    def tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, Dh] (broadcast over the heads)."""
+        dh = self.head_dim
+        inverse = 1.0 / self.base ** (torch.arange(dh // 2, dtype=torch.float64) * 2 / dh)
+        angles = torch.arange(length, dtype=torch.float64)[:, None] / self.scale * inverse
+        angles = angles.repeat_interleave(2, -1) if self.pairing == "interleaved" else torch.cat([angles, angles], -1)
+        return angles.cos()[:, None].to(dtype), angles.sin()[:, None].to(dtype)
+
+    def turn(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.pairing == "half":
+            half = self.head_dim // 2
+            partner = torch.cat([-x[..., half:], x[..., :half]], -1)
+        else:
+            partner = torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+        return x * cos + partner * sin
+
+    def forward(self, x):
+        n, t, d = x.shape
+        cos, sin = self.tables(t, x.dtype)
+        q = self.turn(self.q(x).view(n, t, self.heads, self.head_dim), cos, sin).transpose(1, 2)
+        k = self.turn(self.k(x).view(n, t, self.kv_heads, self.head_dim), cos, sin).transpose(1, 2)
+        v = self.v(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(n, t, d))
+
+
+class RotaryLM(nn.Module):
+    """Token embeddings, a pre-norm block of RotaryAttention (no position table: the rotation places the tokens), a
+    head."""
+
+    def __init__(self, vocab: int = 40, dim: int = 32, **rotary):
+        super().__init__()
+        self.tokens, self.norm = nn.Embedding(vocab, dim), nn.LayerNorm(dim)
+        self.attention = RotaryAttention(dim, **rotary)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.tokens(ids)
+        x = x + self.attention(self.norm(x))
+        return self.head(x)
+
+
+def rotary_half() -> nn.Module:
+    return RotaryLM(pairing="half", base=10000.0, kv_heads=2)
+
+
+def rotary_mixed() -> nn.Module:
+    return RotaryLM(pairing="mixed")
+
+
+def rotary_scaled() -> nn.Module:
+    return RotaryLM(scale=2.0)
+
+
+def gptj() -> nn.Module:
+    """Hugging Face GPT-J in small: rotary in the interleaved pairing (rotate_every_two, on [N, T, H, Dh]), its
+    tables a float32 buffer computed at construction, attention and MLP in parallel from one LayerNorm."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    return GPTJForCausalLM(GPTJConfig(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16, rotary_dim=8,
+                                      bos_token_id=0, eos_token_id=0))
+
+
 class FunctionalOps(nn.Module):
     """Functional calls on the model's own parameters: F.max_pool2d, F.avg_pool2d (count_include_pad=False), a flatten
     of C, H, W features into F.linear, F.layer_norm and F.dropout, beside an AdaptiveMaxPool2d branch; their sum into

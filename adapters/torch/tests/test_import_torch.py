@@ -178,6 +178,10 @@ UNSUPPORTED = [
     ("function", "UnsupportedFunction", "8", "forward calls aten.exp (node 'exp', import_models.py:"),
     ("concatenation axis", "ConcatHeight", "3,8,8", "forward calls aten.cat (node 'cat', import_models.py:"),
     ("constant product", "Scaled", "8", "calls aten.mul (node 'mul', import_models.py:"),
+    ("rotation pairs", "rotary_mixed", "12", "module 'attention' (RotaryAttention): attention: rotary position "
+     "embedding: its query heads are not turned as the spec's rotary turns them (dimension i with i + Dh/2"),
+    ("scaled rotation", "rotary_scaled", "12", "module 'attention' (RotaryAttention): attention: rotary position "
+     "embedding: its query heads are not turned"),
     ("padding mask", "PaddingMasked", "12", "module 'attention' (MultiheadAttention): attention: attn_mask: a mask "
      "computed from the input (a padding mask?)"),
     ("attention written out", "WrittenOut", "12", "module 'attention' (MultiheadAttention) calls aten.bmm (node 'bmm', "
@@ -275,7 +279,15 @@ GRAPHS = {
     "encoder": (NATIVE.encoder, (16,)),  # benchmarks/native/torch_*.yaml's inputs
     "gpt2": (NATIVE.gpt2, (16,)),
     "mobilenet_v2": (NATIVE.mobilenet_v2, (3, 16, 16)),
+    "rotary_lm": (M.RotaryLM, (12,)),
+    "rotary_half": (M.rotary_half, (12,)),
+    "llama": (NATIVE.llama, (16,)),
+    "bert": (NATIVE.bert, (16,)),
+    "gptj": (M.gptj, (16,)),
 }
+# Hugging Face computes Llama's and GPT-J's rotary tables in float32 whatever the model's dtype (the spec's in
+# float64)
+FLOAT64_TOLERANCE = {"llama": 1e-5, "gptj": 1e-5}
 
 
 @functools.lru_cache(maxsize=None)
@@ -310,16 +322,19 @@ def _reference(name: str, weights=None):
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_the_spec_computes_the_module_in_float64(name):
     """The spec, computed by the float64 reference from the module's own weights, gives the module's outputs to
-    1e-9; its trainable parameters are the module's (a tied weight counted once more per use)."""
+    1e-9 (Llama: 1e-5, FLOAT64_TOLERANCE); its trainable parameters are the module's (a tied weight counted once
+    more per use, BERT's token-type rows other than row 0 not at all)."""
     model, imported = _imported(name)
     graph = infer(validate(imported.spec, name))
-    assert graph.param_count == sum(p.numel() for p in model.parameters()) + imported.shared_parameters
+    assert graph.param_count == sum(p.numel() for p in model.parameters()) + imported.shared_parameters - \
+        imported.unused_parameters
     expected, got = _reference(name)
     assert got.shape == expected.shape
-    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+    tolerance = FLOAT64_TOLERANCE.get(name, 1e-9)
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("name", ["encoder", "gpt2", "patch_encoder"])
+@pytest.mark.parametrize("name", ["encoder", "gpt2", "patch_encoder", "rotary_lm", "llama", "bert", "gptj"])
 def test_the_harness_torch_network_computes_the_module_in_float32(name):
     model, imported = _imported(name)
     model = copy.deepcopy(model).float()
@@ -353,6 +368,21 @@ def test_what_the_transformers_import_as():
     assert {"type": "rmsnorm", "name": "norm2"} in lm  # a Llama-style RMSNorm, by its values (epsilon 1e-6)
     assert {"type": "rmsnorm", "epsilon": 1e-5} in lm  # nn.RMSNorm
     assert lm[1] == {"type": "position_embedding", "max_length": 24, "name": "add"}
+    llama = _imported("llama")[1].spec["layers"]
+    # rotary read from the values: Hugging Face's rotate_half and base 10000, the spec's defaults
+    assert llama[2] == {"type": "attention", "heads": 4, "kv_heads": 2, "causal": True, "use_bias": False,
+                        "rotary": {}, "name": "model_layers_0_self_attn"}
+    rotary = _imported("rotary_lm")[1].spec["layers"][1]["layers"][1]
+    assert rotary == {"type": "attention", "heads": 4, "kv_heads": 1, "causal": True, "use_bias": False,
+                      "rotary": {"base": 500.0, "pairing": "interleaved"}}  # GPT-J's pairs, SDPA's enable_gqa
+    assert _imported("rotary_half")[1].spec["layers"][1]["layers"][1]["rotary"] == {}
+    gptj = _imported("gptj")[1].spec["layers"][1]["layers"][1]["projection"][0]  # attention beside the MLP
+    assert gptj == {"type": "attention", "heads": 4, "causal": True, "use_bias": False,
+                    "rotary": {"pairing": "interleaved"}}
+    bert = _imported("bert")[1].spec["layers"]  # the token-type row, then post-norm blocks and the pooler
+    assert [layer["type"] for layer in bert[:4]] == ["embedding", "bias", "position_embedding", "layernorm"]
+    assert [layer["type"] for layer in bert[-5:]] == ["sequence_pool", "dense", "tanh", "dropout", "dense"]
+    assert bert[6] == {"type": "layernorm", "epsilon": 1e-12} and bert[7]["layers"][1] == {"type": "gelu"}
 
 
 def test_notes_say_what_a_weight_copier_must_know():
@@ -361,23 +391,47 @@ def test_notes_say_what_a_weight_copier_must_know():
     assert any(n.startswith("transformer.wte.weight and lm_head.weight are one tensor") and "2,048 parameters more"
                in n for n in notes)
     assert _imported("gpt2")[1].shared_parameters == 64 * 32
+    bert = _imported("bert")[1]
+    assert any(n.startswith("module 'bert.embeddings.token_type_embeddings' (Embedding): takes constant ids (all 0")
+               and "the spec's bias holds row 0 of its table; the other 1 row(s) (32 parameters)" in n
+               for n in bert.notes)
+    assert bert.unused_parameters == 32
     padded = torch.nn.Sequential(torch.nn.Embedding(20, 8, padding_idx=0), torch.nn.Linear(8, 20))
     notes = import_nn_module(padded, (6,)).notes
     assert any("module '0' (Embedding): padding_idx 0: PyTorch's embedding gives that row no gradient" in n
                for n in notes)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "tiny_causal_lm"])
-def test_the_head_split_is_what_makes_them_equal(name):
-    """Swapping the query and key kernels (a copier that splits a fused projection in the wrong order, or maps
-    separate ones to the wrong places) changes the outputs: the check above sees the attention's weights."""
+@pytest.mark.parametrize("name, one, other", [("gpt2", "query", "key"), ("tiny_causal_lm", "query", "key"),
+                                              ("llama", "key", "value")])
+def test_the_head_split_is_what_makes_them_equal(name, one, other):
+    """Swapping two projections' kernels (a copier that splits a fused projection in the wrong order, or maps
+    separate ones to the wrong places; Llama's grouped key and value kernels are narrower than the query's) changes
+    the outputs: the check above sees the attention's weights."""
     model, imported = _imported(name)
     weights = canonical_weights(model, imported, np.float64)
     path = next(p for p, layer in _layer_paths(imported.spec["layers"]) if layer["type"] == "attention")
-    weights[f"{path}.query_kernel"], weights[f"{path}.key_kernel"] = \
-        weights[f"{path}.key_kernel"], weights[f"{path}.query_kernel"]
+    weights[f"{path}.{one}_kernel"], weights[f"{path}.{other}_kernel"] = \
+        weights[f"{path}.{other}_kernel"], weights[f"{path}.{one}_kernel"]
     expected, got = _reference(name, weights)
     assert not np.allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["rotary_lm", "llama", "gptj"])
+def test_the_rotary_pairing_and_base_are_what_make_them_equal(name):
+    """The other pairing, or another base, in the imported spec changes the outputs: the check above sees the
+    rotation the importer read."""
+    model, imported = _imported(name)
+    weights = canonical_weights(model, imported, np.float64)
+    expected, _ = _reference(name)
+    x = _sample(validate(imported.spec, name), GRAPHS[name][1]).numpy()
+    for change in ({"pairing": "half" if name in ("rotary_lm", "gptj") else "interleaved"}, {"base": 1000.0}):
+        spec = copy.deepcopy(imported.spec)
+        for _, layer in _layer_paths(spec["layers"]):
+            if layer["type"] == "attention":
+                layer["rotary"] = {**layer["rotary"], **change}
+        got = reference.forward(validate(spec, name), weights, x)
+        assert not np.allclose(got, expected, rtol=1e-3, atol=1e-3), change
 
 
 def _layer_paths(layers, prefix=""):
@@ -389,13 +443,7 @@ def _layer_paths(layers, prefix=""):
 
 # Hugging Face models the spec cannot hold yet: one line each, naming the module
 REFUSED = {
-    "bert": ["bert: module 'bert.embeddings.token_type_embeddings' (Embedding): takes constant ids (all 0: its ids "
-             "are not given to the model's forward) and adds row 0 of its table to every position: the spec has no "
-             "layer that adds a learned constant row (fold the row into the position table by hand, or drop it)"],
     "vit": ["vit: module 'vit.embeddings' (ViTEmbeddings) calls aten.cat (node 'cat', modeling_vit.py:"],
-    "llama": [f"llama: module 'model.layers.{i}.self_attn' (LlamaAttention): {what}: not in the spec yet"
-              for i in (0, 1) for what in ("rotary position embedding",
-                                           "grouped key/value heads (2 key/value heads for 4 query heads)")],
 }
 
 

@@ -176,6 +176,6 @@ def test_compare_translates_what_import_can_say_and_gives_the_importer_s_reason_
     given = validate(VECTORS, "x")
     assert (spec.dataset, spec.loss, spec.batch_size) == (given.dataset, given.loss, 8)
     assert spec.optimizer.epsilon == 1e-7 and spec.optimizer.weight_decay == 0.01
-    path.write_text(json.dumps(_spec(TOKENS, "llama")))
+    path.write_text(json.dumps(_spec(IMAGES, "vit")))
     translated, why = translate(load_spec(str(path)), sys.executable, tmp_path)
-    assert translated is None and "rotary position embedding: not in the spec yet" in why, why
+    assert translated is None and "concatenates the learned tensor 'vit.embeddings.cls_token'" in why, why
