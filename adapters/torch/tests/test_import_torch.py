@@ -468,3 +468,14 @@ def test_a_hugging_face_import_passes_check(tmp_path, capsys, name, shape):
                  str(out)]) == 0, capsys.readouterr().err
     capsys.readouterr()
     assert main(["check", str(out)]) == 0
+
+
+def test_the_imported_llama_the_frameworks_are_held_to_is_what_the_importer_writes(tmp_path, capsys):
+    """tests/specs/imported_llama.yaml (in tox's identity matrix) is the importer's output, as it is."""
+    out = tmp_path / "llama.yaml"
+    assert main(["import", "torch", f"{HERE / 'native_models.py'}:llama", "--input-shape", "16",
+                 "--dataset", "synthetic_tokens", "-o", str(out)]) == 0, capsys.readouterr().err
+    kept = yaml.safe_load((ROOT / "tests" / "specs" / "imported_llama.yaml").read_text())
+    imported = yaml.safe_load(out.read_text())
+    assert {key: value for key, value in kept.items() if key != "description"} == \
+        {key: value for key, value in imported.items() if key != "description"}
