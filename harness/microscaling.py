@@ -344,9 +344,19 @@ def storage_bits(shape, fmt: BlockFormat, axis: int = -1, across: int | None = N
 
 
 # ---- the random Hadamard transform ----------------------------------------------------------------------
+def _splitmix64(z: int) -> int:
+    """SplitMix64's output for state z (Steele, Lea and Flood, 2014), in Python integers."""
+    mask = 2**64 - 1
+    z = (z + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
 def hadamard_signs(seed: int = 0) -> np.ndarray:
-    """The transform's 16 signs (+-1.0), from the seed's first 16 bits of a SeedSequence (stable across numpy)."""
-    word = int(np.random.SeedSequence([seed % 2**63, _SIGN_STREAM]).generate_state(1, np.uint32)[0])
+    """The transform's 16 signs (+-1.0), the low 16 bits of SplitMix64 of the seed and a stream of their own: Python
+    integers, so a framework's compiler (torch.compile) takes them as constants where it traces the transform."""
+    word = _splitmix64((seed * 2**16 + _SIGN_STREAM) % 2**64)
     return np.array([1.0 - 2.0 * ((word >> i) & 1) for i in range(HADAMARD_SIZE)])
 
 
