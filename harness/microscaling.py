@@ -1,7 +1,12 @@
 """Microscaling (block-scaled) formats, the rules written once: MXFP8, MXFP6 and MXFP4 (OCP MX v1.0), NVFP4, and
-DeepSeek-V3's block-scaled FP8, as a numpy reference, and as the same arithmetic written against the elementwise
-primitives of harness.rounding.RoundingOps (`block_quantize_with(ops, ...)`: an adapter fills the table for its
-framework, as it does for harness.fp8), held to the reference bit for bit through numpy's table.
+DeepSeek-V3's block-scaled FP8, as a numpy reference, and as the same arithmetic written against the primitives
+of harness.rounding.RoundingOps (an adapter fills the table for its framework, as it does for harness.fp8), held to
+the reference bit for bit through numpy's table. The quantizer a framework runs is `quantize_with(ops, x, fmt,
+axis, rounding, bits, across, tensor_amax)`, quantize()'s signature: the layout (to_blocks_with: the blocked axes
+moved last, a partial block padded with zeros, split into blocks; from_blocks_with back), the block amax,
+block_quantize_with's arithmetic; `hadamard_transform_with` is the Hadamard transform's. The layout primitives they
+need beyond the elementwise ones are BLOCK_OPS (an adapter without them has no block-scaled formats), and numpy's
+to_blocks and from_blocks are to_blocks_with and from_blocks_with through numpy's table: one layout everywhere.
 
 The elements (Fp8Format, the grid of harness.fp8): e4m3 (max 448) and e5m2 (57344) as in FP8; e2m3 (FP6: max 7.5,
 smallest normal 1, smallest subnormal 2^-3), e3m2 (FP6: max 28, 2^-2, 2^-4), e2m1 (FP4: max 6, 1, 2^-1; its grid
@@ -44,8 +49,11 @@ element x block scale (x tensor scale):
 
 Every value is float32. MX's scales are powers of two: its scaling and dequantizing are exact and only the casts
 round (but a dequantized MX value under 2^-126, in a block whose amax is below about 2^-110, is a float32
-subnormal, which a framework that flushes subnormals reads as 0). NVFP4's and block FP8's scales are not: their
-divisions and products round in float32, so the order of the operations above is part of the rule.
+subnormal, which a framework that flushes subnormals reads as 0: TensorFlow's and XLA's CPU code do, and read the
+E8M0 scale 2^-127 as 0 too). NVFP4's and block FP8's scales are not: their divisions and products round in
+float32, so the order of the operations above is part of the rule, and a compiler must not rewrite them (XLA and
+TensorFlow's graph optimizer turn a division by a constant into a product with its reciprocal: `divide_with` keeps
+the quotient correctly rounded anyway).
 
 The 16 x 16 random Hadamard transform (NVFP4's pretraining recipe, on the weight-gradient GEMM's inputs): along an
 axis in blocks of 16, y = x diag(s) H / 4, H Sylvester's Hadamard matrix (entries +-1, H H = 16 I) and s a sign
@@ -70,6 +78,7 @@ from harness.fp8 import E4M3, E5M2, Fp8Format
 # the element casts are harness.fp8's (nearest, ties to even, saturating), on every element format here
 from harness.fp8 import quantize as cast  # noqa: F401  (x, fmt) -> float32
 from harness.fp8 import quantize_with as cast_with  # noqa: F401  (ops, x, fmt): the written-once cast
+from harness.rounding import NUMPY_OPS
 
 E2M3 = Fp8Format("e2m3", 7.5, 0, 3)
 E3M2 = Fp8Format("e3m2", 28.0, -2, 2)
@@ -238,41 +247,26 @@ def _axes(ndim: int, fmt: BlockFormat, axis: int, across: int | None) -> tuple[i
 
 def to_blocks(x, fmt: BlockFormat, axis: int = -1, across: int | None = None) -> np.ndarray:
     """x arranged as [..., M, rows, N, block]: the quantized axis last and split into blocks, `across` (or a new
-    axis of 1 for 1-D blocks) before it, split into `rows`; a partial last block padded with zeros."""
-    x = np.asarray(x)
-    axis, across = _axes(x.ndim, fmt, axis, across)
-    y = np.moveaxis(x, axis, -1)[..., None, :] if across is None else np.moveaxis(x, (across, axis), (-2, -1))
-    m, n = y.shape[-2:]
-    pad_m, pad_n = -m % fmt.rows, -n % fmt.block
-    if pad_m or pad_n:
-        y = np.pad(y, [(0, 0)] * (y.ndim - 2) + [(0, pad_m), (0, pad_n)])
-    return y.reshape(*y.shape[:-2], (m + pad_m) // fmt.rows, fmt.rows, (n + pad_n) // fmt.block, fmt.block)
+    axis of 1 for 1-D blocks) before it, split into `rows`; a partial last block padded with zeros (to_blocks_with
+    through numpy's table: one layout for the reference and every framework)."""
+    return to_blocks_with(NUMPY_OPS, np.asarray(x), fmt, axis, across)
 
 
 def from_blocks(blocks: np.ndarray, shape: tuple[int, ...], fmt: BlockFormat, axis: int = -1,
                 across: int | None = None) -> np.ndarray:
     """to_blocks' inverse: the array of x's `shape` (the padding dropped)."""
-    axis, across = _axes(len(shape), fmt, axis, across)
-    lead = blocks.shape[:-4]
-    y = blocks.reshape(*lead, blocks.shape[-4] * fmt.rows, blocks.shape[-2] * fmt.block)
-    if across is None:
-        return np.moveaxis(y[..., 0, :shape[axis]], -1, axis)
-    return np.moveaxis(y[..., :shape[across], :shape[axis]], (-2, -1), (across, axis))
+    return from_blocks_with(NUMPY_OPS, blocks, tuple(shape), fmt, axis, across)
 
 
 def _scale_grid(scales: np.ndarray, ndim: int, fmt: BlockFormat, axis: int, across: int | None) -> np.ndarray:
     """Block scales [..., M, 1, N, 1] laid out as x is, each blocked axis holding its blocks."""
-    axis, across = _axes(ndim, fmt, axis, across)
-    s = scales[..., 0, :, 0]
-    return np.moveaxis(s[..., 0, :], -1, axis) if across is None else np.moveaxis(s, (-2, -1), (across, axis))
+    return scale_grid_with(NUMPY_OPS, scales, ndim, fmt, axis, across)
 
 
 def block_amax(blocks) -> np.ndarray:
     """Each block's largest magnitude, [..., M, 1, N, 1] float32, a non-finite value counting as infinity (the
-    reduction an adapter runs: max over the block of where(isfinite(x), |x|, inf))."""
-    blocks = _f32(blocks)
-    magnitude = np.where(np.isfinite(blocks), np.abs(blocks), np.float32(np.inf))
-    return magnitude.max(axis=(-3, -1), keepdims=True).astype(np.float32)
+    reduction an adapter runs: block_amax_with)."""
+    return block_amax_with(NUMPY_OPS, _f32(blocks))
 
 
 def tensor_amax(amax) -> np.float32:
@@ -350,9 +344,19 @@ def storage_bits(shape, fmt: BlockFormat, axis: int = -1, across: int | None = N
 
 
 # ---- the random Hadamard transform ----------------------------------------------------------------------
+def _splitmix64(z: int) -> int:
+    """SplitMix64's output for state z (Steele, Lea and Flood, 2014), in Python integers."""
+    mask = 2**64 - 1
+    z = (z + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
 def hadamard_signs(seed: int = 0) -> np.ndarray:
-    """The transform's 16 signs (+-1.0), from the seed's first 16 bits of a SeedSequence (stable across numpy)."""
-    word = int(np.random.SeedSequence([seed % 2**63, _SIGN_STREAM]).generate_state(1, np.uint32)[0])
+    """The transform's 16 signs (+-1.0), the low 16 bits of SplitMix64 of the seed and a stream of their own: Python
+    integers, so a framework's compiler (torch.compile) takes them as constants where it traces the transform."""
+    word = _splitmix64((seed * 2**16 + _SIGN_STREAM) % 2**64)
     return np.array([1.0 - 2.0 * ((word >> i) & 1) for i in range(HADAMARD_SIZE)])
 
 
@@ -365,22 +369,20 @@ def hadamard_matrix(seed: int = 0) -> np.ndarray:
 
 
 def _butterfly(v: np.ndarray) -> np.ndarray:
-    """v [..., 16] @ H (Sylvester's), by 4 fixed stages of pairs (a + b, a - b) at strides 1, 2, 4, 8."""
-    v = v.copy()
-    h = 1
-    while h < HADAMARD_SIZE:
-        v = v.reshape(*v.shape[:-1], HADAMARD_SIZE // (2 * h), 2, h)
-        a, b = v[..., 0, :], v[..., 1, :]
-        v = np.stack([a + b, a - b], axis=-2).reshape(*v.shape[:-3], HADAMARD_SIZE)
-        h *= 2
-    return v
+    """v [..., 16] @ H (Sylvester's), by 4 fixed stages of pairs (a + b, a - b) at strides 1, 2, 4, 8
+    (_butterfly_with through numpy's table: the order every framework follows)."""
+    return _butterfly_with(NUMPY_OPS, np.asarray(v))
+
+
+def _check_hadamard(shape: tuple[int, ...], axis: int) -> None:
+    if not shape or not -len(shape) <= axis < len(shape) or shape[axis] % HADAMARD_SIZE:
+        raise HarnessError(f"the Hadamard transform runs along a dimension that is a multiple of {HADAMARD_SIZE}; "
+                           f"got shape {shape} along axis {axis}")
 
 
 def _hadamard_blocks(x, axis: int) -> tuple[np.ndarray, tuple]:
     x = np.asarray(x, np.float64)
-    if x.ndim < 1 or x.shape[axis] % HADAMARD_SIZE:
-        raise HarnessError(f"the Hadamard transform runs along a dimension that is a multiple of {HADAMARD_SIZE}; "
-                           f"got shape {x.shape} along axis {axis}")
+    _check_hadamard(x.shape, axis)
     y = np.moveaxis(x, axis, -1)
     return y.reshape(*y.shape[:-1], -1, HADAMARD_SIZE), y.shape
 
@@ -461,9 +463,22 @@ def e8m0_scale_with(ops, amax, element: Fp8Format, mode: str = "floor"):
             ops.where(finite, _power_of_two(ops, _clamp_int(ops, 2 * E8M0_BIAS - code, 0, 254)), nan))
 
 
+def divide_with(ops, x, divisor: float):
+    """float32 x / divisor (a Python float), correctly rounded as numpy's float32 division is, whatever a compiler
+    makes of a division by a constant. XLA (JAX, TensorFlow's jit_compile) and TensorFlow's graph optimizer turn it
+    into a product with the rounded reciprocal, which in float32 is an ulp off for a fifth to a half of the
+    quotients (by the divisor). So the division runs in float64 and is rounded to float32 once more, which gives
+    the correctly rounded float32 quotient either way for the divisors here (6, 448, 2688: 3, 7 and 21 times a
+    power of two): such a quotient of a float32 lies more than 2^-30 of its size from a float32 rounding midpoint,
+    and the float64 product with the reciprocal errs by under 2^-51 (a core test checks every float32 significand).
+    Needs ops.float64 (BLOCK_OPS)."""
+    return ops.float64(lambda v: ops.to_float32(ops.cast(v, "float64") / divisor))(x)
+
+
 def nvfp4_tensor_scale_with(ops, tensor_amax):
     """nvfp4_tensor_scale() of a float32 scalar tensor (the largest finite block amax)."""
-    return ops.maximum(tensor_amax / NVFP4_TENSOR_DIVISOR, ops.full_like(tensor_amax, NVFP4_MIN_TENSOR_SCALE))
+    return ops.maximum(divide_with(ops, tensor_amax, NVFP4_TENSOR_DIVISOR),
+                       ops.full_like(tensor_amax, NVFP4_MIN_TENSOR_SCALE))
 
 
 def block_quantize_with(ops, blocks, amax, fmt: BlockFormat, tensor_scale=None, bits=None):
@@ -478,13 +493,135 @@ def block_quantize_with(ops, blocks, amax, fmt: BlockFormat, tensor_scale=None, 
         scaled, multiplier = blocks * inverse, scale
     elif fmt.scale == "e4m3":
         g = tensor_scale
-        raw = ops.clip((amax / 6.0) / g, NVFP4_MIN_BLOCK_SCALE, E4M3.max)
+        raw = ops.clip(divide_with(ops, amax, E2M1.max) / g, NVFP4_MIN_BLOCK_SCALE, E4M3.max)
         scale = ops.where(ops.isfinite(amax), cast_with(ops, raw, E4M3), ops.full_like(amax, math.nan))
         scaled = ops.clip(blocks * ((1.0 / g) / scale), -element.max, element.max)
         multiplier = g * scale
     else:
-        scale = ops.maximum(amax / E4M3.max, ops.full_like(amax, FP8_BLOCK_MIN_SCALE))
+        scale = ops.maximum(divide_with(ops, amax, E4M3.max), ops.full_like(amax, FP8_BLOCK_MIN_SCALE))
         scale = ops.where(ops.isfinite(amax), scale, ops.full_like(amax, math.nan))
         scaled, multiplier = blocks / scale, scale
     q = cast_with(ops, scaled, element) if bits is None else cast_stochastic_with(ops, scaled, bits, element)
     return q * multiplier, scale
+
+
+# ---- the layout, the quantizer and the Hadamard transform, written once (RoundingOps' layout primitives) -------
+BLOCK_OPS = ("shape", "reshape", "transpose", "pad", "crop", "max_over", "flip", "constant", "float64")
+_PAIR_SIGNS = np.array([[1.0], [-1.0]])  # a butterfly stage's (a + b, a - b) as flip(v) + v x (1, -1)
+
+
+def missing_block_ops(ops) -> list[str]:
+    """The layout primitives (BLOCK_OPS) that an adapter's RoundingOps (or None) lacks: while any is missing, its
+    block-scaled formats are unsupported; with none missing, quantize_with runs there."""
+    return [name for name in BLOCK_OPS if ops is None or getattr(ops, name) is None]
+
+
+def _arranged(ndim: int, axis: int, across: int | None) -> list[int]:
+    """x's axes as to_blocks arranges them: the others in their order, then `across`, then `axis`."""
+    return [i for i in range(ndim) if i not in (axis, across)] + ([] if across is None else [across]) + [axis]
+
+
+def _restore(ops, y, ndim: int, axis: int, across: int | None, m: int, n: int):
+    """[..., M, N] in to_blocks' arrangement (M 1 for 1-D blocks) back to x's axis order, cropped to m x n."""
+    *lead, big_m, big_n = ops.shape(y)
+    if (big_m, big_n) != (m, n):
+        y = ops.crop(y, (*lead, m, n))
+    if across is None:
+        y = ops.reshape(y, (*lead, n))
+    order = _arranged(ndim, axis, across)
+    return ops.transpose(y, [order.index(i) for i in range(ndim)])
+
+
+def to_blocks_with(ops, x, fmt: BlockFormat, axis: int = -1, across: int | None = None):
+    """to_blocks() of a framework's tensor (any dtype: the stochastic rounding's int32 bits too)."""
+    shape = tuple(ops.shape(x))
+    axis, across = _axes(len(shape), fmt, axis, across)
+    order = _arranged(len(shape), axis, across)
+    lead = tuple(shape[i] for i in order[:len(shape) - (1 if across is None else 2)])
+    m, n = (1 if across is None else shape[across]), shape[axis]
+    y = ops.reshape(ops.transpose(x, order), (*lead, m, n))
+    pad_m, pad_n = -m % fmt.rows, -n % fmt.block
+    if pad_m or pad_n:
+        y = ops.pad(y, [(0, 0)] * len(lead) + [(0, pad_m), (0, pad_n)])
+    return ops.reshape(y, (*lead, (m + pad_m) // fmt.rows, fmt.rows, (n + pad_n) // fmt.block, fmt.block))
+
+
+def from_blocks_with(ops, blocks, shape: tuple[int, ...], fmt: BlockFormat, axis: int = -1,
+                     across: int | None = None):
+    """from_blocks() of a framework's tensor: the tensor of x's `shape`, the padding dropped."""
+    axis, across = _axes(len(shape), fmt, axis, across)
+    *lead, big_m, rows, big_n, block = ops.shape(blocks)
+    y = ops.reshape(blocks, (*lead, big_m * rows, big_n * block))
+    return _restore(ops, y, len(shape), axis, across, 1 if across is None else shape[across], shape[axis])
+
+
+def scale_grid_with(ops, scales, ndim: int, fmt: BlockFormat, axis: int = -1, across: int | None = None):
+    """Block scales [..., M, 1, N, 1] laid out as x is (Quantized.scales), each blocked axis holding its blocks."""
+    axis, across = _axes(ndim, fmt, axis, across)
+    *lead, big_m, _, big_n, _ = ops.shape(scales)
+    return _restore(ops, ops.reshape(scales, (*lead, big_m, big_n)), ndim, axis, across, big_m, big_n)
+
+
+def block_amax_with(ops, blocks):
+    """Each block's largest magnitude, [..., M, 1, N, 1] float32, a non-finite value counting as infinity."""
+    magnitude = ops.where(ops.isfinite(blocks), ops.abs(blocks), ops.full_like(blocks, math.inf))
+    return ops.max_over(magnitude, (-3, -1))
+
+
+def tensor_amax_with(ops, amax):
+    """tensor_amax() of block amaxes: the largest finite one (0 where none is), a float32 scalar tensor."""
+    return ops.amax(ops.where(ops.isfinite(amax), amax, ops.full_like(amax, 0.0)))
+
+
+def quantize_with(ops, x, fmt: BlockFormat, axis: int = -1, rounding: str = "nearest", bits=None,
+                  across: int | None = None, tensor_amax=None):
+    """quantize() on a framework's float32 tensor through its RoundingOps: (the dequantized values, x's shape; the
+    block scales, laid out as Quantized.scales), the reference's bit for bit. `bits` the stochastic rounding's
+    (int32 0..2^16-1, x's shape); `tensor_amax` NVFP4's kept tensor amax (a float32 scalar tensor; None: x's).
+    The layout is to_blocks', the arithmetic block_quantize_with's."""
+    if rounding not in ("nearest", "stochastic"):
+        raise HarnessError(f"element rounding '{rounding}': nearest or stochastic")
+    if rounding == "stochastic" and bits is None:
+        raise HarnessError("stochastic rounding needs its bits: one integer in [0, 2^16) per value")
+    shape = tuple(ops.shape(x))
+    blocks = to_blocks_with(ops, x, fmt, axis, across)
+    amax = block_amax_with(ops, blocks)
+    g = None
+    if fmt.scale == "e4m3":
+        g = nvfp4_tensor_scale_with(ops, tensor_amax_with(ops, amax) if tensor_amax is None else tensor_amax)
+    noise = to_blocks_with(ops, bits, fmt, axis, across) if rounding == "stochastic" else None
+    values, scales = block_quantize_with(ops, blocks, amax, fmt, g, noise)
+    return (from_blocks_with(ops, values, shape, fmt, axis, across),
+            scale_grid_with(ops, scales, len(shape), fmt, axis, across))
+
+
+def _butterfly_with(ops, v):
+    """v [..., 16] (float64) @ H: each stage's pairs (a, b) become (b + a, a + (-b)), which are a + b and a - b
+    exactly, at strides 1, 2, 4, 8."""
+    *lead, _ = ops.shape(v)
+    h = 1
+    while h < HADAMARD_SIZE:
+        v = ops.reshape(v, (*lead, HADAMARD_SIZE // (2 * h), 2, h))
+        v = ops.flip(v, -2) + v * ops.constant(_PAIR_SIGNS, v)
+        h *= 2
+    return ops.reshape(v, (*lead, HADAMARD_SIZE))
+
+
+def hadamard_transform_with(ops, x, axis: int = -1, seed: int = 0):
+    """hadamard_transform() of a framework's float32 tensor, rounded once to float32 (what is quantized next): the
+    same float64 operations in the same order, so the reference's values bit for bit, also where a block spans
+    more than 25 binades and the float64 sums round."""
+    shape = tuple(ops.shape(x))
+    _check_hadamard(shape, axis)
+    axis %= len(shape)
+    order = _arranged(len(shape), axis, None)
+    lead = tuple(shape[i] for i in order[:-1])
+
+    def transform(x):
+        v = ops.reshape(ops.transpose(x, order), (*lead, shape[axis] // HADAMARD_SIZE, HADAMARD_SIZE))
+        v = ops.cast(v, "float64") * ops.constant(hadamard_signs(seed), x)
+        v = _butterfly_with(ops, v) * (1.0 / math.sqrt(HADAMARD_SIZE))
+        y = ops.to_float32(ops.reshape(v, (*lead, shape[axis])))
+        return ops.transpose(y, [order.index(i) for i in range(len(order))])
+
+    return ops.float64(transform)(x)

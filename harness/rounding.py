@@ -200,12 +200,15 @@ def device_seed() -> int:
 class RoundingOps:
     """One framework's elementwise primitives, which the rules below are written with. Tensors support the
     arithmetic operators (+ - * / with Python numbers, comparisons); `x` is float32, `bits` and patterns int32.
-    The last four move values between numpy and the framework for Adapter.write_weights (the kit's self-test)."""
+    to_tensor, to_numpy, draw_bits and on_device move values between numpy and the framework for
+    Adapter.write_weights (the kit's self-test). The fields from `shape` on, the layout the block-scaled formats
+    need, work on any dtype (float32, float64 and int32)."""
 
     as_int32: Callable  # float32 -> its int32 bit pattern (a bit-cast, no conversion)
     as_float32: Callable  # an int32 bit pattern -> the float32 it encodes
-    to_float32: Callable  # a numeric conversion to float32 (of int32 bits or of a 16-bit tensor)
-    cast: Callable  # (float32 x, "bfloat16" / "float16" / "float32") -> x in that dtype, rounded to nearest even
+    to_float32: Callable  # a numeric conversion to float32 (of int32 bits, a 16-bit or a float64 tensor: to nearest)
+    cast: Callable  # (float32 x, "bfloat16" / "float16" / "float32" / "float64") -> x in that dtype, rounded to
+    # nearest even (float64: exact; JAX's only inside `float64`)
     bit_and: Callable  # (int32, Python int) -> bitwise and
     shift_right: Callable  # (int32, n) -> arithmetic shift right
     shift_left: Callable  # (int32, n) -> shift left
@@ -231,6 +234,18 @@ class RoundingOps:
     # rate and count as the framework holds them (Python numbers, or tensors of a compiled step) in float64 where
     # the framework can (JAX without x64: float32); fn is written with + - * / ** and the sqrt it is given
     scalars: Callable
+    # the block-scaled formats' layout (harness.microscaling.quantize_with, hadamard_transform_with); None where an
+    # adapter has none (harness.microscaling.missing_block_ops names them; its formats are then unsupported there)
+    shape: Callable | None = None  # x -> its shape, a tuple of Python ints
+    reshape: Callable | None = None  # (x, shape tuple) -> x's values in that shape, in order
+    transpose: Callable | None = None  # (x, permutation) -> x with its axes in that order (numpy's transpose)
+    pad: Callable | None = None  # (x, [(before, after) per axis]) -> x padded with zeros
+    crop: Callable | None = None  # (x, shape) -> x[:shape[0], :shape[1], ...]
+    max_over: Callable | None = None  # (x, axes tuple) -> the largest value over those axes, kept as axes of 1
+    flip: Callable | None = None  # (x, axis) -> x reversed along the axis
+    constant: Callable | None = None  # (numpy array, like) -> a tensor of its values and dtype, on like's device
+    # (fn) -> fn, run where float64 arithmetic is available (JAX: under jax.enable_x64), for the Hadamard transform
+    float64: Callable | None = None
 
 
 def storage_dtype(rounding: Rounding) -> str:
@@ -387,6 +402,10 @@ NUMPY_OPS = RoundingOps(
     on_device=lambda fn, device: _quiet(fn),
     sqrt=np.sqrt,
     scalars=lambda fn, lr, t: tuple(np.float32(x) for x in fn(lr, t, math.sqrt)),
+    shape=np.shape, reshape=np.reshape, transpose=np.transpose, pad=np.pad,
+    crop=lambda x, shape: x[tuple(slice(0, n) for n in shape)],
+    max_over=lambda x, axes: np.max(x, axis=axes, keepdims=True), flip=np.flip,
+    constant=lambda array, like: np.asarray(array), float64=lambda fn: fn,
 )
 
 

@@ -2,8 +2,9 @@
 every representable value, every midpoint and random values, with saturation and NaN explicit; E8M0 against
 ml_dtypes' float8_e8m0fnu; hand-computed blocks (one large outlier, zeros, subnormals, NaN and infinity, a partial
 last block) in MX, NVFP4 and block FP8; MX end to end against a scale from math.frexp and ml_dtypes' casts; the
-written-once arithmetic against the reference through numpy's table; stochastic rounding's bits and mean; the
-Hadamard transform; the storage sizes."""
+written-once arithmetic, quantizer (quantize_with: the layout too) and Hadamard transform against the reference
+through numpy's table, and divide_with's premise; stochastic rounding's bits and mean; the Hadamard transform; the
+storage sizes."""
 from __future__ import annotations
 
 import math
@@ -349,6 +350,74 @@ def test_the_written_once_block_arithmetic_is_the_reference_bit_for_bit(mode):
             grid = mx._scale_grid(np.broadcast_to(scales, amax.shape), x.ndim, fmt, -1, None)
             assert _same(grid, ref.scales), (fmt.name, rounding)
             assert np.isnan(ref.values).any() and (ref.values == 0).any() and np.isfinite(ref.values).any()
+
+
+# (fmt, axis, across, shape): 1-d blocks along the last, the first and a middle axis, 2-d tiles either way round
+QUANTIZE_WITH_LAYOUTS = [(fmt, -1, None, (fmt.rows * 2 + 3, 300)) for fmt in mx.FORMATS.values()] + [
+    (mx.MXFP8_E4M3, 0, None, (70, 9)), (mx.NVFP4, 1, None, (3, 37, 5)), (mx.FP8_BLOCK_WEIGHT, 0, None, (150, 130)),
+    (mx.NVFP4_WEIGHT, 2, 0, (20, 3, 40)), (mx.NVFP4_WEIGHT, 0, 2, (37, 2, 18))]
+
+
+@pytest.mark.parametrize("mode", mx.SCALE_MODES)
+def test_the_written_once_quantizer_is_the_reference_bit_for_bit(mode):
+    """quantize_with through numpy's table: the layout (to_blocks_with: transposes, padding, crops), the block amax,
+    NVFP4's tensor amax and divide_with, against quantize(), values and scales, in every layout."""
+    rng = np.random.default_rng(41)
+    for fmt, axis, across, shape in QUANTIZE_WITH_LAYOUTS:
+        fmt = replace(fmt, scale_mode=mode)
+        x = _hard_tensor(rng, shape)
+        bits = rng.integers(0, mx.NOISE_RANGE, x.shape, dtype=np.int32)
+        for rounding, b, kept in (("nearest", None, None), ("stochastic", bits, None), ("nearest", None, 3.5)):
+            if kept is not None and fmt.scale != "e4m3":
+                continue
+            ref = mx.quantize(x, fmt, axis, rounding, b, across, kept)
+            with np.errstate(all="ignore"):
+                values, scales = mx.quantize_with(NUMPY_OPS, x, fmt, axis, rounding, b, across,
+                                                  None if kept is None else np.float32(kept))
+            where = (fmt.name, axis, across, rounding, kept)
+            assert _same(values, ref.values) and _same(scales, ref.scales), where
+    with pytest.raises(HarnessError, match="stochastic rounding needs its bits"):
+        mx.quantize_with(NUMPY_OPS, np.zeros((2, 32), np.float32), mx.MXFP4, rounding="stochastic")
+    with pytest.raises(HarnessError, match="nearest or stochastic"):
+        mx.quantize_with(NUMPY_OPS, np.zeros((2, 32), np.float32), mx.MXFP4, rounding="up")
+
+
+@pytest.mark.parametrize("divisor", [mx.E2M1.max, E4M3.max, mx.NVFP4_TENSOR_DIVISOR])
+def test_a_float64_division_rounds_to_the_float32_quotient_even_as_a_product_with_the_reciprocal(divisor):
+    """divide_with's premise, over every float32 significand: the float32 quotient by 6, 448 and 2688 equals the
+    float64 quotient rounded to float32, and so does the float64 product with the reciprocal that XLA puts in place
+    of a division by a constant; the float32 product is an ulp off for a fifth to a half of them. Two binades: one
+    of normal quotients, one whose quotients are float32 subnormals (numpy keeps them)."""
+    significands = np.arange(1 << 23, dtype=np.uint32)
+    for exponent_field in (127, 1):  # [1, 2); [2^-126, 2^-125), whose quotients are subnormals
+        a = (significands | np.uint32(exponent_field << 23)).view(np.float32)
+        quotient = a / np.float32(divisor)
+        assert _same(mx.divide_with(NUMPY_OPS, a, divisor), quotient)
+        assert _same((a.astype(np.float64) * (1.0 / divisor)).astype(np.float32), quotient)
+        if exponent_field == 127:
+            assert 0.2 < np.mean(a * np.float32(1.0 / divisor) != quotient) < 0.6
+
+
+def test_the_written_once_hadamard_transform_is_the_reference_rounded_once():
+    """hadamard_transform_with through numpy's table is float32(hadamard_transform) bit for bit: along either axis,
+    for blocks within 25 binades (exact) and far wider (the float64 sums round, in the same order), with NaN and
+    infinities; a dimension not a multiple of 16 is refused."""
+    rng = np.random.default_rng(43)
+    x = (rng.standard_normal((6, 64)) * np.exp2(rng.uniform(-100, 100, (6, 64)))).astype(np.float32)
+    x[0, :16] = rng.standard_normal(16)
+    x[1, 3], x[2, 20], x[3, 40] = NAN, INF, -INF
+    for axis, v in ((-1, x), (0, x.T.copy())):
+        want = mx.hadamard_transform(v, axis, seed=7).astype(np.float32)
+        with np.errstate(all="ignore"):
+            assert _same(mx.hadamard_transform_with(NUMPY_OPS, v, axis, seed=7), want)
+    with pytest.raises(HarnessError, match="multiple of 16"):
+        mx.hadamard_transform_with(NUMPY_OPS, np.zeros((2, 24), np.float32))
+
+
+def test_an_adapter_without_the_layout_primitives_has_no_block_scaled_quantizer():
+    assert mx.missing_block_ops(NUMPY_OPS) == []
+    assert mx.missing_block_ops(None) == list(mx.BLOCK_OPS)
+    assert mx.missing_block_ops(replace(NUMPY_OPS, flip=None, float64=None)) == ["flip", "float64"]
 
 
 def test_blocks_round_trip_and_the_layout_errors():

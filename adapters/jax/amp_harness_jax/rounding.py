@@ -21,6 +21,14 @@ def draw_bits(key, shape):
     return jax.random.bits(key, shape, jnp.uint16).astype(jnp.int32)
 
 
+def with_float64(fn):
+    """fn traced and run with float64 arrays available (jax_enable_x64 is off: float32 is the default dtype)."""
+    def run(*args):
+        with jax.enable_x64(True):
+            return fn(*args)
+    return run
+
+
 OPS = RoundingOps(
     as_int32=lambda x: lax.bitcast_convert_type(x, jnp.int32),
     as_float32=lambda p: lax.bitcast_convert_type(p, jnp.float32),
@@ -42,6 +50,10 @@ OPS = RoundingOps(
     # round them from float64: a float32 ulp apart at most); a Python float stays one (weakly typed)
     scalars=lambda fn, lr, t: tuple(x if isinstance(x, float) else jnp.asarray(x, jnp.float32)
                                     for x in fn(lr, t.astype(jnp.float32), jnp.sqrt)),
+    shape=lambda x: tuple(x.shape), reshape=jnp.reshape, transpose=jnp.transpose, pad=jnp.pad,
+    crop=lambda x, shape: lax.slice(x, (0,) * len(shape), tuple(shape)),
+    max_over=lambda x, axes: jnp.max(x, axis=axes, keepdims=True), flip=jnp.flip,
+    constant=lambda array, like: jnp.asarray(array), float64=with_float64,
 )
 
 

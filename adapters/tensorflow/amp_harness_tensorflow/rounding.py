@@ -46,6 +46,11 @@ OPS = RoundingOps(
     # float64, then float32: as the torch adapter's Python floats give them
     scalars=lambda fn, lr, t: tuple(tf.cast(x, tf.float32) for x in fn(tf.cast(lr, tf.float64), tf.cast(t, tf.float64),
                                                                        tf.sqrt)),
+    shape=lambda x: tuple(x.shape), reshape=tf.reshape, transpose=tf.transpose, pad=tf.pad,
+    crop=lambda x, shape: tf.slice(x, [0] * len(shape), shape),
+    max_over=lambda x, axes: tf.reduce_max(x, axis=list(axes), keepdims=True),
+    flip=lambda x, axis: tf.reverse(x, [axis]), constant=lambda array, like: tf.constant(array),
+    float64=lambda fn: fn,
 )
 
 

@@ -32,6 +32,11 @@ OPS = RoundingOps(
     on_device=lambda fn, device: fn,  # eager: each op runs where its inputs are
     sqrt=torch.sqrt,
     scalars=lambda fn, lr, t: fn(lr, t, math.sqrt),  # Python floats: float64, then float32 in each operation
+    shape=lambda x: tuple(x.shape), reshape=torch.reshape, transpose=lambda x, order: x.permute(*order),
+    pad=lambda x, widths: torch.nn.functional.pad(x, [n for width in reversed(widths) for n in width]),
+    crop=lambda x, shape: x[tuple(slice(0, n) for n in shape)],
+    max_over=lambda x, axes: torch.amax(x, dim=axes, keepdim=True), flip=lambda x, axis: torch.flip(x, [axis]),
+    constant=lambda array, like: torch.as_tensor(array, device=like.device), float64=lambda fn: fn,
 )
 
 
