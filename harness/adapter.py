@@ -476,6 +476,12 @@ class Capabilities:
     #: layer's inputs through fake_quantize_with, its output's gradient too); else why not. An adapter that says
     #: nothing does not: it would train them as plain float32
     no_fp8: str | None = "does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"
+    #: None where the adapter's networks train the block-scaled precisions by the core's rule (harness.microscaling:
+    #: each dense and attention matmul's operands through block_operands_with, its backward's through
+    #: block_gradient_operands_with); else why not. An adapter that says nothing does not: it would train them as
+    #: plain float32
+    no_block_scaling: str | None = ("does not emulate block-scaled formats (Capabilities.no_block_scaling: the "
+                                    "matmuls' casts of harness.microscaling)")
     #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
     #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
     no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
@@ -581,6 +587,14 @@ class Adapter(ABC):
             out = ops.on_device(lambda v, b: ops.to_float32(round_stochastic_with(ops, v, b, rounding)),
                                 device)(values, bits)
         return np.asarray(ops.to_numpy(out), dtype=np.float32)
+
+    def block_linear(self, precision: Precision, x: np.ndarray, w: np.ndarray, dy: np.ndarray,
+                     device: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The block-scaled self-test (the conformance kit's): y = x @ w, x [M, K] and w [K, N] float32, through the
+        matmul the adapter's dense layers run under the block-scaled `precision` (harness.microscaling.BlockRecipe),
+        and the gradients of sum(y * dy) with respect to x and w through its backward; (y, dx, dw) as float32 numpy.
+        None: the adapter has no block-scaled precisions."""
+        return None
 
     def import_model(self, target: str, input_shape: tuple[int, ...], options: ImportOptions) -> Imported:
         """Optional: the framework's model named by `target` (the adapter says what it takes: "MODULE:ATTR" in

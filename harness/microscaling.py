@@ -625,3 +625,99 @@ def hadamard_transform_with(ops, x, axis: int = -1, seed: int = 0):
         return ops.transpose(y, [order.index(i) for i in range(len(order))])
 
     return ops.float64(transform)(x)
+
+
+# ---- training: each product's operands blocked along the axis it sums over ----------------------------------
+@dataclass(frozen=True)
+class BlockRecipe:
+    """A block-scaled training precision (harness.precision): the casts of every dense layer's and attention
+    projection's matmul y = x @ w, x [M, K] (the batch's rows: samples x positions), w [K, N], float32 weights,
+    optimizer and accumulation. Each of the step's three products takes its operands quantized in blocks along the
+    axis that product sums over (torchao's MXLinear; Transformer Engine's MXFP8 and NVFP4 recipes), so x, w and dy
+    are each quantized twice, once per product they enter:
+
+        y  = Q_a(x along K) @ Q_w(w along K)
+        dx = Q_g(dy along N) @ Q_w(w along N)^T
+        dw = Q_a(x along M)^T @ Q_g(dy along M)     (with `hadamard`: x and dy transformed along M first)
+
+    Q_a is `activation`'s quantizer, Q_w `weight`'s (a square 2-D tile format tiles w alike for both of its
+    products, so it is quantized once), Q_g `gradient`'s; every cast rounds to nearest even. The bias is added after
+    the product and its gradient is dy's sum, uncast (as FP8's, harness.fp8). The Hadamard transform of dw's
+    operands (NVFP4's recipe) leaves their product unchanged before quantization (Q Q^T = I) and spreads an outlier
+    over its block of 16 rows."""
+    name: str
+    activation: BlockFormat
+    weight: BlockFormat
+    gradient: BlockFormat
+    hadamard: bool = False
+
+    @property
+    def tiled_weight(self) -> bool:
+        return self.weight.rows > 1
+
+    def describe(self) -> str:
+        formats = dict.fromkeys(f.name for f in (self.activation, self.weight, self.gradient))
+        return f"{' / '.join(formats)} blocks{', Hadamard-transformed weight-gradient inputs' if self.hadamard else ''}"
+
+
+# The OCP MX paper's training recipes (Rouhani et al., 2023: E4M3 forward, E5M2 gradients in MXFP8; E2M3 forward,
+# E3M2 gradients in MXFP6), MXFP4 and NVFP4 throughout (NVIDIA's NVFP4 pretraining recipe: 16x16 weight tiles,
+# :rht its random Hadamard transform), DeepSeek-V3's block FP8 (e4m3 everywhere, 128x128 weight tiles).
+RECIPES = {r.name: r for r in (
+    BlockRecipe("mxfp8", MXFP8_E4M3, MXFP8_E4M3, MXFP8_E5M2),
+    BlockRecipe("mxfp6", MXFP6_E2M3, MXFP6_E2M3, MXFP6_E3M2),
+    BlockRecipe("mxfp4", MXFP4, MXFP4, MXFP4),
+    BlockRecipe("nvfp4", NVFP4, NVFP4_WEIGHT, NVFP4),
+    BlockRecipe("fp8_block", FP8_BLOCK, FP8_BLOCK_WEIGHT, FP8_BLOCK),
+)}
+BLOCK_LAYERS = ("dense", "attention")  # the layers whose matmuls a block recipe quantizes
+
+
+def _weight_along(w, recipe: BlockRecipe, axis: int, quantizer):
+    return quantizer(w, recipe.weight, axis=axis, across=(1 - axis) if recipe.tiled_weight else None)
+
+
+def block_operands_with(ops, x, w, recipe: BlockRecipe):
+    """The forward product's operands: (Q_a(x along K), Q_w(w along K)), x [M, K] and w [K, N] float32."""
+    quantizer = lambda t, fmt, axis, across=None: quantize_with(ops, t, fmt, axis=axis, across=across)[0]  # noqa: E731
+    return quantizer(x, recipe.activation, 1), _weight_along(w, recipe, 0, quantizer)
+
+
+def block_gradient_operands_with(ops, x, w, dy, recipe: BlockRecipe, quantized_w=None):
+    """The backward products' operands: (Q_g(dy along N), Q_w(w along N)) for dx = first @ second^T, and
+    (Q_a(x along M), Q_g(dy along M)) for dw = third^T @ fourth. `quantized_w`: the forward's Q_w, which a square
+    tile format gives both products."""
+    quantizer = lambda t, fmt, axis, across=None: quantize_with(ops, t, fmt, axis=axis, across=across)[0]  # noqa: E731
+    w_n = quantized_w if recipe.tiled_weight and quantized_w is not None else _weight_along(w, recipe, 1, quantizer)
+    x_m, dy_m = x, dy
+    if recipe.hadamard:
+        x_m, dy_m = hadamard_transform_with(ops, x, axis=0), hadamard_transform_with(ops, dy, axis=0)
+    return (quantizer(dy, recipe.gradient, 1), w_n, quantizer(x_m, recipe.activation, 0),
+            quantizer(dy_m, recipe.gradient, 0))
+
+
+def block_linear(x, w, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference: (y, dx, dw) of y = x @ w under `recipe`, x [M, K], w [K, N], dy [M, N], float32 in, the
+    products summed in float64 and rounded once (the adapters' float32 sums differ from it by their order only)."""
+    qx, qw = block_operands_with(NUMPY_OPS, _f32(x), _f32(w), recipe)
+    g_n, w_n, x_m, g_m = block_gradient_operands_with(NUMPY_OPS, _f32(x), _f32(w), _f32(dy), recipe, qw)
+    product = lambda a, b: (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)  # noqa: E731
+    return product(qx, qw), product(g_n, w_n.T), product(x_m.T, g_m)
+
+
+def block_refusal(recipe: BlockRecipe, graph, batch_size: int) -> str | None:
+    """Why a spec cannot train under `recipe` (one line), or None: its convolutions and patch embeddings are not
+    block-scaled yet (their products' reduction axes span the kernel's window), and the Hadamard transform needs
+    the rows of every product (batch x positions) in whole blocks of 16. `graph` None: a native model's."""
+    if graph is None:
+        return f"{recipe.name} trains spec networks only: a native model's matmuls are not block-scaled yet"
+    for info in graph.layers:
+        if info.type in ("conv2d", "patches"):
+            return (f"{recipe.name} block-scales dense and attention matmuls only; layer {info.path} ({info.type}) "
+                    f"is not covered yet")
+        if recipe.hadamard and info.type in BLOCK_LAYERS:
+            rows = batch_size * math.prod(info.in_shape[:-1])
+            if rows % HADAMARD_SIZE:
+                return (f"{recipe.name}:rht transforms the weight gradient's inputs in blocks of {HADAMARD_SIZE} "
+                        f"rows: layer {info.path} has {rows} (batch x positions)")
+    return None

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from harness.errors import HarnessError
 from harness.fp8 import E4M3, E5M2, Fp8Policy, Recipe
+from harness.microscaling import RECIPES, BlockRecipe
 from harness.rounding import DEFAULT_FRAC_BITS, Rounding
 
 
@@ -23,6 +24,9 @@ class Precision:
     #: FP8 training (harness.fp8): every matmul's inputs cast to FP8 and back by the core's rule, emulated in
     #: float32 (compute_dtype), products accumulated in float32; None for every other precision
     fp8: Fp8Policy | None = None
+    #: block-scaled training (harness.microscaling.BlockRecipe): every dense and attention matmul's three products
+    #: take their operands quantized in blocks along the axis each sums over, emulated in float32; None elsewhere
+    blocks: BlockRecipe | None = None
     #: how the report's charts draw this precision, the same in every chart (harness.report.charts): a colour
     #: and a marker (matplotlib's letters, harness.report.svg.marker_path) of its own, asked of every entry
     colour: str = field(kw_only=True)
@@ -79,17 +83,26 @@ PRECISIONS: dict[str, Precision] = {
         Precision("fp8_hybrid", "float32", "float32", False, False, "none",
                   "FP8 e4m3 forward, e5m2 gradients (emulated), float32 weights and accumulation",
                   fp8=Fp8Policy(E4M3, E5M2), colour="#17becf", marker="8"),
+        # block-scaled formats (harness.microscaling, docs/microscaling.md): float32 weights and optimizer, every
+        # dense and attention matmul's operands quantized in blocks along each product's reduction axis
+        *(Precision(name, "float32", "float32", False, False, "none",
+                    f"{recipe.describe()} (emulated), float32 weights and accumulation",
+                    blocks=recipe, colour=colour, marker=marker)
+          for (name, recipe), (colour, marker) in zip(RECIPES.items(), (
+              ("#7f7f7f", "H"), ("#bcbd22", "+"), ("#ff7f0e", "x"), ("#2ca02c", "1"), ("#d62728", "2")))),
     )
 }
 
 
 NATIVE = "native"  # an FP8 precision's suffix: the framework's own FP8 matmuls, not the emulation
+HADAMARD = "rht"  # a block-scaled precision's suffix: NVFP4's random Hadamard transform of dw's operands
 
 
 def parse_precision(name: str) -> Precision:
     """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15); the FP8 ones as
     NAME:current (what NAME alone means), NAME:delayed or NAME:delayed:N (harness.fp8.Recipe), each with :native
-    after it for the framework's own FP8 matmuls (NAME:native, NAME:delayed:16:native)."""
+    after it for the framework's own FP8 matmuls (NAME:native, NAME:delayed:16:native); the block-scaled ones as
+    NAME:rht, with the random Hadamard transform (nvfp4:rht)."""
     base, colon, bits = name.partition(":")
     try:
         precision = PRECISIONS[base]
@@ -97,6 +110,13 @@ def parse_precision(name: str) -> Precision:
         raise HarnessError(f"unknown precision '{name}'; valid: {', '.join(PRECISIONS)}") from None
     if not colon:
         return precision
+    if precision.blocks is not None:
+        if bits != HADAMARD:
+            raise HarnessError(f"precision '{name}': a block-scaled precision takes ':{HADAMARD}' (the random "
+                               f"Hadamard transform of the weight gradient's inputs) or nothing")
+        return replace(precision, name=name, blocks=replace(precision.blocks, hadamard=True),
+                       description=precision.description.replace(" blocks (", " blocks, Hadamard-transformed "
+                                                                             "weight-gradient inputs ("))
     if precision.fp8 is not None:
         native = bits == NATIVE or bits.endswith(f":{NATIVE}")
         try:

@@ -313,11 +313,13 @@ def _dash(dash: str | None, width: float) -> str:
 
 
 def marker_path(shape: str, x: float, y: float, size: float, colour: str) -> tuple[str, str]:
-    """Path data and attributes of one filled marker (matplotlib's letters: o s D d ^ v < > P X p h 8 *, anything
-    else a circle) centred at x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a
-    square cap (a few bytes); the others are outlines."""
+    """Path data and attributes of one filled marker (matplotlib's letters: o s D d ^ v < > P X + x p h H 8 * 1 2,
+    anything else a circle; "+" and "x" are thin crosses, "1" and "2" three-pointed stars, down and up) centred at
+    x, y, `size` px wide. A circle or a square is a zero-length stroke with a round or a square cap (a few bytes);
+    the others are outlines."""
     r = size / 2
-    if shape in ("o", "s") or shape not in ("D", "d", "^", "v", "<", ">", "P", "X", "p", "h", "8", "*"):
+    if shape in ("o", "s") or shape not in ("D", "d", "^", "v", "<", ">", "P", "X", "+", "x", "p", "h", "H", "8",
+                                            "*", "1", "2"):
         cap, width = ("square", size * 0.9) if shape == "s" else ("round", size)
         return (f"M{num(x)} {num(y)}h0",
                 f' fill="none" stroke="{colour}" stroke-width="{num(width)}" stroke-linecap="{cap}"')
@@ -331,17 +333,20 @@ def marker_path(shape: str, x: float, y: float, size: float, colour: str) -> tup
     if shape in ("<", ">"):
         s, h = r * 1.05, r * 1.05 * (1 if shape == "<" else -1)
         return f"M{num(x - h)} {num(y)}l{num(h * 1.5)} {num(s * 0.87)}v{num(-s * 1.74)}z", fill
-    if shape in ("p", "h", "8", "*"):  # a regular pentagon (a corner up), hexagon, octagon; a five-pointed star
-        n = {"p": 5, "h": 6, "8": 8, "*": 10}[shape]
-        turn = -math.pi / 2 if shape in ("p", "*") else math.pi / n if shape == "8" else 0.0
-        radii = [r * 1.1, r * 0.45] if shape == "*" else [r]
+    if shape in ("p", "h", "H", "8", "*", "1", "2"):  # regular pentagon (a corner up), hexagons (a corner at the
+        # side, "H" at the top), octagon; five- and three-pointed stars
+        n = {"p": 5, "h": 6, "H": 6, "8": 8, "*": 10, "1": 6, "2": 6}[shape]
+        turn = {"p": -math.pi / 2, "*": -math.pi / 2, "H": -math.pi / 2, "8": math.pi / n, "1": math.pi / 2,
+                "2": -math.pi / 2}.get(shape, 0.0)
+        radii = [r * 1.1, r * 0.45] if shape == "*" else [r * 1.15, r * 0.35] if shape in ("1", "2") else [r]
         corners = [(x + radii[k % len(radii)] * math.cos(turn + 2 * math.pi * k / n),
                     y + radii[k % len(radii)] * math.sin(turn + 2 * math.pi * k / n)) for k in range(n)]
         return "M" + "L".join(f"{num(u)} {num(v)}" for u, v in corners) + "z", fill
-    a, b = r, r / 3  # a plus of arm half-length a and half-width b (an X: the same, turned 45 degrees)
+    a, b = r, r / (3 if shape in ("P", "X") else 6)  # a plus of arm half-length a and half-width b ("+" thin; an
+    # X: the same, turned 45 degrees)
     outline = [(b, a), (b, b), (a, b), (a, -b), (b, -b), (b, -a), (-b, -a), (-b, -b), (-a, -b), (-a, b), (-b, b),
                (-b, a)]
-    if shape == "X":
+    if shape in ("X", "x"):
         c = math.sqrt(0.5)
         outline = [((u - v) * c, (u + v) * c) for u, v in outline]
     return "M" + "L".join(f"{num(x + u)} {num(y + v)}" for u, v in outline) + "z", fill

@@ -22,6 +22,7 @@ import time
 from datetime import datetime, timezone
 
 from harness.errors import HarnessError, one_line
+from harness.microscaling import missing_block_ops
 from harness.run.cache import MISSING, cached, lookup
 from harness.run.measure import cpu_info
 
@@ -88,6 +89,11 @@ def unsupported(adapter, precision, device, in_process: bool = False, loss_scale
         return f"{adapter.name} {no_fp8}"
     if precision.fp8 is not None and precision.fp8.native and adapter.capabilities.no_fp8_native:
         return f"{adapter.name} {adapter.capabilities.no_fp8_native}"
+    if precision.blocks is not None:
+        ops = adapter.rounding_ops()
+        missing = missing_block_ops(ops) if ops is not None else ["the RoundingOps table (Adapter.rounding_ops)"]
+        if adapter.capabilities.no_block_scaling or missing:
+            return f"{adapter.name} {adapter.capabilities.no_block_scaling or 'lacks ' + ', '.join(missing)}"
     reason = adapter.unsupported(precision, device) or \
         (adapter.unsupported_loss_scale(precision, loss_scale) if loss_scale is not None else None)
     if reason:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.adapter import load_adapter
 from harness.errors import HarnessError, one_line
+from harness.microscaling import block_refusal
 from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
@@ -83,7 +84,8 @@ def run(req: RunRequest, progress=None) -> dict:
                       state_memory_mb=state_memory_mb(graph, spec.optimizer, precision) if graph else None)
         reason = capability.unsupported(adapter, precision, device, in_process=True, loss_scale=loss_scale) or \
             (work.refusal(adapter, device) if work.refusal is not None else None) or \
-            (native.refusal(adapter, precision) if graph is None else None)
+            (native.refusal(adapter, precision) if graph is None else None) or \
+            (block_refusal(precision.blocks, graph, spec.batch_size) if precision.blocks else None)
         if reason:
             record.update(status="unsupported", reason=reason)  # variant "auto": none was chosen
             return record

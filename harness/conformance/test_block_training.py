@@ -1,0 +1,46 @@
+"""The block-scaled training precisions' matmul (harness.microscaling.BlockRecipe): the adapter's dense product and
+its backward, on the same float32 tensors, against the core's reference block_linear. The quantized operands must be
+the reference's bit for bit (the quantizer is the kit's test_microscaling's), so what may differ is only the
+order in which the framework sums the products of each row and column: a product that quantizes an operand along
+the wrong axis, once where it takes two, with the wrong format or not at all is off by whole quantization steps
+(several percent of the output)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import microscaling as mx
+from harness.precision import PRECISIONS, parse_precision
+
+BLOCKED = [name for name, p in PRECISIONS.items() if p.blocks is not None] + ["nvfp4:rht"]
+# M: 144 rows (whole Hadamard blocks of 16, four and a half MX blocks of 32 along M); K and N not multiples of 128
+# (block FP8's partial blocks and tiles) nor of 32 in N
+M, K, N = 144, 160, 200
+BOUND = 2e-6  # of each output's largest magnitude: float32 sums of at most 200 products in another order
+
+
+def _tensors() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    x[:, 7] *= 100.0  # an outlier channel: its blocks along K scale small, its blocks along M do not
+    w = (rng.standard_normal((K, N)) * 0.05).astype(np.float32)
+    dy = (rng.standard_normal((M, N)) * np.exp2(rng.integers(-8, 4, (M, 1)))).astype(np.float32)
+    return x, w, dy
+
+
+@pytest.mark.parametrize("name", BLOCKED)
+def test_the_block_scaled_matmul_and_its_gradients_are_the_core_rule(adapter, unsupported, name):
+    if unsupported(name):
+        pytest.skip(f"{name} unsupported here: {unsupported(name)}")
+    precision = parse_precision(name)
+    x, w, dy = _tensors()
+    got = adapter.block_linear(precision, x, w, dy, adapter.device("cpu"))
+    assert got is not None, (f"{name} runs here, so block_linear must expose the matmul its dense layers run "
+                             f"(harness.adapter.Adapter.block_linear)")
+    for what, value, want in zip(("y", "dx", "dw"), got, mx.block_linear(x, w, dy, precision.blocks)):
+        value = np.asarray(value, dtype=np.float32)
+        assert value.shape == want.shape, f"{name}: {what} has shape {value.shape}, the rule's {want.shape}"
+        error = float(np.abs(value - want).max() / np.abs(want).max())
+        assert error <= BOUND, (
+            f"{name}: {what} is {error:.2e} of its largest magnitude from harness.microscaling.block_linear's "
+            f"(read BlockRecipe's docstring: each product's operands blocked along the axis it sums over)")
