@@ -49,6 +49,8 @@ class MXNetAdapter(Adapter):
         no_bitcast="MXNet 1.9 has no bitcast operator, no ndarray.view(dtype)",
         no_fp8="cannot emulate FP8: MXNet 1.9 has no bitcast operator (the core's FP8 cast reads and writes float32 "
                "exponent bits) and no FP8 dtype",
+        no_block_scaling="cannot emulate block-scaled formats: MXNet 1.9 has no bitcast operator (the core's "
+                         "E8M0 scales and element casts read and write float32 exponent bits)",
         # seen with 1.9.1 on CPU: a network cast to bfloat16 aborted in native code (free(): invalid pointer) or
         # failed with "Unknown type enum 12"; bfloat16 works inside AMP only
         refused=(Refusal("bf16", "cpu", "MXNet 1.9 runs bfloat16 on CPU only through AMP (amp_bf16); a network "
