@@ -188,7 +188,22 @@ def cmd_check(args) -> int:
         in_memory = memory.dataset_mb(spec)
         if in_memory:
             print(f"    and the dataset, kept in memory: {memory.fmt_mb(in_memory)}")
+        _print_block_storage(graph)
     return 0
+
+
+def _print_block_storage(graph) -> None:
+    """The dense and attention kernels' size in each block-scaled format (scales included), beside float32's and
+    bfloat16's: what a block-scaled kernel would read; the emulation keeps them in float32."""
+    from harness.microscaling import RECIPES, weight_storage_bits
+
+    sizes = {name: weight_storage_bits(graph, recipe) for name, recipe in RECIPES.items()}
+    count = next(iter(sizes.values()))[1]
+    if count:
+        kib = lambda bits: f"{bits / 8 / 1024:,.1f} KiB"  # noqa: E731
+        formats = ", ".join(f"{name} {kib(bits)}" for name, (bits, _) in sizes.items())
+        print(f"  its {count:,} dense and attention weights, stored block-scaled (scales included): {formats}; "
+              f"float32 {kib(32 * count)}, bfloat16 {kib(16 * count)}")
 
 
 def _wiring(layer) -> str:

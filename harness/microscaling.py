@@ -705,6 +705,20 @@ def block_linear(x, w, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray,
     return product(qx, qw), product(g_n, w_n.T), product(x_m.T, g_m)
 
 
+def weight_storage_bits(graph, recipe: BlockRecipe) -> tuple[int, int]:
+    """(the bits the matmul weights that `recipe` quantizes take in its weight format, packed with their scales;
+    the count of those weights): what a block-scaled kernel reads, from sizes alone (the emulation keeps them in
+    float32). A kernel [K, N] is blocked along K (and tiled across N)."""
+    bits = count = 0
+    for info in graph.layers:
+        if info.type in BLOCK_LAYERS:
+            for name, shape in info.params.items():
+                if name.endswith("kernel"):
+                    bits += storage_bits(shape, recipe.weight, axis=0, across=1 if recipe.tiled_weight else None)
+                    count += math.prod(shape)
+    return bits, count
+
+
 def block_refusal(recipe: BlockRecipe, graph, batch_size: int) -> str | None:
     """Why a spec cannot train under `recipe` (one line), or None: its convolutions and patch embeddings are not
     block-scaled yet (their products' reduction axes span the kernel's window), and the Hadamard transform needs

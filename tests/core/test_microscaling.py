@@ -531,3 +531,20 @@ def test_a_matmul_blocks_both_operands_along_k():
     assert _same(mx.matmul(a, b, mx.MXFP4), mx.quantize(a, mx.MXFP4).values @ qb.values)
     along_n = mx.quantize(b, mx.MXFP4, axis=1).values  # blocked along N, the large column flushes the others
     assert (qb.values[:, 0] != 0).sum() > 50 and (along_n[:, 0] != 0).sum() < 5
+
+
+def test_check_states_what_each_block_format_would_store_from_sizes(capsys):
+    """mnist_mlp's kernels [784, 512] and [512, 10] in MXFP8: a byte per weight and an E8M0 byte per 32 along K (784
+    rows end in a partial block: 25 per column); NVFP4 16x16 tiles: half a byte each, an E4M3 byte per tile and a
+    float32 tensor scale per kernel."""
+    from harness.cli import main
+    from harness.model.graph import infer
+    from harness.model.spec import load_spec
+
+    graph = infer(load_spec("mnist_mlp"))
+    assert mx.weight_storage_bits(graph, mx.RECIPES["mxfp8"]) == (8 * (406_528 + 25 * 512 + 16 * 10), 406_528)
+    assert mx.weight_storage_bits(graph, mx.RECIPES["nvfp4"])[0] == \
+        4 * 406_528 + 8 * (49 * 32 + 32 * 1) + 2 * 32
+    assert main(["check", "mnist_mlp"]) == 0
+    assert "its 406,528 dense and attention weights, stored block-scaled (scales included): mxfp8 409.7 KiB" in \
+        capsys.readouterr().out
