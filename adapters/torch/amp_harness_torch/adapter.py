@@ -15,6 +15,8 @@ from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
 
+#: how a block-scaled precision's matmuls ran (options["blocks"]["matmuls"]; FP8's is options["fp8"]["matmuls"])
+BLOCK_MATMULS = "emulated (float32 products of the quantized operands)"
 NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range or autocast
 
 
@@ -26,7 +28,7 @@ class TorchAdapter(Adapter):
         "eager": "eager, NCHW (contiguous) activations, as most PyTorch code runs",
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
-    capabilities = Capabilities(no_fp8=None, no_fp8_native=None, no_fp8_for_native_models=None,
+    capabilities = Capabilities(no_fp8=None, no_fp8_native=None, no_fp8_for_native_models=None, no_block_scaling=None,
                                 no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not its "
                                                "launch's (the device's activities are not read)")
 
@@ -73,6 +75,21 @@ class TorchAdapter(Adapter):
             raise HarnessError(f"amp-harness import torch needs torch in this environment ({exc})") from None
         return import_torch(target, input_shape, options)
 
+    def block_linear(self, precision, x, w, dy, device):
+        """network.block_linear, the dense layers' product, on x and F.linear's kernel w^T; its gradients are
+        autograd's with dy as y's (those of sum(y * dy)), dw back in the canonical layout."""
+        import torch
+
+        from amp_harness_torch.network import block_linear
+
+        def tensor(a):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device.name)
+
+        x, kernel = tensor(x).requires_grad_(), tensor(np.transpose(w)).requires_grad_()
+        y = block_linear(x, kernel, precision.blocks)
+        dx, dkernel = torch.autograd.grad(y, (x, kernel), tensor(dy))
+        return tuple(t.detach().cpu().numpy() for t in (y, dx, dkernel.t()))
+
     def matmul(self, shape, dtype, device):
         import torch
 
@@ -110,7 +127,7 @@ class TorchTrainer(Trainer):
 
             net = NativeNetwork(load(spec), precision.fp8)
         else:
-            net = Network(spec.layers, graph, weights, precision.fp8)
+            net = Network(spec.layers, graph, weights, precision.fp8, precision.blocks)
         memory_format = torch.channels_last if self.channels_last else None
         self.net = net.to(self.device, dtype=self.param_dtype, memory_format=memory_format).train()
         self.fp8_matmuls = self.net.fp8_matmuls or self.fp8_matmuls
@@ -156,6 +173,8 @@ class TorchTrainer(Trainer):
                 "loss_scaler": "GradScaler" if self.grad_scaler else
                 (None if self.loss_scale.mode == "none" else "harness (manual)"),
                 "inter_op_threads": self.torch.get_num_interop_threads(),
+                **({"blocks": {"recipe": precision.name, "formats": precision.blocks.describe(),
+                               "matmuls": BLOCK_MATMULS}} if precision.blocks else {}),
                 **({"attention": dict(self.net.attention_kernels)} if self.net.attention_kernels else {})}
 
     def _input(self, x: np.ndarray):

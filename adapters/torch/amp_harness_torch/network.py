@@ -21,6 +21,11 @@ float32 instead (torch's documentation; not measured here, no GPU). The loss is 
 FP8 (a precision with an fp8 policy: harness.fp8, docs/fp8.md): each matmul layer's product goes through
 matmul_layer, its casts (Fp8Casts) emulated by the core's rule or, where the policy is native, multiplied by
 torch._scaled_mm.
+
+Block-scaled training (a precision with a BlockRecipe: harness.microscaling, docs/microscaling.md): each dense
+layer's and attention projection's product goes through BlockLinear, which quantizes its operands in blocks along
+each product's reduction axis by the core's rule (on OPS) and multiplies the dequantized values in float32
+(emulation).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from torch import nn
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with, scale_with
+from harness.microscaling import BLOCK_LAYERS, BlockRecipe, block_gradient_operands_with, block_operands_with
 from harness.model.graph import Graph, LayerInfo, avgpool_divisors, effective_kernel, window_padding
 from harness.model.layers import LayerBuilders, aligned_shape, run_list
 from harness.model.rotary import rotary_tables
@@ -131,9 +137,44 @@ class NativeLinear(torch.autograd.Function):
         return scaled_mm(qg, qw, sg, sw)[:m, :k], scaled_mm(qg.t(), qx, sg, sx)[:n, :k], None
 
 
+class BlockLinear(torch.autograd.Function):
+    """x @ kernel^T, x [M, K] and F.linear's kernel [N, K], under a block-scaled recipe (harness.microscaling's
+    BlockRecipe): the forward multiplies x and the canonical w = kernel^T [K, N] quantized along K, the backward
+    quantizes dy, w, x afresh along each of its products' reduction axes (block_gradient_operands_with), all
+    float32. The forward saves x and w themselves, not only their casts: the backward blocks them along other axes
+    (a square weight tile's cast alone serves both products, so it is saved too)."""
+
+    @staticmethod
+    def forward(ctx, x, kernel, recipe: BlockRecipe):
+        w = kernel.t()
+        qx, qw = block_operands_with(OPS, x, w, recipe)
+        ctx.save_for_backward(x, w, qw if recipe.tiled_weight else None)
+        ctx.recipe = recipe
+        return qx @ qw
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, qw = ctx.saved_tensors
+        g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, grad, ctx.recipe, qw)
+        # dw = x_m^T g_m [K, N], returned in the kernel's layout [N, K]
+        return g_n @ w_n.t(), g_m.t() @ x_m, None
+
+
+def block_linear(x, kernel, recipe: BlockRecipe):
+    """F.linear(x, kernel) without its bias under a block-scaled recipe, x [..., K]: its leading axes are the
+    product's rows (a sequence's: samples x positions), blocked along M together."""
+    y = BlockLinear.apply(x.reshape(-1, x.shape[-1]), kernel, recipe)
+    return y.reshape(*x.shape[:-1], kernel.shape[0])
+
+
 def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="product"):
     """product(x, kernel) + bias, with FP8's casts where the network trains in FP8 (the layer's fp8 casts of the
-    product `name`); F.linear's through torch's FP8 matmuls where the policy is native."""
+    product `name`); F.linear's through torch's FP8 matmuls where the policy is native. A layer with a block-scaled
+    recipe (a dense or attention layer: F.linear) runs block_linear's product, the bias added after it (its gradient
+    dy's sum, uncast, as FP8's)."""
+    if layer.blocks is not None:
+        y = block_linear(x, kernel, layer.blocks)
+        return y if bias is None else y + bias.view(bias_shape)
     if layer.fp8 is None:
         return product(x, kernel, bias)
     casts = layer.fp8[name]
@@ -156,6 +197,10 @@ class Layer(nn.Module):
         self.info = info
         self.fp8 = nn.ModuleDict({name: Fp8Casts(net.fp8) for name in self.PRODUCTS}) \
             if net.fp8 and self.PRODUCTS else None
+        # the block-scaled recipe of its F.linear products, if any: a dense or attention layer's (BLOCK_LAYERS); a
+        # convolution stays float32 (the core refuses to train one in a block-scaled precision, but its capability
+        # probe builds one)
+        self.blocks = net.blocks if info.type in BLOCK_LAYERS else None
         for name in info.params:
             canonical = f"{info.path}.{name}"
             # a copy: a view of the core's array (vectors and embedding tables keep their layout) would train it too
@@ -513,10 +558,12 @@ def _call(info, layer, value):
 
 
 class Network(nn.Module):
-    def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray], fp8=None):
+    def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray], fp8=None,
+                 blocks: BlockRecipe | None = None):
         super().__init__()
         # while building only: the layers copy their weights from the canonical ones (Layer.__init__)
-        self.infos, self.weights, self.fp8 = {info.path: info for info in graph.layers}, weights, fp8
+        self.infos, self.weights = {info.path: info for info in graph.layers}, weights
+        self.fp8, self.blocks = fp8, blocks  # the layers' FP8 policy or block-scaled recipe, if any
         self.layers = self.build(layer_specs, "")
         del self.infos, self.weights
         self._layers = [m for m in self.modules() if isinstance(m, Layer)]  # nested ones too, outer first
