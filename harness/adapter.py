@@ -333,6 +333,7 @@ class Trainer(ABC):
         self.rounding = precision.rounding
         self.rounding_seed = device_seed() if self.rounding is not None else None
         self.fp8 = precision.fp8
+        self.blocks = precision.blocks
 
     def declare_attention_masks(self, graph: Graph, declare: Callable, device_kind: str) -> None:
         """In build: `declare(info, precision, device_kind)`, the network module's attention_mask, asked for every
@@ -344,12 +345,16 @@ class Trainer(ABC):
 
     #: how an FP8 precision's matmuls ran (options["fp8"]): an adapter with real FP8 kernels says so here
     fp8_matmuls = "emulated: inputs cast by harness.fp8's rule, multiplied and accumulated in float32"
+    #: how a block-scaled precision's matmuls ran (options["blocks"])
+    block_matmuls = "emulated: operands quantized by harness.microscaling's rule, multiplied and accumulated in float32"
 
     def rounding_options(self) -> dict[str, Any]:
         """The rounding's entries of `options`, and an FP8 precision's (its scaling recipe, how its matmuls ran)."""
         fp8 = {"fp8": {"scaling": self.fp8.recipe.name, "matmuls": self.fp8_matmuls}} if self.fp8 else {}
+        blocks = {"blocks": {"recipe": self.blocks.name, "formats": self.blocks.describe(),
+                             "matmuls": self.block_matmuls}} if getattr(self, "blocks", None) else {}
         return {"weight_update": self.rounding.describe() if self.rounding else None,
-                "rounding_seed": self.rounding_seed, **fp8}
+                "rounding_seed": self.rounding_seed, **fp8, **blocks}
 
     def output(self, tensor) -> np.ndarray:
         """A framework tensor as the core's outputs are: numpy, float32 unless float64 (as_output)."""

@@ -114,7 +114,7 @@ def parse_precision(name: str) -> Precision:
         if bits != HADAMARD:
             raise HarnessError(f"precision '{name}': a block-scaled precision takes ':{HADAMARD}' (the random "
                                f"Hadamard transform of the weight gradient's inputs) or nothing")
-        return replace(precision, name=name, blocks=replace(precision.blocks, hadamard=True),
+        return replace(precision, name=name, blocks=replace(precision.blocks, name=name, hadamard=True),
                        description=precision.description.replace(" blocks (", " blocks, Hadamard-transformed "
                                                                              "weight-gradient inputs ("))
     if precision.fp8 is not None:

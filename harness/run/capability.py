@@ -121,6 +121,8 @@ def _probe(adapter, precision, device) -> dict:
     reason = None
     try:
         for probe in PROBE_SPECS:
+            if precision.blocks is not None and precision.blocks.hadamard:  # its transform takes rows 16 at a time
+                probe = {**probe, "batch_size": 16, "dataset": {**probe["dataset"], "size": 64}}
             spec = validate(probe, "the capability probe")
             graph = infer(spec)
             data, masks = Data(spec), DropoutMasks(graph, spec.seed)

@@ -15,8 +15,6 @@ from harness.model.weights import to_channels_first
 from harness.precision import LossScaler
 from harness.rounding import round_nearest_with
 
-#: how a block-scaled precision's matmuls ran (options["blocks"]["matmuls"]; FP8's is options["fp8"]["matmuls"])
-BLOCK_MATMULS = "emulated (float32 products of the quantized operands)"
 NO_SCOPE = contextlib.nullcontext()  # reusable: a timed step enters it instead of a profiler range or autocast
 
 
@@ -173,8 +171,6 @@ class TorchTrainer(Trainer):
                 "loss_scaler": "GradScaler" if self.grad_scaler else
                 (None if self.loss_scale.mode == "none" else "harness (manual)"),
                 "inter_op_threads": self.torch.get_num_interop_threads(),
-                **({"blocks": {"recipe": precision.name, "formats": precision.blocks.describe(),
-                               "matmuls": BLOCK_MATMULS}} if precision.blocks else {}),
                 **({"attention": dict(self.net.attention_kernels)} if self.net.attention_kernels else {})}
 
     def _input(self, x: np.ndarray):
