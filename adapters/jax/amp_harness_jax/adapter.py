@@ -25,7 +25,7 @@ class JaxAdapter(Adapter):
     name = "jax"
     rounding_module = "amp_harness_jax.rounding"  # its OPS: harness.rounding's primitives
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
-    capabilities = Capabilities(no_fp8=None,
+    capabilities = Capabilities(no_fp8=None, no_block_scaling=None,
                                 no_fp8_native="runs FP8 emulated only: a dot_general of float8 operands is not "
                                               "wired into its network (not built)",
                                 no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
@@ -73,6 +73,24 @@ class JaxAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
+    def block_linear(self, precision, x, w, dy, device):
+        import jax
+
+        from amp_harness_jax.network import block_matmul
+        from amp_harness_jax.rounding import jax_device
+
+        if precision.blocks is None:
+            return None
+
+        def run(x, w, dy):  # dy is the cotangent of y: the gradients of sum(y * dy)
+            y, pullback = jax.vjp(lambda x, w: block_matmul(x, w, precision.blocks), x, w)
+            return y, *pullback(dy)
+
+        # jitted, as the training step runs the network's block_matmul
+        dev = jax_device(device)
+        got = jax.jit(run)(*(jax.device_put(np.asarray(a, np.float32), dev) for a in (x, w, dy)))
+        return tuple(np.asarray(a, np.float32) for a in got)
+
     def matmul(self, shape, dtype, device):
         import jax
 
@@ -109,7 +127,7 @@ class JaxTrainer(Trainer):
         # dtype); token ids stay integers, int32 (JAX's index dtype without x64): a 16-bit float rounds ids above 256
         self.param_dtype = jnp.dtype(precision.param_dtype)
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
-        self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8)
+        self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8, precision.blocks)
         self.params = {n: self._put(weights[n], self.param_dtype) for n in net.trainable}
         self.statistics = {n: self._put(weights[n], self.param_dtype) for n in net.statistics}
         self.statistics.update(self.jax.device_put(net.fp8_histories(), self.device))  # committed, as the optimizer's
@@ -199,13 +217,16 @@ class JaxTrainer(Trainer):
             self._set_scale()
 
     def framework_options(self, precision, variant):
+        recipe = precision.blocks  # how a block-scaled precision's matmuls ran, as the core records FP8's
+        blocks = {"blocks": {"recipe": precision.name, "formats": recipe.describe(),
+                             "matmuls": "emulated (float32 products of the quantized operands)"}} if recipe else {}
         return {"jit": True, "donated_buffers": True, "tf32": precision.tf32,
                 "x64": precision.param_dtype == "float64", "compute_dtype": precision.compute_dtype,
                 "param_dtype": precision.param_dtype, "matmul_precision": self.matmul_precision,
                 "loss_scaler": "harness (manual, in the jitted step)" if self.scaler is not None else None,
                 "attention": dict(self.net.attention),
                 "inter_op_threads": "none to set: XLA:CPU may run a step's independent ops at once, on its one "
-                                    "thread pool (the process's CPUs, narrowed by set_threads)"}
+                                    "thread pool (the process's CPUs, narrowed by set_threads)", **blocks}
 
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step

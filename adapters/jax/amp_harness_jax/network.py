@@ -20,6 +20,9 @@ dtype where they multiply, as Hugging Face's Llama casts its float32 tables to t
 key/value heads are taken as jax.nn.dot_product_attention takes them: the query heads reshaped into [kv_heads,
 group] so that each group's scores and output are one batched product with its key/value head, which gives
 Llama's repeat_kv (head h reads key/value head h // group) without repeating k and v in memory.
+Under a block-scaled precision (harness.microscaling.BlockRecipe) the dense layers and attention's four projections
+multiply through block_matmul, a custom_vjp whose forward and backward quantize each product's operands by the
+core's rule (through this adapter's RoundingOps) and multiply them in float32; the bias is added after it.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from amp_harness_jax.rounding import OPS
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
+from harness.microscaling import BlockRecipe, block_gradient_operands_with, block_operands_with
 from harness.model.graph import Graph, avgpool_divisors, effective_kernel, same_padding
 from harness.model.layers import LayerBuilders, aligned_shape, run_list
 from harness.model.rotary import rotary_tables
@@ -90,6 +94,43 @@ def _cast_gradient_bwd(fmt, history, grad):
 cast_gradient.defvjp(lambda y, history, fmt: (y, history), _cast_gradient_bwd)
 
 
+def _float32_product(a, b):
+    # HIGHEST: the emulation's products are float32 whatever the default matmul precision (TF32 on a GPU)
+    return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def block_matmul(x, w, recipe: BlockRecipe):
+    """x [M, K] @ w [K, N] (float32) as a block-scaled precision multiplies (harness.microscaling.BlockRecipe): the
+    forward's operands quantized along K, and in the backward dx's along N and dw's along M, each product float32."""
+    qx, qw = block_operands_with(OPS, x, w, recipe)
+    return _float32_product(qx, qw)
+
+
+def _block_matmul_fwd(x, w, recipe):
+    qx, qw = block_operands_with(OPS, x, w, recipe)
+    # x and w themselves: the backward quantizes them along the other axes; a tiled weight's Q_w serves dx as is
+    return _float32_product(qx, qw), (x, w, qw if recipe.tiled_weight else None)
+
+
+def _block_matmul_bwd(recipe, saved, dy):
+    x, w, qw = saved
+    g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw)
+    return _float32_product(g_n, w_n.T), _float32_product(x_m.T, g_m)
+
+
+block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
+
+
+def block_product(recipe: BlockRecipe):
+    """x [..., K] @ w [K, N] through block_matmul, for product: x's leading axes are the product's rows M (a
+    sequence's: samples x positions), as the recipe blocks them."""
+    def multiply(x, w):
+        return block_matmul(x.reshape(-1, x.shape[-1]), w, recipe).reshape(*x.shape[:-1], w.shape[-1])
+
+    return multiply
+
+
 def product(net, multiply, x, run, site: str, kernel: str, bias: str | None = None):
     """multiply(x, the weight `kernel`) in the compute dtype, plus the weight `bias` (None: none), with FP8's casts
     where net.fp8 asks for them (`site` names the product's delayed amax histories in the state)."""
@@ -142,7 +183,7 @@ def dense_or_conv2d(info, net):
     bias = f"{path}.bias" if spec.use_bias else None
     net.products.append(path)
     # a dilated kernel's 'same' padding is that of its window, (k-1)*d+1 pixels
-    multiply = jnp.matmul if info.type == "dense" else convolution(
+    multiply = net.matmul() if info.type == "dense" else convolution(
         (spec.strides, spec.strides), _pads(info, effective_kernel(spec), spec.strides, spec.padding), spec.groups,
         spec.dilation)
     return lambda x, run: product(net, multiply, x, run, path, f"{path}.kernel", bias)
@@ -301,7 +342,7 @@ def attention(info, net):
     net.products += [f"{path}.{name}" for name in ("query", "key", "value", "output")]
 
     def project(x, name, run):  # a dense layer of the compute dtype
-        return product(net, jnp.matmul, x, run, f"{path}.{name}", f"{path}.{name}_kernel",
+        return product(net, net.matmul(), x, run, f"{path}.{name}", f"{path}.{name}_kernel",
                        f"{path}.{name}_bias" if spec.use_bias else None)
 
     def rotate(x, dtype):
@@ -379,14 +420,21 @@ def merge(info, net):  # each builds a function of the list of its inputs
 
 
 class Network:
-    def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None):
+    def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None, blocks: BlockRecipe | None = None):
         self.compute, self.fp8 = jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
+        self.blocks = blocks  # a block-scaled precision's recipe: the dense and attention matmuls' (matmul)
         self.infos = {info.path: info for info in graph.layers}
         self.trainable = list(graph.trainable_shapes())
         self.statistics = [n for n in graph.param_shapes() if n not in self.trainable]
         self.attention: dict[str, str] = {}  # how each attention layer computes (path -> a short name), by its builder
         self.products: list[str] = []  # the matmuls' names (product's sites), filled by the builders
         self.layers = self.build(spec.layers, "")
+
+    def matmul(self):
+        """The dense layers' and attention projections' multiply (for product): block_product under a block-scaled
+        precision, else jnp.matmul. The other products (convolutions, attention's scores and p.v) stay as they are:
+        the core refuses a block-scaled run of a network with convolutions (harness.microscaling.block_refusal)."""
+        return jnp.matmul if self.blocks is None else block_product(self.blocks)
 
     def fp8_histories(self) -> dict[str, jnp.ndarray]:
         """The delayed FP8 recipe's amax histories, zeros, by their names (fp8_key): state, as batchnorm's is."""

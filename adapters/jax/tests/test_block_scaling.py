@@ -1,0 +1,81 @@
+"""The block-scaled precisions in the network (harness.microscaling.BlockRecipe): every dense and attention product
+runs through block_matmul, the function the kit's block_linear test holds to the rule, and a network's dense layers
+train by the rule on the tensors they are fed, in the jitted step's compilation, on real data (the digits: pixels of
+few significant bits, whose blocks land on the element grid's ties far more often than the kit's random values)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+from amp_harness_jax import network  # noqa: E402
+from harness import microscaling as mx  # noqa: E402
+from harness.model.data import Data  # noqa: E402
+from harness.model.graph import infer  # noqa: E402
+from harness.model.spec import load_spec  # noqa: E402
+from harness.model.weights import initial_weights  # noqa: E402
+from harness.precision import PRECISIONS, parse_precision  # noqa: E402
+
+BLOCKED = [name for name, p in PRECISIONS.items() if p.blocks is not None] + ["nvfp4:rht"]
+BOUND = 2e-6  # the kit's (test_block_training): float32 sums in another order than the reference's float64 ones
+BATCH = 16  # whole Hadamard blocks of rows (nvfp4:rht)
+# The core's block-FP8 quantizer divides each block by its float32 scale (blocks / scale, a division by a broadcast):
+# XLA compiles that into a product with the scale's rounded reciprocal, an ulp off for some quotients, which moves a
+# value sitting on an e4m3 tie to the other neighbour (a digit's 27/28 in a block of amax 1 is 432 = 416 + 16 once
+# scaled). divide_with guards the divisions by constants only; the kit's ties use power-of-two block-FP8 scales.
+XLA_DIVISION = pytest.mark.xfail(strict=True, reason="core: harness.microscaling.block_quantize_with's block-FP8 "
+                                                     "`blocks / scale` becomes a product with the reciprocal in XLA")
+
+
+def _network(name: str, precision: str):
+    spec = load_spec(name).model_copy(update={"batch_size": BATCH})
+    graph = infer(spec)
+    net = network.Network(spec, graph, "float32", None, parse_precision(precision).blocks)
+    params = {n: jnp.asarray(w, jnp.float32) for n, w in initial_weights(graph, spec.seed).items()
+              if n in net.trainable}
+    return spec, net, params
+
+
+@pytest.mark.parametrize("model", ["mnist_mlp", "tiny_gpt"])
+def test_every_dense_and_attention_product_runs_through_block_matmul(model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(network, "block_matmul", lambda x, w, recipe: calls.append(recipe) or x @ w)
+    for precision, expected in (("fp32", 0), ("mxfp8", None)):
+        spec, net, params = _network(model, precision)
+        x, _ = Data(spec).train_batch(0)
+        calls.clear()
+        jax.eval_shape(lambda p, x: net.apply(p, {}, x, None, False)[0], params, x)
+        # the products: each dense layer's, each attention layer's four projections (net.products)
+        assert len(calls) == (len(net.products) if expected is None else expected)
+        assert all(recipe is net.blocks for recipe in calls)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=XLA_DIVISION) if n == "fp8_block" else n for n in BLOCKED])
+def test_the_dense_layers_train_by_the_rule_on_the_tensors_they_are_fed(name):
+    spec, net, params = _network("mnist_mlp", name)  # flatten, dense 512, relu, dense 10
+    recipe = net.blocks
+    x, y = Data(spec).train_batch(0)
+
+    @jax.jit
+    def step(params, taps):
+        def loss(params, taps):
+            record = {}
+            out, _ = net.apply(params, {}, x, None, True, taps, record)
+            return jnp.mean(jax.nn.logsumexp(out, 1) - out[jnp.arange(len(y)), y]), record
+
+        grads, record = jax.grad(loss, (0, 1), has_aux=True)(params, taps)
+        return record, grads
+
+    taps = {path: jnp.zeros((BATCH, *info.out_shape)) for path, info in net.infos.items()}
+    record, (grads, output_grads) = step(params, taps)
+    for layer, previous in (("1", "0"), ("3", "2")):  # each dense layer's input is the previous layer's output
+        kernel = np.asarray(params[f"{layer}.kernel"])
+        want_y, _, want_dw = mx.block_linear(np.asarray(record[previous]), kernel, np.asarray(output_grads[layer]),
+                                             recipe)
+        for what, got, want in (("y", np.asarray(record[layer] - params[f"{layer}.bias"]), want_y),
+                                ("dw", np.asarray(grads[f"{layer}.kernel"]), want_dw)):
+            error = float(np.abs(got - want).max() / np.abs(want).max())
+            assert error <= BOUND, f"{name}: layer {layer}'s {what} is {error:.1e} of its largest from the rule's"
