@@ -463,16 +463,21 @@ def e8m0_scale_with(ops, amax, element: Fp8Format, mode: str = "floor"):
             ops.where(finite, _power_of_two(ops, _clamp_int(ops, 2 * E8M0_BIAS - code, 0, 254)), nan))
 
 
-def divide_with(ops, x, divisor: float):
-    """float32 x / divisor (a Python float), correctly rounded as numpy's float32 division is, whatever a compiler
-    makes of a division by a constant. XLA (JAX, TensorFlow's jit_compile) and TensorFlow's graph optimizer turn it
-    into a product with the rounded reciprocal, which in float32 is an ulp off for a fifth to a half of the
-    quotients (by the divisor). So the division runs in float64 and is rounded to float32 once more, which gives
-    the correctly rounded float32 quotient either way for the divisors here (6, 448, 2688: 3, 7 and 21 times a
-    power of two): such a quotient of a float32 lies more than 2^-30 of its size from a float32 rounding midpoint,
-    and the float64 product with the reciprocal errs by under 2^-51 (a core test checks every float32 significand).
-    Needs ops.float64 (BLOCK_OPS)."""
-    return ops.float64(lambda v: ops.to_float32(ops.cast(v, "float64") / divisor))(x)
+def divide_with(ops, x, divisor):
+    """float32 x / divisor (a Python float, or a float32 tensor that broadcasts against x), correctly rounded as
+    numpy's float32 division is, whatever a compiler makes of the division. XLA (JAX, TensorFlow's jit_compile) and
+    TensorFlow's graph optimizer turn a division into a product with the rounded reciprocal (by a constant, and by
+    a broadcast tensor: XLA did so in jit and op by op), which in float32 is an ulp off for a fifth to a half of the
+    quotients, and an ulp moves a value on an FP8 rounding midpoint to the other neighbour (a digits pixel 27/28 of
+    its block's largest, times 448: 432, between 416 and 448). So the division runs in float64 and is rounded to
+    float32 once more, which gives the correctly rounded float32 quotient either way: a quotient of two float32
+    values is either exact (a power-of-two divisor) or lies more than about 2^-49 of its size from a float32
+    rounding midpoint (an exact midpoint needs 25 significant bits, which an odd divisor's product cannot give), and
+    the float64 product with the reciprocal errs by under 2^-51 (a core test checks every float32 significand for
+    the constants). Needs ops.float64 (BLOCK_OPS)."""
+    if isinstance(divisor, (int, float)):
+        return ops.float64(lambda v: ops.to_float32(ops.cast(v, "float64") / divisor))(x)
+    return ops.float64(lambda v, d: ops.to_float32(ops.cast(v, "float64") / ops.cast(d, "float64")))(x, divisor)
 
 
 def nvfp4_tensor_scale_with(ops, tensor_amax):
@@ -493,14 +498,15 @@ def block_quantize_with(ops, blocks, amax, fmt: BlockFormat, tensor_scale=None, 
         scaled, multiplier = blocks * inverse, scale
     elif fmt.scale == "e4m3":
         g = tensor_scale
-        raw = ops.clip(divide_with(ops, amax, E2M1.max) / g, NVFP4_MIN_BLOCK_SCALE, E4M3.max)
+        raw = ops.clip(divide_with(ops, divide_with(ops, amax, E2M1.max), g), NVFP4_MIN_BLOCK_SCALE, E4M3.max)
         scale = ops.where(ops.isfinite(amax), cast_with(ops, raw, E4M3), ops.full_like(amax, math.nan))
-        scaled = ops.clip(blocks * ((1.0 / g) / scale), -element.max, element.max)
+        inverse = divide_with(ops, divide_with(ops, ops.full_like(g, 1.0), g), scale)
+        scaled = ops.clip(blocks * inverse, -element.max, element.max)
         multiplier = g * scale
     else:
         scale = ops.maximum(divide_with(ops, amax, E4M3.max), ops.full_like(amax, FP8_BLOCK_MIN_SCALE))
         scale = ops.where(ops.isfinite(amax), scale, ops.full_like(amax, math.nan))
-        scaled, multiplier = blocks / scale, scale
+        scaled, multiplier = divide_with(ops, blocks, scale), scale
     q = cast_with(ops, scaled, element) if bits is None else cast_stochastic_with(ops, scaled, bits, element)
     return q * multiplier, scale
 

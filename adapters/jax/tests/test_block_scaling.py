@@ -22,12 +22,6 @@ from harness.precision import PRECISIONS, parse_precision  # noqa: E402
 BLOCKED = [name for name, p in PRECISIONS.items() if p.blocks is not None] + ["nvfp4:rht"]
 BOUND = 2e-6  # the kit's (test_block_training): float32 sums in another order than the reference's float64 ones
 BATCH = 16  # whole Hadamard blocks of rows (nvfp4:rht)
-# The core's block-FP8 quantizer divides each block by its float32 scale (blocks / scale, a division by a broadcast):
-# XLA compiles that into a product with the scale's rounded reciprocal, an ulp off for some quotients, which moves a
-# value sitting on an e4m3 tie to the other neighbour (a digit's 27/28 in a block of amax 1 is 432 = 416 + 16 once
-# scaled). divide_with guards the divisions by constants only; the kit's ties use power-of-two block-FP8 scales.
-XLA_DIVISION = pytest.mark.xfail(strict=True, reason="core: harness.microscaling.block_quantize_with's block-FP8 "
-                                                     "`blocks / scale` becomes a product with the reciprocal in XLA")
 
 
 def _network(name: str, precision: str):
@@ -53,7 +47,7 @@ def test_every_dense_and_attention_product_runs_through_block_matmul(model, monk
         assert all(recipe is net.blocks for recipe in calls)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=XLA_DIVISION) if n == "fp8_block" else n for n in BLOCKED])
+@pytest.mark.parametrize("name", BLOCKED)
 def test_the_dense_layers_train_by_the_rule_on_the_tensors_they_are_fed(name):
     spec, net, params = _network("mnist_mlp", name)  # flatten, dense 512, relu, dense 10
     recipe = net.blocks
