@@ -27,6 +27,7 @@ class TensorFlowAdapter(Adapter):
                       "its delayed recipe, not harness.fp8's, so its runs would not be this precision (not built)",
         no_fp8_for_native_models="does not train a native Keras model in FP8: its layers' matmuls would need the FP8 "
                                  "casts wrapped around their kernels (not built)",
+        no_block_scaling=None,
         no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the device planes are not read",
         dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 
@@ -65,6 +66,22 @@ class TensorFlowAdapter(Adapter):
 
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
+
+    def block_linear(self, precision, x, w, dy, device):
+        """The dense layers' block-scaled product (network.block_product) on x [M, K] and w [K, N], eagerly, and its
+        custom gradient of sum(y * dy) by a GradientTape (whose gradient of the sum at y is dy exactly)."""
+        import tensorflow as tf
+
+        from amp_harness_tensorflow.network import block_product
+
+        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
+            x, w, dy = (tf.constant(np.asarray(a, dtype=np.float32)) for a in (x, w, dy))
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                y = block_product(x, w, precision.blocks)
+                total = tf.reduce_sum(y * dy)
+            dx, dw = tape.gradient(total, [x, w])
+        return tuple(np.asarray(t.numpy(), dtype=np.float32) for t in (y, dx, dw))
 
     def matmul(self, shape, dtype, device):
         import tensorflow as tf
@@ -118,7 +135,7 @@ class TensorFlowTrainer(Trainer):
         else:
             from amp_harness_tensorflow.network import Network
 
-            self.net = Network(spec, graph, weights, self.floatx, precision.fp8)
+            self.net = Network(spec, graph, weights, self.floatx, precision.fp8, precision.blocks)
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
 
@@ -187,8 +204,12 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
 
     def framework_options(self, precision, variant):
+        # a block-scaled precision's matmuls, beside the core's options["fp8"] of an FP8 one
+        blocks = {"blocks": {"recipe": precision.name, "formats": precision.blocks.describe(),
+                             "matmuls": "emulated (float32 products of the quantized operands)"}} \
+            if precision.blocks is not None else {}
         return {"xla": self.xla, "tf32": precision.tf32, "policy": self.policy, "floatx": self.floatx,
-                "loss_scaler": self.scaler, "train_step": "tf.function",
+                "loss_scaler": self.scaler, "train_step": "tf.function", **blocks,
                 **({"attention": dict(self.net.attention)} if self.net.attention else {}),
                 "inter_op_threads": self.tf.config.threading.get_inter_op_parallelism_threads()}
 

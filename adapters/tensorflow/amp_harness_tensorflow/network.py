@@ -12,7 +12,9 @@ the policy's float16/bfloat16, with float32 variables cast on read, unless said;
 - the embedding gathers from the float32 table and casts the rows to the compute dtype; the loss is float32.
 
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
-multiply by Fp8Casts.product, the bias added after, as the torch adapter does.
+multiply by Fp8Casts.product, the bias added after, as the torch adapter does. The block-scaled precisions
+(harness.microscaling.BlockRecipe): the dense layers and the attention projections multiply by block_product, the
+bias added after; everything else runs in float32 as in fp32 runs (the core refuses convolutions and patches).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from keras import ops
 from amp_harness_tensorflow.rounding import OPS
 from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
+from harness.microscaling import BlockRecipe, block_gradient_operands_with, block_operands_with
 from harness.model.dropout import DropoutMasks
 from harness.model.graph import Graph
 from harness.model.layers import LayerBuilders, run_list
@@ -134,18 +137,51 @@ class Fp8Casts:
         return cast_gradient(product(cast_input(x, "input"), cast_input(kernel, "weight")))
 
 
-class _Fp8Product:
-    """A Keras Dense or Conv2D whose product (`product`) is FP8's under an FP8 policy (`fp8`; Fp8Casts.product),
-    the bias added after; Keras' own call without one."""
+def block_matmul(x, w, recipe: BlockRecipe):
+    """y = x @ w, x [M, K] (the rows: samples x positions) and w [K, N] float32, under a block-scaled recipe: the
+    core's rule (BlockRecipe's docstring) on rounding.OPS, each of the three products multiplying its operands
+    quantized along the axis it sums over, in float32. A custom gradient, since the backward's products take x, w
+    and dy quantized anew along their other axes, not the forward's operands; the gradients are float32 matmuls of
+    block_gradient_operands_with's (a square weight tile gives dx the forward's quantized w)."""
+    @tf.custom_gradient
+    def product(x, w):
+        qx, qw = block_operands_with(OPS, x, w, recipe)
 
-    def __init__(self, *args, fp8=None, **kwargs):
+        def backward(dy):
+            dy_n, w_n, x_m, dy_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw)
+            return tf.matmul(dy_n, w_n, transpose_b=True), tf.matmul(x_m, dy_m, transpose_a=True)
+        return tf.matmul(qx, qw), backward
+    # a kernel variable read here, outside: eagerly, custom_gradient would see Keras' variable read inside it and
+    # want the gradient of its tf.Variable as a `variables` argument; the read's own gradient takes dw to it
+    return product(tf.convert_to_tensor(x), tf.convert_to_tensor(w))
+
+
+def block_product(x, kernel, recipe: BlockRecipe):
+    """x [..., K] @ kernel [K, N] by block_matmul: x's leading axes flattened into the rows (a sequence's rows are
+    its samples x positions, so an MX block along M spans positions and samples), the result shaped back to
+    [..., N]. The dense layers', the attention projections' and Adapter.block_linear's product."""
+    rows = tf.reshape(x, [-1, x.shape[-1]])
+    y = block_matmul(rows, kernel, recipe)
+    return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))
+
+
+class _Fp8Product:
+    """A Keras Dense or Conv2D whose product (`product`) is FP8's under an FP8 policy (`fp8`; Fp8Casts.product), or
+    a Dense's the block-scaled one under a block recipe (`blocks`; block_product), the bias added after (its
+    gradient dy's sum, uncast); Keras' own call without either."""
+
+    def __init__(self, *args, fp8=None, blocks=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fp8 = Fp8Casts(fp8) if fp8 else None
+        self.blocks = blocks
 
     def call(self, x, training=None):
-        if self.fp8 is None:
+        if self.blocks is not None:
+            y = block_product(x, self.kernel, self.blocks)
+        elif self.fp8 is not None:
+            y = self.fp8.product(self.product, x, self.kernel, training)
+        else:
             return super().call(x)
-        y = self.fp8.product(self.product, x, self.kernel, training)
         return y + self.bias if self.use_bias else y
 
 
@@ -219,11 +255,17 @@ class SelfAttention(CanonicalLayer):
         super().__init__(info, net, **kwargs)
         self.implementation = attention_implementation(info.spec)
         self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
+        self.blocks = net.blocks  # the block recipe of a block-scaled precision, else None
         self.group = info.spec.heads // info.spec.key_heads  # query heads per key/value head
 
     def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
-        out = ops.matmul(x, kernel) if self.fp8 is None else self.fp8[name].product(tf.matmul, x, kernel, training)
+        if self.blocks is not None:
+            out = block_product(x, kernel, self.blocks)
+        elif self.fp8 is not None:
+            out = self.fp8[name].product(tf.matmul, x, kernel, training)
+        else:
+            out = ops.matmul(x, kernel)
         return out + getattr(self, f"{name}_bias") if self.spec.use_bias else out
 
     def _rotate(self, q, k):
@@ -265,6 +307,11 @@ class SelfAttention(CanonicalLayer):
             heads = ops.einsum("bnts,bsnh->btnh", probs, v)
         return self._project(ops.reshape(heads, (-1, length, dim)), "output", training)
 
+    def compute_output_shape(self, input_shape):
+        """The input's [N, T, D]: said, so that Keras' functional model does not trace call with an unknown batch
+        to infer it (the block-scaled quantizer blocks the rows, so it needs their number)."""
+        return input_shape
+
 
 def _given(weights: dict[str, np.ndarray], name: str):
     """An initialiser returning the core's canonical weight: the variable is created holding it, with no random tensor
@@ -280,10 +327,10 @@ def _named(info, net) -> dict:
 
 
 @LAYERS.builder("dense", "conv2d", "patches")
-def matmul_layer(info, net):  # FP8's product under an FP8 policy (_Fp8Product)
+def matmul_layer(info, net):  # FP8's product under an FP8 policy, a dense's block-scaled one under a recipe
     spec, named = info.spec, {"fp8": net.fp8, **_named(info, net)}
     if info.type == "dense":
-        return Fp8Dense(spec.units, use_bias=spec.use_bias, **named)
+        return Fp8Dense(spec.units, use_bias=spec.use_bias, blocks=net.blocks, **named)
     if info.type == "patches":
         return Patches(spec.dim, spec.size, strides=spec.size, padding="valid", **named)
     # Conv2D's grouped kernel [k, k, C/groups, F] is the canonical one, output channel o in group o // (F/groups)
@@ -389,13 +436,14 @@ class Network:
     """Two functional models sharing every layer: `train_model` takes [inputs, *dropout masks] (masks in
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
-    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None):
+    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None, blocks=None):
         self.input_dtype = "int64" if spec.tokens else floatx  # never a float: bfloat16 holds integers up to 256 only
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
         masks = {path: keras.Input(shape, dtype=floatx) for path, _, shape in DropoutMasks(graph, spec.seed).layers}
         self.mask_paths = list(masks)
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
+        self.blocks = blocks  # the BlockRecipe of a block-scaled precision (harness.microscaling), else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
         self.lists = _lists(graph, layers)
         self.model = keras.Model(inputs, _apply(self.lists, "", inputs, None), name=spec.name)
