@@ -52,6 +52,13 @@ TOLERANCES = {
     # losses drift 5e-2 apart over 20 steps, the MLPs' and tiny_gpt's 7e-3
     "fp8_e4m3": (1e-5, 1e-1, 3e-1),
     "fp8_hybrid": (1e-5, 1e-1, 3e-1),
+    # the block-scaled precisions (harness.microscaling), emulated by the core's rule: the quantized operands are
+    # the same bits everywhere (the kit's test_block_training), but a float32 summation order tips a cast now and
+    # then, already in the first forward where a sum lands on a rounding midpoint of the next layer's blocks
+    # (tiny_gpt at batch 16: one sample's logits 1.9e-2 apart in mxfp8, 3.9e-2 in fp8_block, torch against
+    # TensorFlow and JAX); over 20 steps losses drift up to 5.2e-2 apart (mnist_mlp nvfp4:rht, JAX against torch)
+    # and outputs after training 9.1e-2 (tiny_gpt nvfp4:rht)
+    **dict.fromkeys(("mxfp8", "mxfp6", "mxfp4", "nvfp4", "fp8_block"), (5e-2, 1e-1, 3e-1)),
     # every adapter computes fp64 runs entirely in float64, constants included: 20 steps of training keep
     # agreeing frameworks within ~1e-12 here, so these bounds leave room for summation order only
     "fp64": (1e-10, 1e-9, 1e-8),

@@ -217,16 +217,13 @@ class JaxTrainer(Trainer):
             self._set_scale()
 
     def framework_options(self, precision, variant):
-        recipe = precision.blocks  # how a block-scaled precision's matmuls ran, as the core records FP8's
-        blocks = {"blocks": {"recipe": precision.name, "formats": recipe.describe(),
-                             "matmuls": "emulated (float32 products of the quantized operands)"}} if recipe else {}
         return {"jit": True, "donated_buffers": True, "tf32": precision.tf32,
                 "x64": precision.param_dtype == "float64", "compute_dtype": precision.compute_dtype,
                 "param_dtype": precision.param_dtype, "matmul_precision": self.matmul_precision,
                 "loss_scaler": "harness (manual, in the jitted step)" if self.scaler is not None else None,
                 "attention": dict(self.net.attention),
                 "inter_op_threads": "none to set: XLA:CPU may run a step's independent ops at once, on its one "
-                                    "thread pool (the process's CPUs, narrowed by set_threads)", **blocks}
+                                    "thread pool (the process's CPUs, narrowed by set_threads)"}
 
     def _put(self, a: np.ndarray, dtype):
         # astype copies: the device array never aliases the core's arrays, which it refills for the next step

@@ -204,12 +204,8 @@ class TensorFlowTrainer(Trainer):
         self._predict = tf.function(lambda x: self.net.model(x, training=False), jit_compile=self.xla)
 
     def framework_options(self, precision, variant):
-        # a block-scaled precision's matmuls, beside the core's options["fp8"] of an FP8 one
-        blocks = {"blocks": {"recipe": precision.name, "formats": precision.blocks.describe(),
-                             "matmuls": "emulated (float32 products of the quantized operands)"}} \
-            if precision.blocks is not None else {}
         return {"xla": self.xla, "tf32": precision.tf32, "policy": self.policy, "floatx": self.floatx,
-                "loss_scaler": self.scaler, "train_step": "tf.function", **blocks,
+                "loss_scaler": self.scaler, "train_step": "tf.function",
                 **({"attention": dict(self.net.attention)} if self.net.attention else {}),
                 "inter_op_threads": self.tf.config.threading.get_inter_op_parallelism_threads()}
 
