@@ -120,7 +120,9 @@ def _probe(adapter, precision, device) -> dict:
     started = time.perf_counter()
     reason = None
     try:
-        for probe in PROBE_SPECS:
+        # a block-scaled precision changes only dense and attention matmuls (convolutions are refused before a run):
+        # the token network has both, and the image network's kernels would run as fp32's
+        for probe in (TOKEN_PROBE,) if precision.blocks is not None else PROBE_SPECS:
             if precision.blocks is not None and precision.blocks.hadamard:  # its transform takes rows 16 at a time
                 probe = {**probe, "batch_size": 16, "dataset": {**probe["dataset"], "size": 64}}
             spec = validate(probe, "the capability probe")

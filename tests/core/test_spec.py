@@ -142,8 +142,13 @@ def test_precisions():
     with pytest.raises(HarnessError, match="unknown precision 'fp8'; valid: fp32, tf32, amp_fp16"):
         parse_precision("fp8")
     assert set(PRECISIONS) == {"fp32", "tf32", "amp_fp16", "amp_bf16", "fp16", "bf16", "fp64", "bf16_sr", "fp16_sr",
-                               "bf16_kahan", "fixed16_sr", "fixed16_rn", "fp8_e4m3", "fp8_hybrid"}
+                               "bf16_kahan", "fixed16_sr", "fixed16_rn", "fp8_e4m3", "fp8_hybrid", "mxfp8", "mxfp6",
+                               "mxfp4", "nvfp4", "fp8_block"}
     assert parse_precision("fp8_hybrid:current").fp8.backward.name == "e5m2"
+    rht = parse_precision("nvfp4:rht")
+    assert rht.blocks.hadamard and rht.blocks.name == "nvfp4:rht" and not parse_precision("nvfp4").blocks.hadamard
+    with pytest.raises(HarnessError, match="takes ':rht'"):
+        parse_precision("mxfp8:delayed")
     assert parse_precision("fp8_e4m3:delayed:8").fp8.recipe.history == 8
     assert parse_precision("fp8_e4m3:delayed").fp8.recipe.history == 16
     with pytest.raises(HarnessError, match="current, delayed or delayed:N"):
