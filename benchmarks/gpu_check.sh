@@ -82,8 +82,10 @@ for fw in torch jax; do
 done
 python3 -m harness parity "$out/parity_optimizers"
 # the whole identity proof tox runs on CPUs (tests/identity.yaml: every built-in model and pitfall spec in fp64, fp32,
-# the mixed precisions, stochastic rounding and FP8; pitfall_mobile_graph's named tensors, merges, depthwise, grouped
-# and dilated convolutions with cuDNN's kernels here), on the GPU in both, held to each other
+# the mixed precisions, stochastic rounding, FP8 and the block-scaled precisions; pitfall_mobile_graph's named
+# tensors, merges, depthwise, grouped and dilated convolutions with cuDNN's kernels here; pitfall_rotary's rotary
+# embeddings and grouped key/value heads; the imported MobileNetV2-style network and Hugging Face Llama), on the GPU in
+# both, held to each other
 for fw in torch jax; do
   python3 -m harness fingerprint --framework $fw --device gpu --matrix tests/identity.yaml --no-progress \
     --out "$out/parity_identity"
@@ -117,6 +119,12 @@ for fw in torch jax; do
     --model tests/specs/pitfall_fp8_delayed.yaml --no-progress --out "$out/parity_fp8"
 done
 python3 -m harness parity "$out/parity_fp8"
+# block-scaled training emulated by the core's rule on the GPU (harness.microscaling), every recipe, in torch and JAX
+for fw in torch jax; do
+  python3 -m harness fingerprint --framework $fw --device gpu --precision mxfp8,mxfp6,mxfp4,nvfp4,nvfp4:rht,fp8_block \
+    --model mnist_mlp,tiny_gpt --batch-size 16 --no-progress --out "$out/parity_blocks"
+done
+python3 -m harness parity "$out/parity_blocks"
 python3 -m harness run --framework torch --device gpu --model tiny_gpt \
   --precision fp32,amp_bf16,fp8_hybrid,fp8_hybrid:native --repeats 3 --no-progress --out "$out/fp8_native"
 python3 -m harness report "$out/fp8_native" -o "$out/fp8_native.html"
