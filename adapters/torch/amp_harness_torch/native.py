@@ -101,6 +101,8 @@ class Fp8Forward:
     reads a spec layer's), set on the instance, so the module, its weights' names and its hooks stay its own. Until
     the first training step has run it notes that it ran (NativeFp8.ran)."""
 
+    blocks = None  # matmul_layer's block-scaled recipe: never, for a native model's matmuls (the core refuses them)
+
     def __init__(self, name: str, module: nn.Module, casts: Fp8Casts, conversion: NativeFp8):
         self.name, self.conversion, self.fp8 = name, conversion, {"product": casts}
         self.product, self.kernel, self.bias_shape = _fp8_product(module)

@@ -198,8 +198,7 @@ class Layer(nn.Module):
         self.fp8 = nn.ModuleDict({name: Fp8Casts(net.fp8) for name in self.PRODUCTS}) \
             if net.fp8 and self.PRODUCTS else None
         # the block-scaled recipe of its F.linear products, if any: a dense or attention layer's (BLOCK_LAYERS); a
-        # convolution stays float32 (the core refuses to train one in a block-scaled precision, but its capability
-        # probe builds one)
+        # convolution stays float32 (the core refuses to train one in a block-scaled precision)
         self.blocks = net.blocks if info.type in BLOCK_LAYERS else None
         for name in info.params:
             canonical = f"{info.path}.{name}"
