@@ -679,27 +679,26 @@ RECIPES = {r.name: r for r in (
 BLOCK_LAYERS = ("dense", "attention")  # the layers whose matmuls a block recipe quantizes
 
 
-def _weight_along(w, recipe: BlockRecipe, axis: int, quantizer):
-    return quantizer(w, recipe.weight, axis=axis, across=(1 - axis) if recipe.tiled_weight else None)
+def _along(ops, t, fmt: BlockFormat, axis: int):
+    """t's dequantized values in blocks along `axis` of a 2-D operand (a tile format: across the other axis too)."""
+    return quantize_with(ops, t, fmt, axis=axis, across=(1 - axis) if fmt.rows > 1 else None)[0]
 
 
 def block_operands_with(ops, x, w, recipe: BlockRecipe):
     """The forward product's operands: (Q_a(x along K), Q_w(w along K)), x [M, K] and w [K, N] float32."""
-    quantizer = lambda t, fmt, axis, across=None: quantize_with(ops, t, fmt, axis=axis, across=across)[0]  # noqa: E731
-    return quantizer(x, recipe.activation, 1), _weight_along(w, recipe, 0, quantizer)
+    return _along(ops, x, recipe.activation, 1), _along(ops, w, recipe.weight, 0)
 
 
 def block_gradient_operands_with(ops, x, w, dy, recipe: BlockRecipe, quantized_w=None):
     """The backward products' operands: (Q_g(dy along N), Q_w(w along N)) for dx = first @ second^T, and
     (Q_a(x along M), Q_g(dy along M)) for dw = third^T @ fourth. `quantized_w`: the forward's Q_w, which a square
     tile format gives both products."""
-    quantizer = lambda t, fmt, axis, across=None: quantize_with(ops, t, fmt, axis=axis, across=across)[0]  # noqa: E731
-    w_n = quantized_w if recipe.tiled_weight and quantized_w is not None else _weight_along(w, recipe, 1, quantizer)
+    w_n = quantized_w if recipe.tiled_weight and quantized_w is not None else _along(ops, w, recipe.weight, 1)
     x_m, dy_m = x, dy
     if recipe.hadamard:
         x_m, dy_m = hadamard_transform_with(ops, x, axis=0), hadamard_transform_with(ops, dy, axis=0)
-    return (quantizer(dy, recipe.gradient, 1), w_n, quantizer(x_m, recipe.activation, 0),
-            quantizer(dy_m, recipe.gradient, 0))
+    return (_along(ops, dy, recipe.gradient, 1), w_n, _along(ops, x_m, recipe.activation, 0),
+            _along(ops, dy_m, recipe.gradient, 0))
 
 
 def block_linear(x, w, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

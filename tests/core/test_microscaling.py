@@ -548,3 +548,21 @@ def test_check_states_what_each_block_format_would_store_from_sizes(capsys):
     assert main(["check", "mnist_mlp"]) == 0
     assert "its 406,528 dense and attention weights, stored block-scaled (scales included): mxfp8 409.7 KiB" in \
         capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp4", "nvfp4", "fp8_block"])
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_block_linear_quantizes_each_product_along_its_reduction_axis(name, hadamard):
+    """The training rule (BlockRecipe) from quantize(), the numpy reference, written out: y from x and w along K,
+    dx from dy and w along N, dw from x and dy along M (Hadamard-transformed first with :rht)."""
+    recipe = replace(mx.RECIPES[name], hadamard=hadamard)
+    rng = np.random.default_rng(3)
+    x, w, dy = (rng.standard_normal(shape).astype(np.float32) for shape in ((48, 160), (160, 40), (48, 40)))
+    tile = {"across": 1} if recipe.weight.rows > 1 else {}
+    q = lambda t, fmt, axis, **kw: mx.quantize(t, fmt, axis=axis, **kw).values.astype(np.float64)  # noqa: E731
+    x_m, dy_m = (mx.hadamard_transform(t, axis=0) if hadamard else t for t in (x, dy))
+    want = (q(x, recipe.activation, 1) @ q(w, recipe.weight, 0, **tile),
+            q(dy, recipe.gradient, 1) @ q(w, recipe.weight, 1, **({"across": 0} if tile else {})).T,
+            q(x_m, recipe.activation, 0).T @ q(dy_m, recipe.gradient, 0))
+    for got, expected in zip(mx.block_linear(x, w, dy, recipe), want):
+        np.testing.assert_allclose(got, expected.astype(np.float32), rtol=0, atol=1e-6 * np.abs(expected).max())
