@@ -482,8 +482,8 @@ class Capabilities:
     #: nothing does not: it would train them as plain float32
     no_fp8: str | None = "does not emulate FP8 (Capabilities.no_fp8: the matmul layers' casts of harness.fp8)"
     #: None where the adapter's networks train the block-scaled precisions by the core's rule (harness.microscaling:
-    #: each dense and attention matmul's operands through block_operands_with, its backward's through
-    #: block_gradient_operands_with); else why not. An adapter that says nothing does not: it would train them as
+    #: each dense, attention, conv2d and patches matmul's operands through block_operands_with, its backward's
+    #: through block_gradient_operands_with, a convolution's as the product of its windows); else why not. An adapter that says nothing does not: it would train them as
     #: plain float32
     no_block_scaling: str | None = ("does not emulate block-scaled formats (Capabilities.no_block_scaling: the "
                                     "matmuls' casts of harness.microscaling)")
@@ -599,6 +599,15 @@ class Adapter(ABC):
         matmul the adapter's dense layers run under the block-scaled `precision` (harness.microscaling.BlockRecipe),
         and the gradients of sum(y * dy) with respect to x and w through its backward; (y, dx, dw) as float32 numpy.
         None: the adapter has no block-scaled precisions."""
+        return None
+
+    def block_conv2d(self, precision: Precision, layer, x: np.ndarray, kernel: np.ndarray, dy: np.ndarray,
+                     device: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The block-scaled self-test of a convolution (the conformance kit's): the product of `layer` (a conv2d or
+        patches layer's spec, groups 1, no bias) on x [N, H, W, C] float32 and its canonical kernel [k, k, C, F],
+        through what the adapter's conv2d and patches layers run under the block-scaled `precision`, and the
+        gradients of sum(y * dy) with respect to x and the kernel; (y, dx, dw) as float32 numpy in those layouts
+        (y [N, Ho, Wo, F], a patches layer's [N, T, F]). None: the adapter has no block-scaled precisions."""
         return None
 
     def import_model(self, target: str, input_shape: tuple[int, ...], options: ImportOptions) -> Imported:

@@ -193,7 +193,7 @@ def cmd_check(args) -> int:
 
 
 def _print_block_storage(graph) -> None:
-    """The dense and attention kernels' size in each block-scaled format (scales included), beside float32's and
+    """The matmul kernels' (dense, attention, convolution) size in each block-scaled format (scales included), beside float32's and
     bfloat16's: what a block-scaled kernel would read; the emulation keeps them in float32."""
     from harness.microscaling import RECIPES, weight_storage_bits
 
@@ -202,7 +202,7 @@ def _print_block_storage(graph) -> None:
     if count:
         kib = lambda bits: f"{bits / 8 / 1024:,.1f} KiB"  # noqa: E731
         formats = ", ".join(f"{name} {kib(bits)}" for name, (bits, _) in sizes.items())
-        print(f"  its {count:,} dense and attention weights, stored block-scaled (scales included): {formats}; "
+        print(f"  its {count:,} matmul weights, stored block-scaled (scales included): {formats}; "
               f"float32 {kib(32 * count)}, bfloat16 {kib(16 * count)}")
 
 

@@ -676,7 +676,7 @@ RECIPES = {r.name: r for r in (
     BlockRecipe("nvfp4", NVFP4, NVFP4_WEIGHT, NVFP4),
     BlockRecipe("fp8_block", FP8_BLOCK, FP8_BLOCK_WEIGHT, FP8_BLOCK),
 )}
-BLOCK_LAYERS = ("dense", "attention")  # the layers whose matmuls a block recipe quantizes
+BLOCK_LAYERS = ("dense", "attention", "conv2d", "patches")  # the layers whose matmuls a block recipe quantizes
 
 
 def _along(ops, t, fmt: BlockFormat, axis: int):
@@ -710,32 +710,52 @@ def block_linear(x, w, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray,
     return product(qx, qw), product(g_n, w_n.T), product(x_m.T, g_m)
 
 
+def block_conv2d(layer, x, kernel, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference of a conv2d or patches layer (its spec: `layer`) under `recipe`: (y, dx, dw) of its product
+    without the bias, x [N, H, W, C], kernel [k, k, C, F], dy the output's gradient ([N, Ho, Wo, F]; a patches
+    layer's [N, T, F]). The layer's product is a dense one (block_linear) of its windows (im2col: rows
+    [N*Ho*Wo, k*k*C], each window's taps in the kernel's (i, j, c) order, c fastest, the padding's zeros included;
+    harness.model.reference.windows) by the kernel as [k*k*C, F]: blocks along K run through a window in that order,
+    along M through the output pixels of the batch; dx is the windows' gradient added back to the pixels each read
+    (fold_windows)."""
+    from harness.model.reference import fold_windows, windows
+
+    rows = windows(layer, _f32(x))
+    k = rows.shape[-1]
+    dy = _f32(dy).reshape(-1, kernel.shape[-1])
+    y, d_rows, dw = block_linear(rows.reshape(-1, k), _f32(kernel).reshape(k, -1), dy, recipe)
+    out_shape = (*rows.shape[:3], -1) if layer.type == "conv2d" else (rows.shape[0], -1, y.shape[-1])
+    dx = fold_windows(layer, d_rows.reshape(rows.shape), np.shape(x)).astype(np.float32)
+    return y.reshape(out_shape), dx, dw.reshape(np.shape(kernel))
+
+
 def weight_storage_bits(graph, recipe: BlockRecipe) -> tuple[int, int]:
     """(the bits the matmul weights that `recipe` quantizes take in its weight format, packed with their scales;
     the count of those weights): what a block-scaled kernel reads, from sizes alone (the emulation keeps them in
-    float32). A kernel [K, N] is blocked along K (and tiled across N)."""
+    float32). A kernel [K, N] is blocked along K (and tiled across N); a convolution's along its window's taps."""
     bits = count = 0
     for info in graph.layers:
         if info.type in BLOCK_LAYERS:
             for name, shape in info.params.items():
-                if name.endswith("kernel"):
+                if name.endswith("kernel"):  # a convolution's [k, k, C, F] as its product's [k*k*C, F]
+                    shape = (math.prod(shape[:-1]), shape[-1])
                     bits += storage_bits(shape, recipe.weight, axis=0, across=1 if recipe.tiled_weight else None)
                     count += math.prod(shape)
     return bits, count
 
 
 def block_refusal(recipe: BlockRecipe, graph, batch_size: int) -> str | None:
-    """Why a spec cannot train under `recipe` (one line), or None: its convolutions and patch embeddings are not
-    block-scaled yet (their products' reduction axes span the kernel's window), and the Hadamard transform needs
-    the rows of every product (batch x positions) in whole blocks of 16. `graph` None: a native model's."""
+    """Why a spec cannot train under `recipe` (one line), or None: a grouped convolution's product is one per group
+    (not block-scaled yet), and the Hadamard transform needs the rows of every product (batch x positions; a
+    convolution's output pixels) in whole blocks of 16. `graph` None: a native model's."""
     if graph is None:
         return f"{recipe.name} trains spec networks only: a native model's matmuls are not block-scaled yet"
     for info in graph.layers:
-        if info.type in ("conv2d", "patches"):
-            return (f"{recipe.name} block-scales dense and attention matmuls only; layer {info.path} ({info.type}) "
-                    f"is not covered yet")
+        if info.type == "conv2d" and info.spec.groups > 1:
+            return (f"{recipe.name} block-scales a convolution as one product of its windows; layer {info.path} is "
+                    f"grouped ({info.spec.groups} groups), which is not covered yet")
         if recipe.hadamard and info.type in BLOCK_LAYERS:
-            rows = batch_size * math.prod(info.in_shape[:-1])
+            rows = batch_size * math.prod(info.out_shape[:-1])
             if rows % HADAMARD_SIZE:
                 return (f"{recipe.name}:rht transforms the weight gradient's inputs in blocks of {HADAMARD_SIZE} "
                         f"rows: layer {info.path} has {rows} (batch x positions)")

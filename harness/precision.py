@@ -24,8 +24,8 @@ class Precision:
     #: FP8 training (harness.fp8): every matmul's inputs cast to FP8 and back by the core's rule, emulated in
     #: float32 (compute_dtype), products accumulated in float32; None for every other precision
     fp8: Fp8Policy | None = None
-    #: block-scaled training (harness.microscaling.BlockRecipe): every dense and attention matmul's three products
-    #: take their operands quantized in blocks along the axis each sums over, emulated in float32; None elsewhere
+    #: block-scaled training (harness.microscaling.BlockRecipe): every dense, attention and convolution matmul's
+    #: three products take their operands quantized in blocks along the axis each sums over, emulated in float32
     blocks: BlockRecipe | None = None
     #: how the report's charts draw this precision, the same in every chart (harness.report.charts): a colour
     #: and a marker (matplotlib's letters, harness.report.svg.marker_path) of its own, asked of every entry
@@ -84,7 +84,7 @@ PRECISIONS: dict[str, Precision] = {
                   "FP8 e4m3 forward, e5m2 gradients (emulated), float32 weights and accumulation",
                   fp8=Fp8Policy(E4M3, E5M2), colour="#17becf", marker="8"),
         # block-scaled formats (harness.microscaling, docs/microscaling.md): float32 weights and optimizer, every
-        # dense and attention matmul's operands quantized in blocks along each product's reduction axis
+        # matmul's operands (dense, attention, convolution) quantized in blocks along each product's reduction axis
         *(Precision(name, "float32", "float32", False, False, "none",
                     f"{recipe.describe()} (emulated), float32 weights and accumulation",
                     blocks=recipe, colour=colour, marker=marker)

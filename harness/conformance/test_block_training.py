@@ -9,7 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pydantic import TypeAdapter
+
 from harness import microscaling as mx
+from harness.model.reference import windows
+from harness.model.spec import Layer
 from harness.precision import PRECISIONS, parse_precision
 
 BLOCKED = [name for name, p in PRECISIONS.items() if p.blocks is not None] + ["nvfp4:rht"]
@@ -48,3 +52,38 @@ def test_the_block_scaled_matmul_and_its_gradients_are_the_core_rule(adapter, un
         assert error <= BOUND, (
             f"{name}: {what} is {error:.2e} of its largest magnitude from harness.microscaling.block_linear's "
             f"(read BlockRecipe's docstring: each product's operands blocked along the axis it sums over)")
+
+
+# Convolutions as products of their windows (harness.microscaling.block_conv2d): 'same' strides with an odd pixel
+# after, a dilated window, and a patch embedding; K = k*k*C (180, 90 and 48) not a multiple of 32 or 128, and the
+# rows (output pixels of the batch: 80, 64 and 32) in whole Hadamard blocks of 16.
+CONVS = [({"type": "conv2d", "filters": 24, "kernel_size": 3, "strides": 2, "padding": "same"}, (5, 7, 8, 20)),
+         ({"type": "conv2d", "filters": 16, "kernel_size": 3, "dilation": 2}, (4, 8, 8, 10)),
+         ({"type": "patches", "size": 4, "dim": 40}, (2, 16, 16, 3))]
+
+
+@pytest.mark.parametrize("conv", range(len(CONVS)), ids=["conv_same_stride2", "conv_dilated", "patches"])
+@pytest.mark.parametrize("name", BLOCKED)
+def test_a_block_scaled_convolution_is_the_product_of_its_windows(adapter, unsupported, name, conv):
+    if unsupported(name):
+        pytest.skip(f"{name} unsupported here: {unsupported(name)}")
+    spec, shape = CONVS[conv]
+    layer = TypeAdapter(Layer).validate_python(spec)
+    rng = np.random.default_rng(conv)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[..., 1] *= 100.0  # an outlier channel
+    k, f = spec.get("kernel_size", spec.get("size")), spec.get("filters", spec.get("dim"))
+    kernel = (rng.standard_normal((k, k, shape[-1], f)) * 0.1).astype(np.float32)
+    n, ho, wo = windows(layer, x).shape[:3]
+    dy = rng.standard_normal((n, ho, wo, f) if layer.type == "conv2d" else (n, ho * wo, f)).astype(np.float32)
+    got = adapter.block_conv2d(parse_precision(name), layer, x, kernel, dy, adapter.device("cpu"))
+    assert got is not None, (f"{name} runs here, so block_conv2d must expose the product its conv2d and patches "
+                             f"layers run (harness.adapter.Adapter.block_conv2d)")
+    want = mx.block_conv2d(layer, x, kernel, dy, parse_precision(name).blocks)
+    for what, value, want in zip(("y", "dx", "dw"), got, want):
+        value = np.asarray(value, dtype=np.float32)
+        assert value.shape == want.shape, f"{name}: {what} has shape {value.shape}, the rule's {want.shape}"
+        error = float(np.abs(value - want).max() / np.abs(want).max())
+        assert error <= BOUND, (
+            f"{name}: {layer.type} {what} is {error:.2e} of its largest magnitude from "
+            f"harness.microscaling.block_conv2d's (its windows in (i, j, c) order, blocked as a dense layer's rows)")

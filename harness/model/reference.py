@@ -189,6 +189,39 @@ def _attention_parts(layer, path, w, x, mask=None) -> dict[str, np.ndarray]:
     return {"q": q, "k": k, "v": v, "scores": scores, "probs": probs, "out": project("output", heads_out)}
 
 
+def _geometry(layer) -> tuple[int, int, int, str]:
+    """A conv2d's or patches layer's (kernel size, stride, dilation, padding): a patch embedding is a conv2d of
+    kernel and stride P."""
+    if layer.type == "patches":
+        return layer.size, layer.size, 1, "valid"
+    return layer.kernel_size, layer.strides, layer.dilation, layer.padding
+
+
+def windows(layer, x: np.ndarray) -> np.ndarray:
+    """A conv2d's or patches layer's input as its product's rows (im2col): [N, Ho, Wo, k*k*C], each window's taps
+    in the kernel's (i, j, c) order (c fastest), the padding's zeros included."""
+    k, s, d, padding = _geometry(layer)
+    win = _windows(_pad(x, (k - 1) * d + 1, s, padding), k, s, d)  # [N, Ho, Wo, C, k, k]
+    n, ho, wo, c = win.shape[:4]
+    return win.transpose(0, 1, 2, 4, 5, 3).reshape(n, ho, wo, k * k * c)
+
+
+def fold_windows(layer, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """windows()'s adjoint (col2im): rows [N, Ho, Wo, k*k*C], each added back to the input pixels its window read;
+    the gradient of an input of `shape` [N, H, W, C] from its windows' gradients."""
+    k, s, d, padding = _geometry(layer)
+    n, h, width, c = shape
+    (top, bottom), (left, right) = ((same_padding(size, (k - 1) * d + 1, s) for size in (h, width))
+                                    if padding == "same" else ((0, 0), (0, 0)))
+    out = np.zeros((n, h + top + bottom, width + left + right, c), rows.dtype)
+    ho, wo = rows.shape[1:3]
+    taps = rows.reshape(n, ho, wo, k, k, c)
+    for i in range(k):
+        for j in range(k):
+            out[:, i * d:i * d + (ho - 1) * s + 1:s, j * d:j * d + (wo - 1) * s + 1:s] += taps[:, :, :, i, j]
+    return out[:, top:top + h, left:left + width]
+
+
 def matmuls(layer, path, w, x) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A dense, conv2d, patches or attention layer's forward matmuls as {name: (lhs [M, K], rhs [K, N])}, from its
     input `x` and the weights, as the spec defines them (bias and activation left out): a conv2d's is its input's
@@ -197,24 +230,18 @@ def matmuls(layer, path, w, x) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     t = layer.type
     if t == "dense":
         return {"kernel": (x.reshape(-1, x.shape[-1]), w[f"{path}.kernel"])}
-    if t == "conv2d":
-        k, s, g = layer.kernel_size, layer.strides, layer.groups
-        win = _windows(_pad(x, effective_kernel(layer), s, layer.padding), k, s, layer.dilation)
-        win = win.transpose(0, 1, 2, 4, 5, 3)  # [N, Ho, Wo, k, k, C]
+    if t in ("conv2d", "patches"):
         kernel = w[f"{path}.kernel"]  # [k, k, C/g, F]
+        g = layer.groups if t == "conv2d" else 1
         if g > 1:  # the groups' products as one, its kernel block-diagonal: the same sums, zeros elsewhere
-            c, f = x.shape[-1], kernel.shape[-1]
+            k, c, f = kernel.shape[0], x.shape[-1], kernel.shape[-1]
             full = np.zeros((k, k, c, f), kernel.dtype)
             for i in range(g):
                 full[:, :, i * c // g:(i + 1) * c // g, i * f // g:(i + 1) * f // g] = \
                     kernel[..., i * f // g:(i + 1) * f // g]
             kernel = full
-        return {"kernel": (win.reshape(-1, k * k * x.shape[-1]), kernel.reshape(-1, kernel.shape[-1]))}
-    if t == "patches":
-        n, h, width, c = x.shape
-        p = layer.size
-        flat = x.reshape(n, h // p, p, width // p, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(-1, p * p * c)
-        return {"kernel": (flat, w[f"{path}.kernel"].reshape(p * p * c, -1))}
+        lhs = windows(layer, x)
+        return {"kernel": (lhs.reshape(-1, lhs.shape[-1]), kernel.reshape(-1, kernel.shape[-1]))}
     if t == "attention":
         x64 = np.asarray(x, np.float64)
         w64 = {name: np.asarray(value, np.float64) for name, value in w.items() if name.startswith(f"{path}.")}

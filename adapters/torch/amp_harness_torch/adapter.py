@@ -88,6 +88,33 @@ class TorchAdapter(Adapter):
         dx, dkernel = torch.autograd.grad(y, (x, kernel), tensor(dy))
         return tuple(t.detach().cpu().numpy() for t in (y, dx, dkernel.t()))
 
+    def block_conv2d(self, precision, layer, x, kernel, dy, device):
+        """network.block_conv2d, the conv2d and patches layers' product, in torch's layouts (x [N, C, H, W], kernel
+        [F, C, k, k]); a patches layer is a conv2d of kernel and stride P, its output [N, D, H/P, W/P] read as
+        patches in row-major order. Gradients as block_linear's, back in the canonical layouts."""
+        import torch
+
+        from amp_harness_torch.network import block_conv2d
+        from harness.model.graph import same_padding
+
+        def tensor(a, axes):
+            return torch.from_numpy(np.ascontiguousarray(np.transpose(a, axes), dtype=np.float32)).to(device.name)
+
+        k = kernel.shape[0]
+        x_t, kernel_t = tensor(x, (0, 3, 1, 2)).requires_grad_(), tensor(kernel, (3, 2, 0, 1)).requires_grad_()
+        stride, dilation, padding = (layer.size, 1, "valid") if layer.type == "patches" else \
+            (layer.strides, layer.dilation, layer.padding)
+        padded = x_t
+        if padding == "same":  # TensorFlow's 'same': the odd pixel after, so pad explicitly
+            (top, bottom), (left, right) = (same_padding(n, (k - 1) * dilation + 1, stride) for n in x.shape[1:3])
+            padded = torch.nn.functional.pad(x_t, (left, right, top, bottom))
+        y = block_conv2d(padded, kernel_t, precision.blocks, stride, (0, 0), dilation)  # [N, F, Ho, Wo]
+        dy_t = tensor(np.reshape(dy, y.shape[:1] + y.shape[2:] + y.shape[1:2]), (0, 3, 1, 2))
+        dx, dkernel = torch.autograd.grad(y, (x_t, kernel_t), dy_t)
+        y = y.detach().permute(0, 2, 3, 1).cpu().numpy()
+        return (y.reshape(np.shape(dy)), dx.permute(0, 2, 3, 1).cpu().numpy(),
+                dkernel.permute(2, 3, 1, 0).cpu().numpy())
+
     def matmul(self, shape, dtype, device):
         import torch
 

@@ -167,13 +167,28 @@ def block_linear(x, kernel, recipe: BlockRecipe):
     return y.reshape(*x.shape[:-1], kernel.shape[0])
 
 
-def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="product"):
+def block_conv2d(x, kernel, recipe: BlockRecipe, stride: int, padding: tuple[int, int], dilation: int):
+    """F.conv2d(x, kernel) without its bias under a block-scaled recipe, x [N, C, H, W], kernel [F, C, k, k]: the
+    core's rule (harness.microscaling.block_conv2d) multiplies the windows (im2col rows [N*Ho*Wo, k*k*C], taps in
+    (i, j, c) order) by the kernel as a dense layer does (BlockLinear); F.unfold's rows are in (c, i, j) order, so
+    both are permuted. unfold's backward (fold) adds each window's gradient back to the pixels it read."""
+    n, c = x.shape[:2]
+    f, k = kernel.shape[0], kernel.shape[-1]
+    rows = F.unfold(x, k, dilation=dilation, padding=padding, stride=stride)  # [N, C*k*k, Ho*Wo]
+    positions = rows.shape[-1]
+    rows = rows.view(n, c, k, k, positions).permute(0, 4, 2, 3, 1).reshape(n * positions, k * k * c)
+    y = BlockLinear.apply(rows, kernel.permute(0, 2, 3, 1).reshape(f, k * k * c), recipe)
+    ho = (x.shape[2] + 2 * padding[0] - dilation * (k - 1) - 1) // stride + 1
+    return y.view(n, ho, positions // ho, f).permute(0, 3, 1, 2)
+
+
+def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="product", blocked=block_linear):
     """product(x, kernel) + bias, with FP8's casts where the network trains in FP8 (the layer's fp8 casts of the
     product `name`); F.linear's through torch's FP8 matmuls where the policy is native. A layer with a block-scaled
-    recipe (a dense or attention layer: F.linear) runs block_linear's product, the bias added after it (its gradient
-    dy's sum, uncast, as FP8's)."""
+    recipe runs `blocked`'s product (a dense or attention layer's F.linear: block_linear; a convolution's:
+    block_conv2d), the bias added after it (its gradient dy's sum, uncast, as FP8's)."""
     if layer.blocks is not None:
-        y = block_linear(x, kernel, layer.blocks)
+        y = blocked(x, kernel, layer.blocks)
         return y if bias is None else y + bias.view(bias_shape)
     if layer.fp8 is None:
         return product(x, kernel, bias)
@@ -197,8 +212,7 @@ class Layer(nn.Module):
         self.info = info
         self.fp8 = nn.ModuleDict({name: Fp8Casts(net.fp8) for name in self.PRODUCTS}) \
             if net.fp8 and self.PRODUCTS else None
-        # the block-scaled recipe of its F.linear products, if any: a dense or attention layer's (BLOCK_LAYERS); a
-        # convolution stays float32 (the core refuses to train one in a block-scaled precision)
+        # the block-scaled recipe of its products, if any: a dense, attention, conv2d or patches layer's (BLOCK_LAYERS)
         self.blocks = net.blocks if info.type in BLOCK_LAYERS else None
         for name in info.params:
             canonical = f"{info.path}.{name}"
@@ -248,7 +262,9 @@ class Conv2D(Layer):
             x = F.pad(x, _pad_arg(self.padding.explicit))
         y = matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric, self.dilation,
                                                         self.groups),
-                         x, self.kernel, getattr(self, "bias", None), (1, -1, 1, 1))
+                         x, self.kernel, getattr(self, "bias", None), (1, -1, 1, 1),
+                         blocked=lambda x, k, recipe: block_conv2d(x, k, recipe, self.stride, self.padding.symmetric,
+                                                                   self.dilation))
         return y.flatten(2).transpose(1, 2) if self.patches else y
 
 
