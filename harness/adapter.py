@@ -224,17 +224,17 @@ class Trainer(ABC):
     def __init__(self, spec: ModelSpec, graph: Graph, weights: dict[str, np.ndarray], precision: Precision,
                  loss_scale: LossScale, device: Device, variant: str):
         """Build the network for one run, in the order every adapter follows: the framework's process-wide
-        switches, the memory baseline, the network, its attention masks' table, the rounding (and FP8) policy,
-        the spec's optimizer (plain, or computing its update in float32 and writing the weights by the
+        switches, the memory baseline, the rounding (and FP8 and block-scaled) policy, the network, its attention
+        masks' table, the spec's optimizer (plain, or computing its update in float32 and writing the weights by the
         rounding's rule) with all its state, the schedule, the loss scale, the step, and the options every
         record carries."""
         self.spec = spec
         self.configure(spec, precision, device, variant)
         self.start_memory(device.kind == "gpu")
+        self.start_rounding(precision)
         self.build_network(spec, graph, weights, precision, device, variant)
         if graph is not None:  # a native model's attention is its own
             self.declare_attention_masks(graph, self.attention_mask, device.kind)
-        self.start_rounding(precision)
         if self.rounding is None:
             self.build_optimizer(spec.optimizer)
         else:
@@ -328,10 +328,12 @@ class Trainer(ABC):
         return LossScaleState(*self._loss_scale_now())
 
     def start_rounding(self, precision: Precision) -> None:
-        """Before the optimizer is built: the precision's rounding and, with one, the seed of the on-device noise
-        (fresh per process, harness.rounding.device_seed)."""
+        """Before the network is built: the precision's rounding and, with one (or a block-scaled recipe's
+        stochastically rounded gradients), the seed of the on-device noise (fresh per process,
+        harness.rounding.device_seed)."""
         self.rounding = precision.rounding
-        self.rounding_seed = device_seed() if self.rounding is not None else None
+        stochastic = precision.blocks is not None and precision.blocks.stochastic
+        self.rounding_seed = device_seed() if self.rounding is not None or stochastic else None
         self.fp8 = precision.fp8
         self.blocks = precision.blocks
 
@@ -487,6 +489,15 @@ class Capabilities:
     #: plain float32
     no_block_scaling: str | None = ("does not emulate block-scaled formats (Capabilities.no_block_scaling: the "
                                     "matmuls' casts of harness.microscaling)")
+    #: None where its block-scaled products round the gradient's casts stochastically under a recipe with :sr (bits
+    #: drawn on the device for every product, the kit's given through block_linear's `bits`); else why not
+    no_block_stochastic: str | None = ("does not round block-scaled gradients stochastically "
+                                       "(Capabilities.no_block_stochastic)")
+    #: None where the block-scaled precisions' :native variants multiply with the framework's own block-scaled
+    #: matmuls; else why not. No adapter has them: on a CPU none exists, and torch._scaled_mm's MX scales need a
+    #: GPU of compute capability 10.0 (Blackwell), which none of this project's machines has had to prove one on
+    no_block_native: str | None = ("has no native block-scaled matmuls (Capabilities.no_block_native): none on a "
+                                   "CPU; on a GPU they need compute capability 10.0 (Blackwell), not implemented")
     #: None where the FP8 precisions' :native variants multiply the cast values with the framework's own FP8
     #: matmuls (the adapter's unsupported() says where its kernels cannot run); else why not
     no_fp8_native: str | None = "has no native FP8 matmuls (Capabilities.no_fp8_native)"
@@ -593,12 +604,13 @@ class Adapter(ABC):
                                 device)(values, bits)
         return np.asarray(ops.to_numpy(out), dtype=np.float32)
 
-    def block_linear(self, precision: Precision, x: np.ndarray, w: np.ndarray, dy: np.ndarray,
-                     device: Device) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def block_linear(self, precision: Precision, x: np.ndarray, w: np.ndarray, dy: np.ndarray, device: Device,
+                     bits: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...] | None:
         """The block-scaled self-test (the conformance kit's): y = x @ w, x [M, K] and w [K, N] float32, through the
         matmul the adapter's dense layers run under the block-scaled `precision` (harness.microscaling.BlockRecipe),
         and the gradients of sum(y * dy) with respect to x and w through its backward; (y, dx, dw) as float32 numpy.
-        None: the adapter has no block-scaled precisions."""
+        `bits`: a stochastic recipe's (block_gradient_operands_with), given in place of the device's draws. None:
+        the adapter has no block-scaled precisions."""
         return None
 
     def block_conv2d(self, precision: Precision, layer, x: np.ndarray, kernel: np.ndarray, dy: np.ndarray,

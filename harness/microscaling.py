@@ -647,7 +647,9 @@ class BlockRecipe:
         dw = Q_a(x along M)^T @ Q_g(dy along M)     (with `hadamard`: x and dy transformed along M first)
 
     Q_a is `activation`'s quantizer, Q_w `weight`'s (a square 2-D tile format tiles w alike for both of its
-    products, so it is quantized once), Q_g `gradient`'s; every cast rounds to nearest even. The bias is added after
+    products, so it is quantized once), Q_g `gradient`'s; every cast rounds to nearest even, but with `stochastic`
+    Q_g's two casts of dy round stochastically (NVFP4's recipe), each with bits of its own (the adapter's, drawn on
+    the device for every product; the kit's, given). The bias is added after
     the product and its gradient is dy's sum, uncast (as FP8's, harness.fp8). The Hadamard transform of dw's
     operands (NVFP4's recipe) leaves their product unchanged before quantization (Q Q^T = I) and spreads an outlier
     over its block of 16 rows."""
@@ -656,6 +658,8 @@ class BlockRecipe:
     weight: BlockFormat
     gradient: BlockFormat
     hadamard: bool = False
+    stochastic: bool = False
+    native: bool = False  # the framework's own block-scaled matmuls instead of the emulation (no adapter has them)
 
     @property
     def tiled_weight(self) -> bool:
@@ -663,7 +667,8 @@ class BlockRecipe:
 
     def describe(self) -> str:
         formats = dict.fromkeys(f.name for f in (self.activation, self.weight, self.gradient))
-        return f"{' / '.join(formats)} blocks{', Hadamard-transformed weight-gradient inputs' if self.hadamard else ''}"
+        return (f"{' / '.join(formats)} blocks{', Hadamard-transformed weight-gradient inputs' if self.hadamard else ''}"
+                f"{', stochastically rounded gradients' if self.stochastic else ''}")
 
 
 # The OCP MX paper's training recipes (Rouhani et al., 2023: E4M3 forward, E5M2 gradients in MXFP8; E2M3 forward,
@@ -679,9 +684,11 @@ RECIPES = {r.name: r for r in (
 BLOCK_LAYERS = ("dense", "attention", "conv2d", "patches")  # the layers whose matmuls a block recipe quantizes
 
 
-def _along(ops, t, fmt: BlockFormat, axis: int):
-    """t's dequantized values in blocks along `axis` of a 2-D operand (a tile format: across the other axis too)."""
-    return quantize_with(ops, t, fmt, axis=axis, across=(1 - axis) if fmt.rows > 1 else None)[0]
+def _along(ops, t, fmt: BlockFormat, axis: int, bits=None):
+    """t's dequantized values in blocks along `axis` of a 2-D operand (a tile format: across the other axis too),
+    rounded stochastically with `bits` (t's shape) where given."""
+    return quantize_with(ops, t, fmt, axis=axis, across=(1 - axis) if fmt.rows > 1 else None,
+                         rounding="nearest" if bits is None else "stochastic", bits=bits)[0]
 
 
 def block_operands_with(ops, x, w, recipe: BlockRecipe):
@@ -689,41 +696,46 @@ def block_operands_with(ops, x, w, recipe: BlockRecipe):
     return _along(ops, x, recipe.activation, 1), _along(ops, w, recipe.weight, 0)
 
 
-def block_gradient_operands_with(ops, x, w, dy, recipe: BlockRecipe, quantized_w=None):
+def block_gradient_operands_with(ops, x, w, dy, recipe: BlockRecipe, quantized_w=None, bits=None):
     """The backward products' operands: (Q_g(dy along N), Q_w(w along N)) for dx = first @ second^T, and
     (Q_a(x along M), Q_g(dy along M)) for dw = third^T @ fourth. `quantized_w`: the forward's Q_w, which a square
-    tile format gives both products."""
+    tile format gives both products. `bits`: a stochastic recipe's, (for dx's cast, for dw's), each int32 0..2^16-1
+    of dy's shape."""
+    if recipe.stochastic and bits is None:
+        raise HarnessError(f"{recipe.name} rounds its gradients stochastically: give the bits of both casts of dy")
+    bits_n, bits_m = bits if recipe.stochastic else (None, None)
     w_n = quantized_w if recipe.tiled_weight and quantized_w is not None else _along(ops, w, recipe.weight, 1)
     x_m, dy_m = x, dy
     if recipe.hadamard:
         x_m, dy_m = hadamard_transform_with(ops, x, axis=0), hadamard_transform_with(ops, dy, axis=0)
-    return (_along(ops, dy, recipe.gradient, 1), w_n, _along(ops, x_m, recipe.activation, 0),
-            _along(ops, dy_m, recipe.gradient, 0))
+    return (_along(ops, dy, recipe.gradient, 1, bits_n), w_n, _along(ops, x_m, recipe.activation, 0),
+            _along(ops, dy_m, recipe.gradient, 0, bits_m))
 
 
-def block_linear(x, w, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def block_linear(x, w, dy, recipe: BlockRecipe, bits=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The reference: (y, dx, dw) of y = x @ w under `recipe`, x [M, K], w [K, N], dy [M, N], float32 in, the
-    products summed in float64 and rounded once (the adapters' float32 sums differ from it by their order only)."""
+    products summed in float64 and rounded once (the adapters' float32 sums differ from it by their order only);
+    `bits` a stochastic recipe's (block_gradient_operands_with)."""
     qx, qw = block_operands_with(NUMPY_OPS, _f32(x), _f32(w), recipe)
-    g_n, w_n, x_m, g_m = block_gradient_operands_with(NUMPY_OPS, _f32(x), _f32(w), _f32(dy), recipe, qw)
+    g_n, w_n, x_m, g_m = block_gradient_operands_with(NUMPY_OPS, _f32(x), _f32(w), _f32(dy), recipe, qw, bits)
     product = lambda a, b: (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)  # noqa: E731
     return product(qx, qw), product(g_n, w_n.T), product(x_m.T, g_m)
 
 
-def block_conv2d(layer, x, kernel, dy, recipe: BlockRecipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def block_conv2d(layer, x, kernel, dy, recipe: BlockRecipe, bits=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The reference of a conv2d or patches layer (its spec: `layer`) under `recipe`: (y, dx, dw) of its product
     without the bias, x [N, H, W, C], kernel [k, k, C, F], dy the output's gradient ([N, Ho, Wo, F]; a patches
     layer's [N, T, F]). The layer's product is a dense one (block_linear) of its windows (im2col: rows
     [N*Ho*Wo, k*k*C], each window's taps in the kernel's (i, j, c) order, c fastest, the padding's zeros included;
     harness.model.reference.windows) by the kernel as [k*k*C, F]: blocks along K run through a window in that order,
     along M through the output pixels of the batch; dx is the windows' gradient added back to the pixels each read
-    (fold_windows)."""
+    (fold_windows). `bits`: a stochastic recipe's, each of the rows' gradient's shape [N*Ho*Wo, F]."""
     from harness.model.reference import fold_windows, windows
 
     rows = windows(layer, _f32(x))
     k = rows.shape[-1]
     dy = _f32(dy).reshape(-1, kernel.shape[-1])
-    y, d_rows, dw = block_linear(rows.reshape(-1, k), _f32(kernel).reshape(k, -1), dy, recipe)
+    y, d_rows, dw = block_linear(rows.reshape(-1, k), _f32(kernel).reshape(k, -1), dy, recipe, bits)
     out_shape = (*rows.shape[:3], -1) if layer.type == "conv2d" else (rows.shape[0], -1, y.shape[-1])
     dx = fold_windows(layer, d_rows.reshape(rows.shape), np.shape(x)).astype(np.float32)
     return y.reshape(out_shape), dx, dw.reshape(np.shape(kernel))

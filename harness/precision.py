@@ -96,13 +96,19 @@ PRECISIONS: dict[str, Precision] = {
 
 NATIVE = "native"  # an FP8 precision's suffix: the framework's own FP8 matmuls, not the emulation
 HADAMARD = "rht"  # a block-scaled precision's suffix: NVFP4's random Hadamard transform of dw's operands
+STOCHASTIC = "sr"  # and another: its gradients' casts rounded stochastically (NVFP4's recipe)
+#: a block-scaled precision's suffixes, in the order its canonical name gives them: nvfp4:rht:sr:native
+BLOCK_SUFFIXES = {HADAMARD: ("hadamard", "Hadamard-transformed weight-gradient inputs"),
+                  STOCHASTIC: ("stochastic", "stochastically rounded gradients"),
+                  NATIVE: ("native", "native block-scaled matmuls")}
 
 
 def parse_precision(name: str) -> Precision:
     """A precision by name; the fixed-point ones also as NAME:F, F the fractional bits (0..15); the FP8 ones as
     NAME:current (what NAME alone means), NAME:delayed or NAME:delayed:N (harness.fp8.Recipe), each with :native
-    after it for the framework's own FP8 matmuls (NAME:native, NAME:delayed:16:native); the block-scaled ones as
-    NAME:rht, with the random Hadamard transform (nvfp4:rht)."""
+    after it for the framework's own FP8 matmuls (NAME:native, NAME:delayed:16:native); the block-scaled ones with
+    any of :rht (the random Hadamard transform), :sr (stochastically rounded gradients) and :native (the
+    framework's block-scaled matmuls), named in that order (nvfp4:rht:sr)."""
     base, colon, bits = name.partition(":")
     try:
         precision = PRECISIONS[base]
@@ -111,12 +117,17 @@ def parse_precision(name: str) -> Precision:
     if not colon:
         return precision
     if precision.blocks is not None:
-        if bits != HADAMARD:
-            raise HarnessError(f"precision '{name}': a block-scaled precision takes ':{HADAMARD}' (the random "
-                               f"Hadamard transform of the weight gradient's inputs) or nothing")
-        return replace(precision, name=name, blocks=replace(precision.blocks, name=name, hadamard=True),
-                       description=precision.description.replace(" blocks (", " blocks, Hadamard-transformed "
-                                                                             "weight-gradient inputs ("))
+        suffixes = bits.split(":")
+        if any(s not in BLOCK_SUFFIXES for s in suffixes) or len(set(suffixes)) < len(suffixes):
+            raise HarnessError(f"precision '{name}': a block-scaled precision takes any of :{HADAMARD} (the random "
+                               f"Hadamard transform of the weight gradient's inputs), :{STOCHASTIC} (stochastically "
+                               f"rounded gradients) and :{NATIVE} (the framework's block-scaled matmuls), each once")
+        chosen = [s for s in BLOCK_SUFFIXES if s in suffixes]
+        canonical = ":".join([base, *chosen])
+        blocks = replace(precision.blocks, name=canonical, **{BLOCK_SUFFIXES[s][0]: True for s in chosen})
+        described = precision.description.replace(" (emulated)", "" if NATIVE in chosen else " (emulated)")
+        return replace(precision, name=canonical, blocks=blocks, description=described.replace(
+            " blocks", " blocks, " + ", ".join(BLOCK_SUFFIXES[s][1] for s in chosen), 1))
     if precision.fp8 is not None:
         native = bits == NATIVE or bits.endswith(f":{NATIVE}")
         try:

@@ -6,6 +6,8 @@ the wrong axis, once where it takes two, with the wrong format or not at all is 
 (several percent of the output)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,26 @@ def test_the_block_scaled_matmul_and_its_gradients_are_the_core_rule(adapter, un
         assert error <= BOUND, (
             f"{name}: {what} is {error:.2e} of its largest magnitude from harness.microscaling.block_linear's "
             f"(read BlockRecipe's docstring: each product's operands blocked along the axis it sums over)")
+
+
+@pytest.mark.parametrize("name", ["nvfp4:sr", "nvfp4:rht:sr", "mxfp8:sr"])
+def test_stochastically_rounded_gradients_take_the_given_bits(adapter, unsupported, name):
+    """With :sr, both casts of dy round stochastically; given the core's bits, the adapter's product and gradients
+    are the rule's (y untouched: the forward rounds to nearest), and they are not round-to-nearest's."""
+    if unsupported(name):
+        pytest.skip(f"{name} unsupported here: {unsupported(name)}")
+    recipe = parse_precision(name).blocks
+    x, w, dy = _tensors()
+    bits = tuple(np.random.default_rng(seed).integers(0, 2**16, (M, N), dtype=np.int32) for seed in (1, 2))
+    got = adapter.block_linear(parse_precision(name), x, w, dy, adapter.device("cpu"), bits)
+    want = mx.block_linear(x, w, dy, recipe, bits)
+    for what, value, expected in zip(("y", "dx", "dw"), got, want):
+        error = float(np.abs(np.asarray(value, np.float32) - expected).max() / np.abs(expected).max())
+        assert error <= BOUND, (f"{name}: {what} is {error:.2e} of its largest magnitude from the rule's with the "
+                                f"same bits (block_gradient_operands_with: dx's cast of dy takes the first, dw's the "
+                                f"second)")
+    nearest = mx.block_linear(x, w, dy, replace(recipe, stochastic=False))
+    assert np.abs(want[1] - nearest[1]).max() > 1e-3 * np.abs(nearest[1]).max()
 
 
 # Convolutions as products of their windows (harness.microscaling.block_conv2d): 'same' strides with an odd pixel

@@ -94,6 +94,10 @@ def unsupported(adapter, precision, device, in_process: bool = False, loss_scale
         missing = missing_block_ops(ops) if ops is not None else ["the RoundingOps table (Adapter.rounding_ops)"]
         if adapter.capabilities.no_block_scaling or missing:
             return f"{adapter.name} {adapter.capabilities.no_block_scaling or 'lacks ' + ', '.join(missing)}"
+        for wanted, reason in ((precision.blocks.stochastic, adapter.capabilities.no_block_stochastic),
+                               (precision.blocks.native, adapter.capabilities.no_block_native)):
+            if wanted and reason:
+                return f"{adapter.name} {reason}"
     reason = adapter.unsupported(precision, device) or \
         (adapter.unsupported_loss_scale(precision, loss_scale) if loss_scale is not None else None)
     if reason:

@@ -27,6 +27,7 @@ class TorchAdapter(Adapter):
         "compile": "torch.compile (inductor) of the network, channels-last",
     }
     capabilities = Capabilities(no_fp8=None, no_fp8_native=None, no_fp8_for_native_models=None, no_block_scaling=None,
+                                no_block_stochastic=None,
                                 no_gpu_profile="its profile reads CPU times only, and a GPU kernel's time is not its "
                                                "launch's (the device's activities are not read)")
 
@@ -73,18 +74,19 @@ class TorchAdapter(Adapter):
             raise HarnessError(f"amp-harness import torch needs torch in this environment ({exc})") from None
         return import_torch(target, input_shape, options)
 
-    def block_linear(self, precision, x, w, dy, device):
+    def block_linear(self, precision, x, w, dy, device, bits=None):
         """network.block_linear, the dense layers' product, on x and F.linear's kernel w^T; its gradients are
         autograd's with dy as y's (those of sum(y * dy)), dw back in the canonical layout."""
         import torch
 
-        from amp_harness_torch.network import block_linear
+        from amp_harness_torch.network import BlockNoise, block_linear
 
-        def tensor(a):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device.name)
+        def tensor(a, dtype=np.float32):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(device.name)
 
         x, kernel = tensor(x).requires_grad_(), tensor(np.transpose(w)).requires_grad_()
-        y = block_linear(x, kernel, precision.blocks)
+        noise = BlockNoise(None, tuple(tensor(b, np.int32) for b in bits)) if bits is not None else None
+        y = block_linear(x, kernel, precision.blocks, noise)
         dx, dkernel = torch.autograd.grad(y, (x, kernel), tensor(dy))
         return tuple(t.detach().cpu().numpy() for t in (y, dx, dkernel.t()))
 
@@ -152,7 +154,7 @@ class TorchTrainer(Trainer):
 
             net = NativeNetwork(load(spec), precision.fp8)
         else:
-            net = Network(spec.layers, graph, weights, precision.fp8, precision.blocks)
+            net = Network(spec.layers, graph, weights, precision.fp8, precision.blocks, self.rounding_seed)
         memory_format = torch.channels_last if self.channels_last else None
         self.net = net.to(self.device, dtype=self.param_dtype, memory_format=memory_format).train()
         self.fp8_matmuls = self.net.fp8_matmuls or self.fp8_matmuls

@@ -37,7 +37,7 @@ import operator
 import numpy as np
 import torch
 import torch.nn.functional as F
-from amp_harness_torch.rounding import OPS
+from amp_harness_torch.rounding import OPS, draw_bits
 from torch import nn
 
 from harness.adapter import layer_scope
@@ -137,6 +137,22 @@ class NativeLinear(torch.autograd.Function):
         return scaled_mm(qg, qw, sg, sw)[:m, :k], scaled_mm(qg.t(), qx, sg, sx)[:n, :k], None
 
 
+class BlockNoise:
+    """The bits of a stochastic recipe's gradient casts (BlockRecipe.stochastic): two fresh tensors of dy's shape
+    per product, drawn on dy's device from the run's seed (harness.rounding.device_seed), as a stochastically
+    rounded weight update draws its own; `given` (the kit's) in their place."""
+
+    def __init__(self, seed: int | None, given=None):
+        self.seed, self.given, self.generator = seed, given, None
+
+    def __call__(self, dy):
+        if self.given is not None:
+            return self.given
+        if self.generator is None:
+            self.generator = torch.Generator(device=dy.device).manual_seed(self.seed)
+        return draw_bits(dy.shape, self.generator), draw_bits(dy.shape, self.generator)
+
+
 class BlockLinear(torch.autograd.Function):
     """x @ kernel^T, x [M, K] and F.linear's kernel [N, K], under a block-scaled recipe (harness.microscaling's
     BlockRecipe): the forward multiplies x and the canonical w = kernel^T [K, N] quantized along K, the backward
@@ -145,29 +161,32 @@ class BlockLinear(torch.autograd.Function):
     (a square weight tile's cast alone serves both products, so it is saved too)."""
 
     @staticmethod
-    def forward(ctx, x, kernel, recipe: BlockRecipe):
+    def forward(ctx, x, kernel, recipe: BlockRecipe, noise: BlockNoise | None):
         w = kernel.t()
         qx, qw = block_operands_with(OPS, x, w, recipe)
         ctx.save_for_backward(x, w, qw if recipe.tiled_weight else None)
-        ctx.recipe = recipe
+        ctx.recipe, ctx.noise = recipe, noise
         return qx @ qw
 
     @staticmethod
     def backward(ctx, grad):
         x, w, qw = ctx.saved_tensors
-        g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, grad, ctx.recipe, qw)
+        bits = ctx.noise(grad) if ctx.recipe.stochastic else None
+        g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, grad, ctx.recipe, qw, bits)
         # dw = x_m^T g_m [K, N], returned in the kernel's layout [N, K]
-        return g_n @ w_n.t(), g_m.t() @ x_m, None
+        return g_n @ w_n.t(), g_m.t() @ x_m, None, None
 
 
-def block_linear(x, kernel, recipe: BlockRecipe):
+def block_linear(x, kernel, recipe: BlockRecipe, noise: BlockNoise | None = None):
     """F.linear(x, kernel) without its bias under a block-scaled recipe, x [..., K]: its leading axes are the
-    product's rows (a sequence's: samples x positions), blocked along M together."""
-    y = BlockLinear.apply(x.reshape(-1, x.shape[-1]), kernel, recipe)
+    product's rows (a sequence's: samples x positions), blocked along M together; `noise` a stochastic recipe's
+    bits."""
+    y = BlockLinear.apply(x.reshape(-1, x.shape[-1]), kernel, recipe, noise)
     return y.reshape(*x.shape[:-1], kernel.shape[0])
 
 
-def block_conv2d(x, kernel, recipe: BlockRecipe, stride: int, padding: tuple[int, int], dilation: int):
+def block_conv2d(x, kernel, recipe: BlockRecipe, stride: int, padding: tuple[int, int], dilation: int,
+                 noise: BlockNoise | None = None):
     """F.conv2d(x, kernel) without its bias under a block-scaled recipe, x [N, C, H, W], kernel [F, C, k, k]: the
     core's rule (harness.microscaling.block_conv2d) multiplies the windows (im2col rows [N*Ho*Wo, k*k*C], taps in
     (i, j, c) order) by the kernel as a dense layer does (BlockLinear); F.unfold's rows are in (c, i, j) order, so
@@ -177,7 +196,7 @@ def block_conv2d(x, kernel, recipe: BlockRecipe, stride: int, padding: tuple[int
     rows = F.unfold(x, k, dilation=dilation, padding=padding, stride=stride)  # [N, C*k*k, Ho*Wo]
     positions = rows.shape[-1]
     rows = rows.view(n, c, k, k, positions).permute(0, 4, 2, 3, 1).reshape(n * positions, k * k * c)
-    y = BlockLinear.apply(rows, kernel.permute(0, 2, 3, 1).reshape(f, k * k * c), recipe)
+    y = BlockLinear.apply(rows, kernel.permute(0, 2, 3, 1).reshape(f, k * k * c), recipe, noise)
     ho = (x.shape[2] + 2 * padding[0] - dilation * (k - 1) - 1) // stride + 1
     return y.view(n, ho, positions // ho, f).permute(0, 3, 1, 2)
 
@@ -188,7 +207,7 @@ def matmul_layer(layer, product, x, kernel, bias, bias_shape=(-1,), name="produc
     recipe runs `blocked`'s product (a dense or attention layer's F.linear: block_linear; a convolution's:
     block_conv2d), the bias added after it (its gradient dy's sum, uncast, as FP8's)."""
     if layer.blocks is not None:
-        y = blocked(x, kernel, layer.blocks)
+        y = blocked(x, kernel, layer.blocks, layer.block_noise)
         return y if bias is None else y + bias.view(bias_shape)
     if layer.fp8 is None:
         return product(x, kernel, bias)
@@ -214,6 +233,7 @@ class Layer(nn.Module):
             if net.fp8 and self.PRODUCTS else None
         # the block-scaled recipe of its products, if any: a dense, attention, conv2d or patches layer's (BLOCK_LAYERS)
         self.blocks = net.blocks if info.type in BLOCK_LAYERS else None
+        self.block_noise = net.block_noise
         for name in info.params:
             canonical = f"{info.path}.{name}"
             # a copy: a view of the core's array (vectors and embedding tables keep their layout) would train it too
@@ -263,8 +283,8 @@ class Conv2D(Layer):
         y = matmul_layer(self, lambda x, k, b: F.conv2d(x, k, b, self.stride, self.padding.symmetric, self.dilation,
                                                         self.groups),
                          x, self.kernel, getattr(self, "bias", None), (1, -1, 1, 1),
-                         blocked=lambda x, k, recipe: block_conv2d(x, k, recipe, self.stride, self.padding.symmetric,
-                                                                   self.dilation))
+                         blocked=lambda x, k, recipe, noise: block_conv2d(x, k, recipe, self.stride,
+                                                                          self.padding.symmetric, self.dilation, noise))
         return y.flatten(2).transpose(1, 2) if self.patches else y
 
 
@@ -574,11 +594,13 @@ def _call(info, layer, value):
 
 class Network(nn.Module):
     def __init__(self, layer_specs, graph: Graph, weights: dict[str, np.ndarray], fp8=None,
-                 blocks: BlockRecipe | None = None):
+                 blocks: BlockRecipe | None = None, noise_seed: int | None = None):
         super().__init__()
         # while building only: the layers copy their weights from the canonical ones (Layer.__init__)
         self.infos, self.weights = {info.path: info for info in graph.layers}, weights
         self.fp8, self.blocks = fp8, blocks  # the layers' FP8 policy or block-scaled recipe, if any
+        # a stochastic recipe's bits, one generator for the network's products
+        self.block_noise = BlockNoise(noise_seed) if blocks is not None and blocks.stochastic else None
         self.layers = self.build(layer_specs, "")
         del self.infos, self.weights
         self._layers = [m for m in self.modules() if isinstance(m, Layer)]  # nested ones too, outer first
