@@ -119,10 +119,14 @@ for fw in torch jax; do
     --model tests/specs/pitfall_fp8_delayed.yaml --no-progress --out "$out/parity_fp8"
 done
 python3 -m harness parity "$out/parity_fp8"
-# block-scaled training emulated by the core's rule on the GPU (harness.microscaling), every recipe, in torch and JAX
+# block-scaled training emulated by the core's rule on the GPU (harness.microscaling), every recipe, in torch and JAX,
+# convolutions and patch embeddings (resnet8, vit_tiny) included; :sr draws its bits on the GPU (not compared: two
+# runs differ by design, so it is run, not paired); :native must say unsupported (no adapter has the kernels)
 for fw in torch jax; do
   python3 -m harness fingerprint --framework $fw --device gpu --precision mxfp8,mxfp6,mxfp4,nvfp4,nvfp4:rht,fp8_block \
-    --model mnist_mlp,tiny_gpt --batch-size 16 --no-progress --out "$out/parity_blocks"
+    --model mnist_mlp,tiny_gpt,resnet8,vit_tiny --batch-size 16 --no-progress --out "$out/parity_blocks"
+  python3 -m harness fingerprint --framework $fw --device gpu --precision nvfp4:rht:sr,mxfp8:native \
+    --model tiny_gpt,resnet8 --batch-size 16 --no-progress --out "$out/blocks_sr"
 done
 python3 -m harness parity "$out/parity_blocks"
 python3 -m harness run --framework torch --device gpu --model tiny_gpt \

@@ -631,3 +631,19 @@ def test_a_grouped_convolution_is_refused_in_a_block_scaled_precision():
     assert "groups), which is not covered yet" in refusal
     assert mx.block_refusal(mx.RECIPES["mxfp8"], infer(load_spec("resnet8")), 16) is None
     assert mx.block_refusal(mx.RECIPES["nvfp4"], infer(load_spec("vit_tiny")), 16) is None
+
+
+def test_an_adapter_that_block_scales_says_whether_it_rounds_stochastically_and_has_native_kernels():
+    """:sr and :native are unsupported, with the capability's reason, in an adapter that block-scales but does not
+    declare them."""
+    from harness.precision import parse_precision
+    from harness.run import capability
+    from tests.fake_adapter.fake_adapter import FakeAdapter
+
+    adapter = FakeAdapter()
+    adapter.capabilities = replace(adapter.capabilities, no_block_scaling=None)
+    adapter.rounding_ops = lambda: NUMPY_OPS
+    cpu = adapter.device("cpu")
+    assert "does not round block-scaled gradients stochastically" in \
+        capability.unsupported(adapter, parse_precision("nvfp4:rht:sr"), cpu)
+    assert "has no native block-scaled matmuls" in capability.unsupported(adapter, parse_precision("mxfp8:native"), cpu)

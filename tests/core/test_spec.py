@@ -147,8 +147,15 @@ def test_precisions():
     assert parse_precision("fp8_hybrid:current").fp8.backward.name == "e5m2"
     rht = parse_precision("nvfp4:rht")
     assert rht.blocks.hadamard and rht.blocks.name == "nvfp4:rht" and not parse_precision("nvfp4").blocks.hadamard
-    with pytest.raises(HarnessError, match="takes ':rht'"):
+    with pytest.raises(HarnessError, match="takes any of :rht"):
         parse_precision("mxfp8:delayed")
+    with pytest.raises(HarnessError, match="each once"):
+        parse_precision("nvfp4:sr:sr")
+    combined = parse_precision("nvfp4:sr:rht")  # named in the canonical order
+    assert combined.name == combined.blocks.name == "nvfp4:rht:sr"
+    assert combined.blocks.hadamard and combined.blocks.stochastic and not combined.blocks.native
+    assert "stochastically rounded gradients" in combined.description
+    assert parse_precision("mxfp8:native").blocks.native and "(emulated)" not in parse_precision("mxfp8:native").description
     assert parse_precision("fp8_e4m3:delayed:8").fp8.recipe.history == 8
     assert parse_precision("fp8_e4m3:delayed").fp8.recipe.history == 16
     with pytest.raises(HarnessError, match="current, delayed or delayed:N"):
