@@ -1,6 +1,6 @@
 """diagnose's block-format statistics and verdicts (harness.microscaling's last section): the counts on hand-made
 blocks, each operand blocked along the axis its product sums over, the product error on training's own operands,
-and diagnose on tests/specs/pitfall_outlier_channel.yaml with a numpy trainer standing in for a framework: MXFP4
+and diagnose on tests/specs/outlier_channel.yaml with a numpy trainer standing in for a framework: MXFP4
 names the two layers the 100x channel passes through, MXFP8 is safe."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from harness.rounding import NUMPY_OPS
 from harness.run.diagnose import diagnose
 from tests.conftest import SPECS
 
-SPEC = load_spec(str(SPECS / "pitfall_outlier_channel.yaml"))
+SPEC = load_spec(str(SPECS / "outlier_channel.yaml"))
 
 
 class SequentialTrainer:

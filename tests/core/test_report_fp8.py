@@ -191,7 +191,7 @@ def test_block_scaled_arms_stand_beside_fp8_with_the_weights_their_formats_would
     from harness.model.spec import load_spec
     from tests.conftest import SPECS
 
-    graph = infer(load_spec(str(SPECS / "pitfall_outlier_channel.yaml")))  # kernels 64x64, 64x64, 64x4
+    graph = infer(load_spec(str(SPECS / "outlier_channel.yaml")))  # kernels 64x64, 64x64, 64x4
     records = _with_weights(fp8_runs() + cell("mxfp4", E4M3_LOSS, E4M3_ACC, ms=2.0, options=BLOCKS)
                             + cell("nvfp4:rht", HYBRID_LOSS, E4M3_ACC, ms=2.0,
                                    options={"blocks": {**BLOCKS["blocks"], "recipe": "nvfp4:rht"}}), graph)
