@@ -967,8 +967,9 @@ def block_verdicts(blocks: dict, layer_types: dict | None = None) -> dict[str, s
         reasons = []
         for layer, role, kind, value, limit in found[:4]:
             if kind == "error":
-                reasons.append(f"layer {layer}'s forward product is {_pct(value)} off ({value / reference['error']:.1f}x "
-                               f"the {_pct(reference['error'])} of Gaussian values)")
+                times = value / reference["error"]
+                reasons.append(f"layer {layer}'s forward product is {_pct(value)} off ({times:.1f}x the "
+                               f"{_pct(reference['error'])} of Gaussian values)")
             else:
                 c = layers[layer]["operands"][role]
                 reasons.append(f"layer {layer}'s {role.replace('_', ' ')} ({c['format']}) loses {_pct(value)} of its "

@@ -1,8 +1,8 @@
 """The report's FP8 and block-scaled section: per model, framework and setting (harness.identity) with an FP8 or
 block-scaled run, fp32, amp_bf16, each FP8 precision (fp8_e4m3, fp8_hybrid, with a recipe suffix where they had
 one: fp8_hybrid:delayed:16) and each block-scaled one (mxfp8, mxfp6, mxfp4, nvfp4, nvfp4:rht, fp8_block:
-harness.precision's Precision.blocks) side by side: eval loss and its range over seeds, its change against fp32 paired by seed with its 95% interval,
-margin and verdict (harness.report.accuracy.compare, the report's one accuracy rule), eval accuracy and its range
+harness.precision's Precision.blocks) side by side: eval loss and its range over seeds, its change against fp32
+paired by seed with its 95% interval, margin and verdict (harness.report.accuracy.compare, the report's one accuracy rule), eval accuracy and its range
 (a next-token model's perplexity instead: its token accuracy means little) with a classifier's accuracy verdict,
 the one the Accuracy section gives; how each FP8 precision's matmuls ran, as its records say
 (options["fp8"]["matmuls"], options["blocks"]["matmuls"]; a record without it: emulated); what the model's matmul
