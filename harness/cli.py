@@ -385,6 +385,7 @@ def cmd_fingerprint(args) -> int:
 
 def cmd_diagnose(args) -> int:
     from harness.fp8 import verdicts as fp8_verdicts
+    from harness.microscaling import block_verdicts
     from harness.run.modes import DIAGNOSE, NONFINITE
     from harness.run.nonfinite import describe
 
@@ -407,7 +408,8 @@ def cmd_diagnose(args) -> int:
         print(f"{r['framework']} {r['model']} (captured after {len(steps)} steps: every {diagnosis['every']} "
               f"from {steps[0]}, and the last, {steps[-1]}):")
         for line in [*diagnosis["verdicts"].values(), *(diagnosis.get("attention") or {}).values(),
-                     *fp8_verdicts(diagnosis.get("fp8") or {}, diagnosis["every"]).values()]:
+                     *fp8_verdicts(diagnosis.get("fp8") or {}, diagnosis["every"]).values(),
+                     *block_verdicts(diagnosis.get("blocks") or {}, diagnosis.get("layer_types")).values()]:
             print(f"  {line}")
     return _exit_code(records)
 

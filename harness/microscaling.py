@@ -772,3 +772,255 @@ def block_refusal(recipe: BlockRecipe, graph, batch_size: int) -> str | None:
                 return (f"{recipe.name}:rht transforms the weight gradient's inputs in blocks of {HADAMARD_SIZE} "
                         f"rows: layer {info.path} has {rows} (batch x positions)")
     return None
+
+
+# ---- what a diagnosis says of each block recipe ---------------------------------------------------------------
+# diagnose (harness.run.diagnose) trains in strict float32 and hands this section each matmul layer's captured
+# operands: BlockStatistics quantizes them as each recipe's training would (x along K, w along K, dy along N: the
+# forward product's operands and the dx product's gradient operand) and keeps, per recipe, layer and matmul input,
+# the non-zero values that underflow to 0 within their block and those that saturate, and per layer the relative
+# error of the quantized forward product. A block format's error is mostly its element's rounding, which every
+# layer pays: what makes a layer one to keep in higher precision is an error, or an underflow, that stands out
+# against what the same recipe does to values without outliers. So each figure is judged against the recipe's
+# figures on Gaussian operands (gaussian_reference), measured here, not against a fixed number.
+BLOCK_ROLES = ("input", "weight", "output_gradient")
+REFERENCE_SHAPE = (256, 512, 256)  # M, K, N of gaussian_reference's product: 16 x 512 / 32 blocks per row
+REFERENCE_SEED = 0xB10C
+#: a layer stands out when its forward product is off by more than this times the recipe's error on Gaussian
+#: operands. Measured (benchmarks/RESULTS.md, "Block formats in diagnose"): ordinary layers sit at 0.76 to 1.6 times
+#: it, the classifiers highest (resnet8's last dense layer 2.0x in mxfp8, 2.5x in nvfp4: its sums cancel, which
+#: magnifies any rounding, the 16-bit formats' too); 3 leaves them a margin and still flags a product that loses
+#: what the format's rounding alone would not. The outlier spec is named by its underflow, not by this.
+ERROR_FACTOR = 3.0
+#: an operand stands out when the share of its magnitude (the sum of |x| over its values) that underflows to 0
+#: within its blocks is more than this times the format's on Gaussian values, and more than MIN_LOST. By magnitude,
+#: not by count: a value far below its block's largest is lost either way and matters little (a trained
+#: classifier's logit gradients hold probabilities of 1e-13 beside -1: e5m2's blocks flush 8% of them, which moves
+#: no product), while a 100x channel flushes the ordinary values of its block, each as large as the operand's
+#: typical one (17% of a 64-wide input's magnitude, against MXFP4's 0.6% on Gaussian values). The counts are kept
+#: and shown. Clipping is counted but not judged on its own: under these scales a clipped value loses at most
+#: 1 - max / 2^(emax + 1) of itself (12.5% in e4m3, e5m2 and e3m2, 6.25% in e2m3, 25% in e2m1; an NVFP4 or block
+#: FP8 scale's rounding less), about one rounding step at its size, and the forward product's error holds it. It
+#: is not rare: the floor rule clips 0.5-3% of Gaussian values, and up to 12.5% of a Glorot-uniform kernel's in
+#: e4m3 when its limit sits just under a power of two (every block's amax then does).
+SHARE_FACTOR = 3.0
+MIN_LOST = 0.01  # harness.fp8's MAX_UNDERFLOW, here of the magnitude: the 8-bit formats lose none of Gaussian values
+
+
+def judged_recipes() -> dict[str, BlockRecipe]:
+    """The recipes a diagnosis judges: RECIPES (nvfp4:rht is nvfp4 with the Hadamard transform of dw's operands,
+    which diagnose does not multiply: its forward and dx operands are nvfp4's)."""
+    return dict(RECIPES)
+
+
+def role_format(recipe: BlockRecipe, role: str) -> BlockFormat:
+    """The format of a matmul input (BLOCK_ROLES) under `recipe`."""
+    return {"input": recipe.activation, "weight": recipe.weight, "output_gradient": recipe.gradient}[role]
+
+
+def _operand(t, fmt: BlockFormat, axis: int) -> Quantized:
+    """A 2-D operand quantized along `axis` as training quantizes it (_along: a tile format across the other axis)."""
+    return quantize(t, fmt, axis=axis, across=(1 - axis) if fmt.rows > 1 else None)
+
+
+def _block_multipliers(q: Quantized, shape: tuple[int, ...], fmt: BlockFormat, axis: int) -> np.ndarray:
+    """Each value's dequantizing multiplier (its block scale, times NVFP4's tensor scale), laid out as x: the scale
+    grid repeated over each block (and tile) and cropped to x's shape."""
+    grid = np.repeat(q.scales.astype(np.float64), fmt.block, axis=axis)
+    if fmt.rows > 1:
+        grid = np.repeat(grid, fmt.rows, axis=1 - axis)
+    return grid[tuple(slice(0, n) for n in shape)] * q.tensor_scale
+
+
+def operand_counts(t, fmt: BlockFormat, axis: int, q: Quantized | None = None) -> dict[str, int]:
+    """Of a 2-D operand's non-zero finite values (`values`), how many underflow (their block's scale makes them 0)
+    and how many saturate (above the element's largest value times their block's multiplier: clipped; under MX's
+    floor rule a block's largest can be), quantized along `axis`; and their summed magnitude (`magnitude`: the sum
+    of |x|) and that of the underflowing ones (`lost`). `q`: its quantization, where already made."""
+    t = _f32(t)
+    q = _operand(t, fmt, axis) if q is None else q
+    counted = np.isfinite(t) & (t != 0)
+    multiplier = _block_multipliers(q, t.shape, fmt, axis)
+    magnitude = np.where(counted, np.abs(t.astype(np.float64)), 0.0)
+    underflow = counted & (q.values == 0)
+    with np.errstate(invalid="ignore"):
+        saturate = counted & (magnitude > fmt.element.max * multiplier)
+    return {"values": int(counted.sum()), "underflow": int(underflow.sum()), "saturate": int(saturate.sum()),
+            "magnitude": float(magnitude.sum()), "lost": float(magnitude[underflow].sum())}
+
+
+def product_error(lhs, rhs, recipe: BlockRecipe, quantized=None) -> float | None:
+    """||Q_a(lhs along K) @ Q_w(rhs along K) - lhs @ rhs||_F / ||lhs @ rhs||_F, both products in float64 (the
+    operands block_operands_with gives training); None where the product is 0 or not finite. `quantized`: the two
+    dequantized operands, where already made."""
+    qx, qw = quantized if quantized is not None else (_operand(lhs, recipe.activation, 1).values,
+                                                      _operand(rhs, recipe.weight, 0).values)
+    exact = np.asarray(lhs, np.float64) @ np.asarray(rhs, np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        error = float(np.linalg.norm(qx.astype(np.float64) @ qw.astype(np.float64) - exact))
+    norm = float(np.linalg.norm(exact))
+    return error / norm if norm > 0 and math.isfinite(norm) and math.isfinite(error) else None
+
+
+class BlockStatistics:
+    """Per block recipe (judged_recipes), layer and matmul input (BLOCK_ROLES), the underflow and saturation counts
+    of the operands a diagnosis captured, and per layer the largest relative error of its quantized forward
+    products (over its products and the captured steps). add_product takes a forward product's operands (lhs
+    [M, K], rhs [K, N]: harness.model.reference.matmuls), add_gradient a layer's output gradient ([..., N])."""
+
+    def __init__(self, recipes: dict[str, BlockRecipe] | None = None):
+        self.recipes = judged_recipes() if recipes is None else recipes
+        self.layers: dict[str, dict[str, dict]] = {name: {} for name in self.recipes}
+
+    def _entry(self, recipe: str, layer: str) -> dict:
+        return self.layers[recipe].setdefault(layer, {"error": None, "operands": {}})
+
+    def _count(self, recipe: str, layer: str, role: str, fmt: BlockFormat, found: dict[str, int]) -> None:
+        total = self._entry(recipe, layer)["operands"].setdefault(role, {"format": fmt.name, "values": 0,
+                                                                         "underflow": 0, "saturate": 0,
+                                                                         "magnitude": 0.0, "lost": 0.0})
+        for key, value in found.items():
+            total[key] += value
+
+    def add_product(self, layer: str, lhs, rhs, count_input: bool = True) -> None:
+        """One forward product; `count_input` False where its lhs was counted already (attention's query, key
+        and value projections share their input)."""
+        lhs, rhs = _f32(lhs), _f32(rhs)
+        for name, recipe in self.recipes.items():
+            qx, qw = _operand(lhs, recipe.activation, 1), _operand(rhs, recipe.weight, 0)
+            if count_input:
+                self._count(name, layer, "input", recipe.activation, operand_counts(lhs, recipe.activation, 1, qx))
+            self._count(name, layer, "weight", recipe.weight, operand_counts(rhs, recipe.weight, 0, qw))
+            error = product_error(lhs, rhs, recipe, (qx.values, qw.values))
+            entry = self._entry(name, layer)
+            if error is not None:
+                entry["error"] = max(entry["error"] or 0.0, error)
+
+    def add_gradient(self, layer: str, dy) -> None:
+        """A layer's output gradient, as the dx product quantizes it: along N (its last axis)."""
+        dy = _f32(dy)
+        dy = dy.reshape(-1, dy.shape[-1]) if dy.ndim else dy.reshape(1, 1)
+        for name, recipe in self.recipes.items():
+            self._count(name, layer, "output_gradient", recipe.gradient, operand_counts(dy, recipe.gradient, 1))
+
+    def result(self) -> dict:
+        """{recipe: {layer: {"error": float or None, "operands": {role: {format, values, underflow, saturate,
+        magnitude, lost}}}}},
+        the record's diagnosis.blocks; empty where nothing was added."""
+        return {name: layers for name, layers in self.layers.items() if layers}
+
+
+def _gaussian_operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    m, k, n = REFERENCE_SHAPE
+    rng = np.random.default_rng(REFERENCE_SEED)
+    return tuple(rng.standard_normal(shape).astype(np.float32) for shape in ((m, k), (k, n), (m, n)))
+
+
+_REFERENCES: dict[str, dict] = {}
+
+
+def gaussian_reference(recipe: BlockRecipe) -> dict:
+    """What `recipe` does to values without outliers: standard normal operands ([256, 512] @ [512, 256], an output
+    gradient [256, 256]) quantized as BlockStatistics quantizes a layer's: {"error": the forward product's relative
+    error, role: {"underflow", "saturate": shares of the values; "lost": share of the magnitude}}. Computed once
+    per recipe and kept (a fixed seed)."""
+    key = repr(recipe)
+    if key not in _REFERENCES:
+        stats = BlockStatistics({"r": recipe})
+        lhs, rhs, dy = _gaussian_operands()
+        stats.add_product("g", lhs, rhs)
+        stats.add_gradient("g", dy)
+        entry = stats.result()["r"]["g"]
+        _REFERENCES[key] = {"error": entry["error"],
+                            **{role: {"underflow": c["underflow"] / c["values"],
+                                      "saturate": c["saturate"] / c["values"], "lost": c["lost"] / c["magnitude"]}
+                               for role, c in entry["operands"].items()}}
+    return _REFERENCES[key]
+
+
+def lost_limit(reference: dict, role: str) -> float:
+    """The share of a matmul input's magnitude past which its underflow stands out (SHARE_FACTOR, MIN_LOST)."""
+    return max(MIN_LOST, SHARE_FACTOR * reference[role]["lost"])
+
+
+def block_problems(recipe: BlockRecipe, layers: dict) -> list[tuple[str, str, str, float, float]]:
+    """(layer, "product" or a matmul input, "error" or "underflow", the figure, its limit) past the limits
+    (ERROR_FACTOR times the Gaussian error; lost_limit: the share of its magnitude that underflows), worst
+    first: by how far past its limit."""
+    reference = gaussian_reference(recipe)
+    found = []
+    for layer, entry in layers.items():
+        error = entry.get("error")
+        if error is not None and reference["error"] and error > ERROR_FACTOR * reference["error"]:
+            found.append((layer, "product", "error", error, ERROR_FACTOR * reference["error"]))
+        for role, c in entry.get("operands", {}).items():
+            if not c.get("magnitude") or role not in reference:
+                continue
+            share, limit = c["lost"] / c["magnitude"], lost_limit(reference, role)
+            if share > limit:
+                found.append((layer, role, "underflow", share, limit))
+    return sorted(found, key=lambda p: (-p[3] / p[4], p[0], p[1]))
+
+
+def keep_in_higher_precision(recipe: BlockRecipe, layers: dict) -> list[str]:
+    """The layers whose product error or operands stand out under `recipe` (block_problems), worst first: the ones
+    to leave in higher precision, as NVIDIA's NVFP4 recipe leaves some."""
+    return list(dict.fromkeys(p[0] for p in block_problems(recipe, layers)))
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.3g}%"
+
+
+def _named(layer: str, layer_types: dict | None) -> str:
+    kind = (layer_types or {}).get(layer)
+    return f"{layer} ({kind})" if kind else layer
+
+
+def block_verdicts(blocks: dict, layer_types: dict | None = None) -> dict[str, str]:
+    """One sentence per recipe of a diagnosis's block statistics (BlockStatistics.result()): "safe" where no layer
+    stands out, else the layers to keep in higher precision and why, worst first."""
+    out = {}
+    for name, layers in blocks.items():
+        recipe = RECIPES.get(name)
+        if recipe is None or not layers:
+            continue
+        reference = gaussian_reference(recipe)
+        found = block_problems(recipe, layers)
+        if not found:
+            worst = max((e["error"] for e in layers.values() if e.get("error") is not None), default=None)
+            product = (f"forward products at most {_pct(worst)} off ({_pct(reference['error'])} on Gaussian values, a "
+                       f"layer stands out past {ERROR_FACTOR:g}x)" if worst is not None else "no product measured")
+            out[name] = (f"{name}: safe: no layer stands out against what {recipe.describe()} do to Gaussian values: "
+                         f"{product}; no matmul input loses more than {SHARE_FACTOR:g}x their share of its "
+                         f"magnitude to underflow (and {MIN_LOST:.0%})")
+            continue
+        keep = ", ".join(_named(layer, layer_types) for layer in dict.fromkeys(p[0] for p in found))
+        reasons = []
+        for layer, role, kind, value, limit in found[:4]:
+            if kind == "error":
+                times = value / reference["error"]
+                reasons.append(f"layer {layer}'s forward product is {_pct(value)} off ({times:.1f}x the "
+                               f"{_pct(reference['error'])} of Gaussian values)")
+            else:
+                c = layers[layer]["operands"][role]
+                reasons.append(f"layer {layer}'s {role.replace('_', ' ')} ({c['format']}) loses {_pct(value)} of its "
+                               f"magnitude to underflow, {_pct(c['underflow'] / c['values'])} of its values "
+                               f"(Gaussian values: {_pct(reference[role]['lost'])}, "
+                               f"{_pct(reference[role]['underflow'])})")
+        more = f" (and {len(found) - 4} more)" if len(found) > 4 else ""
+        out[name] = f"{name}: not safe: keep layer{'s' if ',' in keep else ''} {keep} in higher precision: " \
+                    f"{'; '.join(reasons)}{more}"
+    return out
+
+
+# ---- what the matmul weights would take ---------------------------------------------------------------------
+PLAIN_WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp8": 8}  # bits per value where a kernel is stored unscaled
+
+
+def matmul_weights(graph) -> dict:
+    """The record's matmul_weights: the count of the kernels a block recipe quantizes (BLOCK_LAYERS), and per recipe
+    (RECIPES) the bits they take in its weight format with its scales (weight_storage_bits): from sizes alone."""
+    sizes = {name: weight_storage_bits(graph, recipe) for name, recipe in RECIPES.items()}
+    count = next(iter(sizes.values()))[1] if sizes else 0
+    return {"count": count, "bits": {name: bits for name, (bits, _) in sizes.items()}}

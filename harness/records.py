@@ -16,7 +16,9 @@ device matmul curve per dtype), and nonfinite names an update too, and a skipped
 scaling study's run: its step's own matmuls, each timed alone) and diagnosis.fp8 (FP8 cast statistics); 9 process
 (the worker process a run ran in: repeats that shared one are one unit of a timing interval) and auto_round (the
 round of `--repeats auto` it ran in, from which the report replays the sequential test), and diagnosis.matmul_error
-and diagnosis.layer_types (each matmul's error with its inputs in 16 bits; the layers' types, to name them). Every field added
+and diagnosis.layer_types (each matmul's error with its inputs in 16 bits; the layers' types, to name them); 10
+diagnosis.blocks (the block recipes' underflow, clipping and product errors) and matmul_weights (the matmul weights'
+size in each block format). Every field added
 since 1 is optional, so a record of any schema from 1 to SCHEMA_VERSION reads; a newer one is refused
 (harness.results.read_records).
 """
@@ -29,7 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 OLDEST_SCHEMA = 1
 STATUSES = ("ok", "unsupported", "failed", "diverged", "timeout")
 
@@ -121,6 +123,33 @@ class UpdateCounts(_Strict):
         return (self.__pydantic_extra__ or {}).get(fmt, 0)
 
 
+class BlockOperand(_Strict):
+    """One matmul input of a layer under a block recipe, over the captured steps (harness.microscaling.
+    BlockStatistics): its format, its non-zero finite values, those that underflow to 0 within their block, and
+    those that saturate (clip); the sum of their magnitudes and of the underflowing ones' (what the verdict judges)."""
+    format: str
+    values: Count
+    underflow: Count
+    saturate: Count
+    magnitude: Number = 0.0
+    lost: Number = 0.0
+
+
+class BlockLayer(_Strict):
+    """One matmul layer under a block recipe: the largest relative error of its quantized forward products (None:
+    no product measured), and its inputs' counts by role ("input", "weight", "output_gradient")."""
+    error: Number | None = None
+    operands: dict[str, BlockOperand] = {}
+
+
+class MatmulWeights(_Strict):
+    """Schema 10: the spec's block-scalable matmul weights (dense and attention kernels; harness.microscaling.
+    weight_storage_bits): their count, and per block recipe the bits they take in its weight format, scales
+    included, from their sizes alone."""
+    count: Count
+    bits: dict[str, Count]
+
+
 class Diagnosis(_Strict):
     """What harness.run.diagnose writes and the report and `parity` read (harness.numerics.judge); a diagnosis
     that could not capture holds nothing else to read."""
@@ -141,6 +170,9 @@ class Diagnosis(_Strict):
     #: inputs rounded to the format (harness.numerics.matmul_error), and each layer's type, to name it
     matmul_error: dict[str, dict[str, Number]] | None = None
     layer_types: dict[str, str] | None = None
+    #: schema 10: per block recipe and matmul layer, its operands' underflow and clipping counts and its forward
+    #: product's error (harness.microscaling.BlockStatistics), which harness.microscaling.block_verdicts judges
+    blocks: dict[str, dict[str, BlockLayer]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -343,6 +375,7 @@ class Record(_Strict):
     matmul_curve: dict[str, MatmulCurve | None] | None = None  # a scaling study's run: per dtype (None: no kernel)
     matmul_shapes: MatmulShapes | None = None  # schema 8: a scaling study's run: its step's matmuls, timed alone
     param_count: Number | None = None
+    matmul_weights: MatmulWeights | None = None  # schema 10: what its matmul weights take in each block format
     options: dict | None = None
     env: Env | None = None
     started_at: str | None = None
@@ -369,6 +402,12 @@ class Record(_Strict):
         """How an FP8 run's matmuls ran, as its options say (options["fp8"]["matmuls"], e.g. "native
         (torch._scaled_mm)"); None where they do not (a run from before the option, or not FP8)."""
         return ((self.options or {}).get("fp8") or {}).get("matmuls")
+
+    @property
+    def block_matmuls(self) -> str | None:
+        """How a block-scaled run's matmuls ran, as its options say (options["blocks"]["matmuls"]); None where they
+        do not."""
+        return ((self.options or {}).get("blocks") or {}).get("matmuls")
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:

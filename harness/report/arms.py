@@ -27,6 +27,7 @@ from harness.run import nonfinite
 
 NATIVE = "native"  # how options["fp8"]["matmuls"] starts for real FP8 kernels ("native (torch._scaled_mm)")
 UNRECORDED = "emulated (not recorded: a run from before options[\"fp8\"])"
+UNRECORDED_BLOCKS = "emulated (not recorded in options[\"blocks\"])"
 
 
 def base_precision(precision: str) -> str:
@@ -42,14 +43,29 @@ def is_fp8(precision: str) -> bool:
     return found is not None and found.fp8 is not None
 
 
+def is_blocks(precision: str) -> bool:
+    """A block-scaled precision by its registry entry (harness.precision: Precision.blocks): mxfp8, nvfp4:rht, ..."""
+    found = PRECISIONS.get(base_precision(precision))
+    return found is not None and found.blocks is not None
+
+
+def is_scaled(precision: str) -> bool:
+    """FP8 or block-scaled: a precision whose matmuls take scaled low-precision operands, emulated or native."""
+    return is_fp8(precision) or is_blocks(precision)
+
+
 def matmuls(r: RunRecord) -> str:
-    """How an FP8 run's matmuls ran, as its record says."""
+    """How an FP8 or block-scaled run's matmuls ran, as its record says."""
+    if is_blocks(r.precision):
+        return r.block_matmuls or UNRECORDED_BLOCKS
     return r.fp8_matmuls or UNRECORDED
 
 
 def emulated(records: list[RunRecord]) -> bool:
-    """Runs of an FP8 precision whose matmuls were not all native: their step times measure the emulation."""
-    return bool(records) and is_fp8(records[0].precision) and not all(matmuls(r).startswith(NATIVE) for r in records)
+    """Runs of an FP8 or block-scaled precision whose matmuls were not all native: their step times measure the
+    emulation."""
+    return bool(records) and is_scaled(records[0].precision) and \
+        not all(matmuls(r).startswith(NATIVE) for r in records)
 
 
 def failure(r: RunRecord) -> str:
@@ -201,15 +217,19 @@ class Arm:
         length = min((len(c) for c in curves), default=0)
         return [_mean([c[i] for c in curves]) for i in range(length)]
 
-    # ---- FP8
+    # ---- FP8 and block-scaled formats
     @property
     def fp8(self) -> bool:
         return is_fp8(self.precision)
 
+    @property
+    def blocks(self) -> bool:
+        return is_blocks(self.precision)
+
     @cached_property
     def matmuls(self) -> tuple[str, ...]:
-        """An FP8 arm's: how its matmuls ran, as its records say."""
-        return tuple(sorted({matmuls(r) for r in self.ok or self.records})) if self.fp8 else ()
+        """An FP8 or block-scaled arm's: how its matmuls ran, as its records say."""
+        return tuple(sorted({matmuls(r) for r in self.ok or self.records})) if self.fp8 or self.blocks else ()
 
     @property
     def native(self) -> bool:
@@ -218,8 +238,8 @@ class Arm:
 
     @cached_property
     def speed(self) -> stats.Ratio | None:
-        """fp32's step time over this arm's: natively run FP8 only (emulated FP8's step times measure the
-        emulation)."""
+        """fp32's step time over this arm's: natively run FP8 or block formats only (emulated ones' step times
+        measure the emulation)."""
         if self.native and process_ms(self.ok) and process_ms(list(self.fp32)):
             return stats.ratio(process_ms(list(self.fp32)), process_ms(self.ok))
         return None

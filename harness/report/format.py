@@ -145,3 +145,13 @@ def scale(value) -> str:
     """A loss scale: "2^16" where it is a power of two, else its shortest form."""
     exp = math.log2(value) if value > 0 else None
     return f"2^{exp:.0f}" if exp is not None and exp == int(exp) else plain(value)
+
+
+def kib_of_bits(bits) -> str:
+    """A size given in bits, in KiB with one decimal: "33.0 KiB"."""
+    return MISSING if missing(bits) else f"{bits / 8 / 1024:,.1f} KiB"
+
+
+def count(value) -> str:
+    """A whole count with thousands separators: "8,448"."""
+    return MISSING if missing(value) else f"{value:,}"

@@ -24,7 +24,7 @@ from harness.report.arms import emulated as fp8_emulated
 from harness.report.data import (AccuracyRow, Environment, Fastest, MemoryRow, NotRun, NumericsEntry, ScalingRow,
                                  Section, SpecHash, SpecHashes, SpeedRow, Study, StudyPoint, View)
 from harness.report.explain import explain, in_short
-from harness.report.fp8 import fp8_section
+from harness.report.fp8 import fp8_section, scaled_verdicts
 from harness.report.profile import profile_section
 from harness.report.pure16 import pure16_section
 from harness.report.scaling import scaling_section
@@ -243,7 +243,7 @@ def judged_figure(figure: str, c: PooledRuns) -> str:
     return figure if c.judged else accuracy.TOO_SHORT
 
 
-FP8_ELSEWHERE = "FP8 recipes: see FP8 training above, beside the FP8 runs"
+FP8_ELSEWHERE = "FP8 and block recipes: see FP8 and block-scaled training above, beside their runs"
 LOSS_TOLERANCE = 1e-4  # relative: below this, two precisions' loss curves are the same curve
 
 
@@ -286,9 +286,8 @@ def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp
     the `scaled` runs (timed amp_fp16 runs) hold its loss scales, the attention score gradients' headroom at the
     largest of them (score_headroom); per loss-scale study its chart; a "16-bit safe?" line per model. Verdicts
     are judged here from the captured figures (harness.numerics.judge), not read from the record: a diagnosis made
-    before a rule existed gets it. With fp8_elsewhere (the FP8 section is shown), the FP8 recipes' verdicts are
-    that section's, and a line here points to it."""
-    from harness.fp8 import verdicts as fp8_verdicts
+    before a rule existed gets it. With fp8_elsewhere (the FP8 and block-scaled section is shown), the FP8 and block
+    recipes' verdicts are that section's, and a line here points to it."""
     from harness.numerics import attention_verdicts, judge, merge
 
     numerics, safe = [], {}
@@ -307,7 +306,7 @@ def numerics_view(diagnoses: list[DiagnosisRecord], studies: list[RunRecord], fp
         title = (f"{d.model} ({d.framework}): gradients in fp32, {len(diagnosis.captured_steps)} captured "
                  f"steps (0 to {diagnosis.captured_steps[-1]})")
         verdicts = judge(diagnosis.written)
-        fp8_lines = list(fp8_verdicts(diagnosis.fp8 or {}, diagnosis.every or 1).values())
+        fp8_lines = scaled_verdicts(d)  # FP8's recipes, then the block recipes
         safe.setdefault(d.model, f"{d.model} ({d.framework} diagnosis): "
                         + "; ".join(f"{p} {outcome}" for p, (outcome, _) in verdicts.items()))
         numerics.append(NumericsEntry(d.model, d.framework,

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from harness import fp8, numerics
+from harness import fp8, microscaling, numerics
 from harness.model import reference
 from harness.model.graph import Graph
 
@@ -31,6 +31,7 @@ def diagnose(spec, layers, data, masks, trainer, record: dict, every: int, progr
     counts: dict[str, dict] = {}
     captured, losses, available = [], [], True
     casts = fp8.CastStatistics()
+    blocks = microscaling.BlockStatistics()  # the block recipes' underflow, clipping and product errors
     matmul_error: dict[str, dict[str, float]] = {}  # per layer and format, the largest over the captured steps
 
     def add(kind: str, layer: str, values: np.ndarray) -> None:
@@ -65,7 +66,9 @@ def diagnose(spec, layers, data, masks, trainer, record: dict, every: int, progr
                 add("activation_gradients", layer, output_grad)
             if graph is not None:
                 _matmul_inputs(graph, after, outputs, x_fixed, casts)
-                for layer, errors in _matmul_errors(graph, after, outputs, x_fixed).items():
+                sampled = _sampled_products(graph, after, outputs, x_fixed)
+                _block_statistics(sampled, blocks)
+                for layer, errors in _matmul_errors(sampled).items():
                     worst = matmul_error.setdefault(layer, {})
                     for name, error in errors.items():
                         worst[name] = max(worst.get(name, 0.0), error)
@@ -90,6 +93,8 @@ def diagnose(spec, layers, data, masks, trainer, record: dict, every: int, progr
                          outcomes=numerics.outcomes(diagnosis), max_flushed=numerics.MAX_FLUSHED)
         if casts.result():
             diagnosis["fp8"] = casts.result()
+        if blocks.result():
+            diagnosis["blocks"] = blocks.result()
     finite = all(math.isfinite(v) for v in losses)
     record.update(status="ok" if finite else "diverged", reason=None if finite else "non-finite loss",
                   loss=[v if math.isfinite(v) else None for v in losses], diagnosis=diagnosis)
@@ -124,28 +129,57 @@ def _captured_input(graph, info, outputs: dict, x) -> np.ndarray | None:
 MATMUL_ROWS = 4096  # at most about this many output rows per matmul: its error is a mean over rows, and convs' are many
 
 
-def _matmul_errors(graph, weights: dict, outputs: dict, x) -> dict[str, dict[str, float]]:
-    """Per matmul layer whose input was captured, per 16-bit format, the largest relative error of its forward
-    matmuls with their inputs rounded to the format (harness.numerics.matmul_error; the matmuls as
-    harness.model.reference.matmuls states them), on the first samples of the fixed batch that give about
-    MATMUL_ROWS output rows, and at most that many."""
+def _sampled_products(graph, weights: dict, outputs: dict, x) -> dict[str, tuple[list, np.ndarray]]:
+    """Per matmul layer whose input and output were captured: (its forward matmuls as (lhs, rhs), as
+    harness.model.reference.matmuls states them, its output's gradient [rows, N]), on the first samples of the fixed
+    batch that give about MATMUL_ROWS output rows, and at most that many (the gradient's rows likewise)."""
     found = {}
     for info in graph.layers:
         inputs = _captured_input(graph, info, outputs, x) if info.type in MATMUL_LAYERS else None
         if inputs is None or info.path not in outputs:
             continue
         rows = math.prod(np.shape(outputs[info.path][0])[1:-1])  # output rows per sample: positions, tokens
-        inputs = np.asarray(inputs, np.float32)[:max(1, MATMUL_ROWS // max(rows, 1))]
+        samples = max(1, MATMUL_ROWS // max(rows, 1))
+        inputs = np.asarray(inputs, np.float32)[:samples]
         # (a large image's positions alone are many rows: every k-th of them, k the fewest that leave MATMUL_ROWS)
         products = [(lhs[::-(-len(lhs) // MATMUL_ROWS)], rhs)
                     for lhs, rhs in reference.matmuls(info.spec, info.path, weights, inputs).values()]
+        gradient = np.asarray(outputs[info.path][1], np.float32)[:samples]
+        gradient = gradient.reshape(-1, gradient.shape[-1])
+        found[info.path] = (products, gradient[::-(-len(gradient) // MATMUL_ROWS)])
+    return found
+
+
+def _matmul_errors(sampled: dict[str, tuple[list, np.ndarray]]) -> dict[str, dict[str, float]]:
+    """Per matmul layer of `sampled` (_sampled_products), per 16-bit format, the largest relative error of its
+    forward matmuls with their inputs rounded to the format (harness.numerics.matmul_error)."""
+    found = {}
+    for layer, (products, _) in sampled.items():
         errors = {}
         for name, fmt in numerics.FORMATS.items():
             measured = [e for e in (numerics.matmul_error(lhs, rhs, fmt) for lhs, rhs in products) if e is not None]
             if measured:
                 errors[name] = max(measured)
-        found[info.path] = errors
+        found[layer] = errors
     return found
+
+
+BLOCK_ROWS = 1024  # at most this many rows per operand for the block recipes: 5 recipes quantize each twice
+
+
+def _block_statistics(sampled: dict[str, tuple[list, np.ndarray]], blocks: microscaling.BlockStatistics) -> None:
+    """Each matmul layer of `sampled` as the block recipes would quantize it (harness.microscaling.BlockStatistics):
+    its forward products' operands (x and w along K; an input that several products share, as attention's query,
+    key and value projections do, counted once) and its output's gradient (along N: what the dx product
+    multiplies; attention's is its output projection's), on every k-th row, k the fewest that leave BLOCK_ROWS
+    (blocks run along rows, so a row keeps its blocks whole)."""
+    every = lambda rows: rows[::-(-len(rows) // BLOCK_ROWS)]  # noqa: E731
+    for layer, (products, gradient) in sampled.items():
+        seen: list = []
+        for lhs, rhs in products:
+            blocks.add_product(layer, every(lhs), rhs, count_input=not any(lhs is s for s in seen))
+            seen.append(lhs)
+        blocks.add_gradient(layer, every(gradient))
 
 
 def _attention_numerics(graph, weights: dict, outputs: dict) -> dict[str, dict[str, np.ndarray]]:

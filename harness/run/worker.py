@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.adapter import load_adapter
 from harness.errors import HarnessError, one_line
-from harness.microscaling import block_refusal
+from harness.microscaling import block_refusal, matmul_weights
 from harness.model import memory
 from harness.model.data import Data
 from harness.model.dropout import DropoutMasks
@@ -67,6 +67,7 @@ def run(req: RunRequest, progress=None) -> dict:
                       study=req.study,
                       flops_per_step=graph.train_step_flops(spec.batch_size) if graph else None,
                       param_count=graph.param_count if graph else None,
+                      matmul_weights=matmul_weights(graph) if graph else None,
                       loss_scale={"settings": loss_scale.to_dict()})
         adapter = load_adapter(req.framework)
         adapter.set_threads(req.threads)

@@ -28,7 +28,8 @@ from tests.core.test_runner import amp
 SCHEMA4 = Path(__file__).parent / "data" / "schema4"
 ADDED_IN = {2: ("variant", "state_memory_mb", "device_peak_gflops", "efficiency", "study", "diagnosis"),
             3: ("num_classes",), 4: ("seed",), 5: ("task", "tokens_per_sample"),
-            6: ("nonfinite",), 7: ("width", "matmul_curve"), 8: ("matmul_shapes",), 9: ("process", "auto_round")}
+            6: ("nonfinite",), 7: ("width", "matmul_curve"), 8: ("matmul_shapes",), 9: ("process", "auto_round"),
+            10: ("matmul_weights",)}
 # harness.records' docstring: what each schema added (7 also added fields inside nonfinite)
 
 

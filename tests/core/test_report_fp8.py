@@ -171,3 +171,78 @@ def test_the_first_screen_weighs_emulated_fp8_s_speed_nowhere_and_native_fp8_s_a
     assert "fp8_e4m3" not in named(build_view(fast))
     native = cell("fp32", FP32_LOSS, FP32_ACC) + cell("fp8_e4m3", E4M3_LOSS, E4M3_ACC, ms=2.0, options=NATIVE)
     assert "fp8_e4m3" in named(build_view(native))
+
+
+BLOCKS = {"blocks": {"recipe": "mxfp4", "formats": "mxfp4 blocks",
+                     "matmuls": "emulated: operands quantized by harness.microscaling's rule"}}
+
+
+def _with_weights(records: list[dict], graph) -> list[dict]:
+    from harness.microscaling import matmul_weights
+
+    return [{**r, "matmul_weights": matmul_weights(graph)} for r in records]
+
+
+def test_block_scaled_arms_stand_beside_fp8_with_the_weights_their_formats_would_store():
+    """mxfp4 and nvfp4 runs join the section (emulated, as their records say, and left out of the first screen's
+    speed), and each arm's row states what the model's matmul weights take in its format, from their sizes."""
+    from harness.microscaling import RECIPES, storage_bits
+    from harness.model.graph import infer
+    from harness.model.spec import load_spec
+    from tests.conftest import SPECS
+
+    graph = infer(load_spec(str(SPECS / "outlier_channel.yaml")))  # kernels 64x64, 64x64, 64x4
+    records = _with_weights(fp8_runs() + cell("mxfp4", E4M3_LOSS, E4M3_ACC, ms=2.0, options=BLOCKS)
+                            + cell("nvfp4:rht", HYBRID_LOSS, E4M3_ACC, ms=2.0,
+                                   options={"blocks": {**BLOCKS["blocks"], "recipe": "nvfp4:rht"}}), graph)
+    view = build_view(records)
+    (entry,) = view.fp8.entries
+    assert [a.precision for a in entry.arms] == ["fp32", "amp_bf16", "fp8_e4m3", "fp8_hybrid:delayed:16", "mxfp4",
+                                                 "nvfp4:rht"]
+    assert entry.blocks_emulated == ["mxfp4", "nvfp4:rht"] and entry.header[2] == "FP8 / block matmuls"
+    assert entry.header[-1] == "matmul weights stored"
+    rows = {row[0]: row for row in entry.rows}
+    count = 64 * 64 * 2 + 64 * 4
+    # mxfp4: 4 bits a value and an 8-bit scale per 32 along K (the 64-row kernels: 2 blocks a column)
+    mxfp4 = sum(storage_bits(shape, RECIPES["mxfp4"].weight, axis=0) for shape in ((64, 64), (64, 64), (64, 4)))
+    assert mxfp4 == 4 * count + 8 * (2 * 64 + 2 * 64 + 2 * 4)
+    assert rows["fp32"][-1] == f"{32 * count / 8 / 1024:,.1f} KiB"
+    assert rows["amp_bf16"][-1] == f"{16 * count / 8 / 1024:,.1f} KiB (0.5x fp32)"
+    assert rows["fp8_e4m3"][-1] == f"{8 * count / 8 / 1024:,.1f} KiB (0.25x fp32)"
+    assert rows["mxfp4"][-1] == f"{mxfp4 / 8 / 1024:,.1f} KiB ({mxfp4 / (32 * count):.2g}x fp32)"
+    # nvfp4:rht stores nvfp4's 16 x 16 tiles: 4 bits, an 8-bit scale per tile and a 32-bit scale per tensor
+    nvfp4 = 4 * count + 8 * (16 + 16 + 4) + 32 * 3
+    assert rows["nvfp4:rht"][-1] == f"{nvfp4 / 8 / 1024:,.1f} KiB ({nvfp4 / (32 * count):.2g}x fp32)"
+    assert rows["mxfp4"][2] == "emulated"
+    html = section_html(render(view))
+    assert "<h2>FP8 and block-scaled training</h2>" in html and "the block-scaled formats are emulated here" in html
+    assert f"the {count:,} dense and attention kernel values" in html
+    assert "## FP8 and block-scaled training" in render_markdown(view)
+    # 2 ms a step against fp32's 10: an emulation's time, named nowhere on the first screen
+    assert not any(e and e.precision == "mxfp4" for block in view.answer for row in block.rows for e in row.cells)
+    # a record from before matmul_weights: no figure
+    (older,) = build_view([{**r, "matmul_weights": None} for r in records]).fp8.entries
+    assert {row[-1] for row in older.rows} == {"-"}
+
+
+def test_diagnose_s_block_verdicts_join_the_section_and_leave_numerics():
+    from harness import microscaling as ms
+
+    stats = ms.BlockStatistics({"mxfp4": ms.RECIPES["mxfp4"], "mxfp8": ms.RECIPES["mxfp8"]})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    x[:, 0] *= 100  # one input channel 100x: MXFP4 flushes the rest of its block
+    stats.add_product("0", x, rng.standard_normal((64, 8)).astype(np.float32))
+    d = diagnosis()
+    d["diagnosis"] = {**d["diagnosis"], "blocks": stats.result(), "layer_types": {"0": "dense"}}
+    view = build_view(fp8_runs() + cell("mxfp4", E4M3_LOSS, E4M3_ACC, options=BLOCKS), None, [d])
+    (said,) = view.fp8.diagnoses
+    block_lines = [v for v in said.verdicts if v.startswith(("mxfp4", "mxfp8"))]
+    assert block_lines[0].startswith("mxfp4: not safe: keep layer 0 (dense) in higher precision: layer 0's input")
+    assert block_lines[1].startswith("mxfp8: safe")
+    (numerics,) = view.numerics
+    assert not any(v.startswith("mxfp4") for v in numerics.verdicts) and FP8_ELSEWHERE in numerics.verdicts
+    assert block_lines[0] in markup.unescape(section_html(render(view)))
+    # without FP8 or block runs, the block verdicts stay in the Numerics section
+    (numerics,) = build_view(cell("fp32", FP32_LOSS, FP32_ACC), None, [d]).numerics
+    assert block_lines[0] in numerics.verdicts
