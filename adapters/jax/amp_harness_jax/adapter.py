@@ -26,6 +26,7 @@ class JaxAdapter(Adapter):
     rounding_module = "amp_harness_jax.rounding"  # its OPS: harness.rounding's primitives
     variants = {"jit": "the training step as one jax.jit-compiled XLA computation, its state buffers donated"}
     capabilities = Capabilities(no_fp8=None, no_block_scaling=None,
+                                no_block_stochastic=None,
                                 no_fp8_native="runs FP8 emulated only: a dot_general of float8 operands is not "
                                               "wired into its network (not built)",
                                 no_gpu_profile="a GPU's instructions run on the trace's device planes, which its "
@@ -73,7 +74,7 @@ class JaxAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return JaxTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def block_linear(self, precision, x, w, dy, device):
+    def block_linear(self, precision, x, w, dy, device, bits=None):
         import jax
 
         from amp_harness_jax.network import block_matmul
@@ -82,13 +83,14 @@ class JaxAdapter(Adapter):
         if precision.blocks is None:
             return None
 
-        def run(x, w, dy):  # dy is the cotangent of y: the gradients of sum(y * dy)
-            y, pullback = jax.vjp(lambda x, w: block_matmul(x, w, precision.blocks), x, w)
+        def run(x, w, dy, noise):  # dy is the cotangent of y: the gradients of sum(y * dy)
+            y, pullback = jax.vjp(lambda x, w: block_matmul(x, w, precision.blocks, noise), x, w)
             return y, *pullback(dy)
 
-        # jitted, as the training step runs the network's block_matmul
+        # jitted, as the training step runs the network's block_matmul; `bits` (a stochastic recipe's) its noise
         dev = jax_device(device)
-        got = jax.jit(run)(*(jax.device_put(np.asarray(a, np.float32), dev) for a in (x, w, dy)))
+        noise = None if bits is None else tuple(jax.device_put(np.asarray(b, np.int32), dev) for b in bits)
+        got = jax.jit(run)(*(jax.device_put(np.asarray(a, np.float32), dev) for a in (x, w, dy)), noise)
         return tuple(np.asarray(a, np.float32) for a in got)
 
     def matmul(self, shape, dtype, device):
@@ -127,7 +129,8 @@ class JaxTrainer(Trainer):
         # dtype); token ids stay integers, int32 (JAX's index dtype without x64): a 16-bit float rounds ids above 256
         self.param_dtype = jnp.dtype(precision.param_dtype)
         self.input_dtype = jnp.dtype(jnp.int32) if spec.tokens else self.param_dtype
-        self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8, precision.blocks)
+        self.net = net = Network(spec, graph, precision.compute_dtype, precision.fp8, precision.blocks,
+                                      self.rounding_seed)
         self.params = {n: self._put(weights[n], self.param_dtype) for n in net.trainable}
         self.statistics = {n: self._put(weights[n], self.param_dtype) for n in net.statistics}
         self.statistics.update(self.jax.device_put(net.fp8_histories(), self.device))  # committed, as the optimizer's
@@ -166,7 +169,9 @@ class JaxTrainer(Trainer):
             """(params, opt_state, statistics, loss, finite[, unscaled gradients]) after one step; `rate` the
             scheduled learning rate (one compiled step for every rate), or None for the spec's constant one."""
             def objective(params, gradient_histories):  # the histories' "gradients" are their new values
-                out, new_statistics = net.apply(params, {**statistics, **gradient_histories}, x, masks, training=True)
+                # a stochastic block recipe's bits: fresh every step, from the run's seed and the step count
+                out, new_statistics = net.apply(params, {**statistics, **gradient_histories}, x, masks, training=True,
+                                                noise=net.noise(opt_state["count"]))
                 with jax.named_scope(LOSS_SCOPE):
                     loss = loss_with(LOSS_OPS, spec.loss, out, y)
                 if not scaling:
@@ -202,10 +207,10 @@ class JaxTrainer(Trainer):
         self._captured = jax.jit(partial(step, capture=True), donate_argnums=(0, 1, 2))
         self._predict = jax.jit(lambda params, statistics, x: net.apply(params, statistics, x, None, False)[0])
 
-        def layer_outputs(params, statistics, x, y):
+        def layer_outputs(params, statistics, x, y, count):
             def outputs(taps):
                 record = {}
-                out, _ = net.apply(params, statistics, x, None, False, taps, record)
+                out, _ = net.apply(params, statistics, x, None, False, taps, record, net.noise(count))
                 return loss_with(LOSS_OPS, spec.loss, out, y), record
 
             taps = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda taps: outputs(taps)[1], None))
@@ -263,7 +268,7 @@ class JaxTrainer(Trainer):
 
     def layer_outputs(self, x, y):
         outputs = self._layer_outputs(self.params, self.statistics, self._put(x, self.input_dtype),
-                                      self._put(y, np.int32))
+                                      self._put(y, np.int32), self.opt_state["count"])
         return {path: (self.output(value), self.output(grad)) for path, (value, grad) in outputs.items()}
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from amp_harness_jax.rounding import OPS
+from amp_harness_jax.rounding import OPS, draw_bits
 from harness.adapter import layer_scope
 from harness.errors import HarnessError
 from harness.fp8 import ROLES, Fp8Format, fake_quantize_with, recipe_amax_with
@@ -100,23 +100,34 @@ def _float32_product(a, b):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
-def block_matmul(x, w, recipe: BlockRecipe):
+def block_matmul(x, w, recipe: BlockRecipe, noise=None):
     """x [M, K] @ w [K, N] (float32) as a block-scaled precision multiplies (harness.microscaling.BlockRecipe): the
-    forward's operands quantized along K, and in the backward dx's along N and dw's along M, each product float32."""
+    forward's operands quantized along K, and in the backward dx's along N and dw's along M, each product float32.
+    `noise`, a stochastic recipe's (not differentiated): a key the backward draws dy's two casts' bits from
+    (gradient_bits), or the two int32 tensors themselves (the kit's, given)."""
     qx, qw = block_operands_with(OPS, x, w, recipe)
     return _float32_product(qx, qw)
 
 
-def _block_matmul_fwd(x, w, recipe):
+def gradient_bits(noise, shape):
+    """The bits of dy's two casts (for dx, for dw) from block_matmul's `noise`: drawn from a key, one fold each,
+    on the device (in the backward: only the key is kept from the forward), or given."""
+    if isinstance(noise, tuple):
+        return noise
+    return tuple(draw_bits(jax.random.fold_in(noise, cast), shape) for cast in (0, 1))
+
+
+def _block_matmul_fwd(x, w, recipe, noise):
     qx, qw = block_operands_with(OPS, x, w, recipe)
     # x and w themselves: the backward quantizes them along the other axes; a tiled weight's Q_w serves dx as is
-    return _float32_product(qx, qw), (x, w, qw if recipe.tiled_weight else None)
+    return _float32_product(qx, qw), (x, w, qw if recipe.tiled_weight else None, noise)
 
 
 def _block_matmul_bwd(recipe, saved, dy):
-    x, w, qw = saved
-    g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw)
-    return _float32_product(g_n, w_n.T), _float32_product(x_m.T, g_m)
+    x, w, qw, noise = saved
+    bits = gradient_bits(noise, dy.shape) if recipe.stochastic else None
+    g_n, w_n, x_m, g_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw, bits)
+    return _float32_product(g_n, w_n.T), _float32_product(x_m.T, g_m), None  # the noise has no cotangent
 
 
 block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
@@ -124,9 +135,9 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 
 def block_product(recipe: BlockRecipe):
     """x [..., K] @ w [K, N] through block_matmul, for product: x's leading axes are the product's rows M (a
-    sequence's: samples x positions), as the recipe blocks them."""
-    def multiply(x, w):
-        return block_matmul(x.reshape(-1, x.shape[-1]), w, recipe).reshape(*x.shape[:-1], w.shape[-1])
+    sequence's: samples x positions), as the recipe blocks them; `noise` block_matmul's."""
+    def multiply(x, w, noise=None):
+        return block_matmul(x.reshape(-1, x.shape[-1]), w, recipe, noise).reshape(*x.shape[:-1], w.shape[-1])
 
     return multiply
 
@@ -136,7 +147,9 @@ def product(net, multiply, x, run, site: str, kernel: str, bias: str | None = No
     where net.fp8 asks for them (`site` names the product's delayed amax histories in the state)."""
     x, kernel = x.astype(net.compute), run.params[kernel].astype(net.compute)
     if net.fp8 is None:
-        out = multiply(x, kernel)
+        # a stochastic block recipe's bits: the step's key folded in with the product's index, fresh per product
+        out = multiply(x, kernel) if run.noise is None else \
+            multiply(x, kernel, jax.random.fold_in(run.noise, net.products.index(site)))
     else:
         cast = []
         for role, value in (("input", x), ("weight", kernel)):
@@ -172,8 +185,10 @@ class Run:
     training: bool
     taps: dict | None
     record: dict | None
+    noise: object = None  # a stochastic block recipe's key for this call (Network.noise), else None
 
 
+NOISE_STREAM = 2**32 - 1  # the first fold of Network.noise's key: a step count never reaches it
 LAYERS = LayerBuilders("jax")  # each builder: (LayerInfo, Network) -> a function (x, Run) -> the layer's output
 
 
@@ -420,9 +435,11 @@ def merge(info, net):  # each builds a function of the list of its inputs
 
 
 class Network:
-    def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None, blocks: BlockRecipe | None = None):
+    def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None, blocks: BlockRecipe | None = None,
+                 noise_seed: int | None = None):
         self.compute, self.fp8 = jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
         self.blocks = blocks  # a block-scaled precision's recipe: the dense and attention matmuls' (matmul)
+        self.noise_seed = noise_seed  # the run's seed of a stochastic recipe's gradient bits (noise)
         self.infos = {info.path: info for info in graph.layers}
         self.trainable = list(graph.trainable_shapes())
         self.statistics = [n for n in graph.param_shapes() if n not in self.trainable]
@@ -436,6 +453,14 @@ class Network:
         the core refuses a block-scaled run of a network with convolutions (harness.microscaling.block_refusal)."""
         return jnp.matmul if self.blocks is None else block_product(self.blocks)
 
+    def noise(self, count):
+        """The key of a stochastic block recipe's gradient bits in the call of step `count` (a traced int: the
+        optimizer's step count), for apply; None without one. Folded in apart from the rounded optimizer's key of
+        the same seed (its first fold is the count), so the two never draw the same bits."""
+        if self.blocks is None or not self.blocks.stochastic:
+            return None
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.noise_seed), NOISE_STREAM), count)
+
     def fp8_histories(self) -> dict[str, jnp.ndarray]:
         """The delayed FP8 recipe's amax histories, zeros, by their names (fp8_key): state, as batchnorm's is."""
         n = self.fp8.recipe.history if self.fp8 else 0
@@ -447,11 +472,12 @@ class Network:
         return [(info, LAYERS.build(info, self)) for info in infos]
 
     def apply(self, params: dict, state: dict, x, masks: dict | None, training: bool, taps: dict | None = None,
-              record: dict | None = None):
+              record: dict | None = None, noise=None):
         """(outputs, new state). In training the state is updated and `masks` (the core's dropout masks by path)
         applied; `taps` (zeros by layer path) are added to each layer's output, so that differentiating with
-        respect to them gives the loss's gradient with respect to that output; `record` gets each layer's output."""
-        run = Run(params, dict(state), masks, training, taps, record)
+        respect to them gives the loss's gradient with respect to that output; `record` gets each layer's output;
+        `noise` a stochastic block recipe's key (self.noise), which each product folds in with its index."""
+        run = Run(params, dict(state), masks, training, taps, record, noise)
         return self.run(self.layers, x, run), run.state
 
     @staticmethod

@@ -27,7 +27,7 @@ BATCH = 16  # whole Hadamard blocks of rows (nvfp4:rht)
 def _network(name: str, precision: str):
     spec = load_spec(name).model_copy(update={"batch_size": BATCH})
     graph = infer(spec)
-    net = network.Network(spec, graph, "float32", None, parse_precision(precision).blocks)
+    net = network.Network(spec, graph, "float32", None, parse_precision(precision).blocks, noise_seed=7)
     params = {n: jnp.asarray(w, jnp.float32) for n, w in initial_weights(graph, spec.seed).items()
               if n in net.trainable}
     return spec, net, params
@@ -36,7 +36,7 @@ def _network(name: str, precision: str):
 @pytest.mark.parametrize("model", ["mnist_mlp", "tiny_gpt"])
 def test_every_dense_and_attention_product_runs_through_block_matmul(model, monkeypatch):
     calls = []
-    monkeypatch.setattr(network, "block_matmul", lambda x, w, recipe: calls.append(recipe) or x @ w)
+    monkeypatch.setattr(network, "block_matmul", lambda x, w, recipe, noise=None: calls.append(recipe) or x @ w)
     for precision, expected in (("fp32", 0), ("mxfp8", None)):
         spec, net, params = _network(model, precision)
         x, _ = Data(spec).train_batch(0)
@@ -73,3 +73,29 @@ def test_the_dense_layers_train_by_the_rule_on_the_tensors_they_are_fed(name):
                                 ("dw", np.asarray(grads[f"{layer}.kernel"]), want_dw)):
             error = float(np.abs(got - want).max() / np.abs(want).max())
             assert error <= BOUND, f"{name}: layer {layer}'s {what} is {error:.1e} of its largest from the rule's"
+
+
+def test_a_stochastic_network_draws_fresh_bits_every_step():
+    """:sr: the step's key (Network.noise of the step count, which apply folds in per product) draws fresh bits in
+    the jitted backward, so two steps' gradients on the same batch and weights differ, and both differ from
+    round-to-nearest's."""
+    x, y = Data(load_spec("mnist_mlp").model_copy(update={"batch_size": BATCH})).train_batch(0)
+
+    def gradients(name, counts):
+        spec, net, params = _network("mnist_mlp", name)
+
+        @jax.jit
+        def step(params, count):
+            def loss(params):
+                out, _ = net.apply(params, {}, x, None, True, noise=net.noise(count))
+                return jnp.mean(jax.nn.logsumexp(out, 1) - out[jnp.arange(len(y)), y])
+            return jax.grad(loss)(params)["1.kernel"]
+        return [np.asarray(step(params, jnp.int32(count))) for count in counts]
+
+    first, second = gradients("nvfp4:sr", (1, 2))
+    (nearest,) = gradients("nvfp4", (1,))
+    scale = np.abs(nearest).max()
+    assert np.abs(first - second).max() > 1e-3 * scale, "two steps drew the same bits"
+    for got in (first, second):
+        assert np.abs(got - nearest).max() > 1e-3 * scale, ":sr's gradients are round-to-nearest's"
+        assert np.abs(got - nearest).max() < 0.5 * scale, ":sr's gradients are far from round-to-nearest's"

@@ -28,6 +28,7 @@ class TensorFlowAdapter(Adapter):
         no_fp8_for_native_models="does not train a native Keras model in FP8: its layers' matmuls would need the FP8 "
                                  "casts wrapped around their kernels (not built)",
         no_block_scaling=None,
+        no_block_stochastic=None,
         no_gpu_profile="the host trace times a GPU kernel's launch, not the kernel, and the device planes are not read",
         dynamic_scale_factors=(2.0, 0.5, "Keras' LossScaleOptimizer"))
 
@@ -67,18 +68,20 @@ class TensorFlowAdapter(Adapter):
     def build(self, spec, graph, weights, precision, loss_scale, device, variant) -> Trainer:
         return TensorFlowTrainer(spec, graph, weights, precision, loss_scale, device, variant)
 
-    def block_linear(self, precision, x, w, dy, device):
+    def block_linear(self, precision, x, w, dy, device, bits=None):
         """The dense layers' block-scaled product (network.block_product) on x [M, K] and w [K, N], eagerly, and its
-        custom gradient of sum(y * dy) by a GradientTape (whose gradient of the sum at y is dy exactly)."""
+        custom gradient of sum(y * dy) by a GradientTape (whose gradient of the sum at y is dy exactly); `bits` a
+        stochastic recipe's, given as its noise."""
         import tensorflow as tf
 
-        from amp_harness_tensorflow.network import block_product
+        from amp_harness_tensorflow.network import BlockNoise, block_product
 
         with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
             x, w, dy = (tf.constant(np.asarray(a, dtype=np.float32)) for a in (x, w, dy))
+            noise = BlockNoise(None, tuple(tf.constant(b, tf.int32) for b in bits)) if bits is not None else None
             with tf.GradientTape() as tape:
                 tape.watch([x, w])
-                y = block_product(x, w, precision.blocks)
+                y = block_product(x, w, precision.blocks, noise)
                 total = tf.reduce_sum(y * dy)
             dx, dw = tape.gradient(total, [x, w])
         return tuple(np.asarray(t.numpy(), dtype=np.float32) for t in (y, dx, dw))
@@ -135,7 +138,7 @@ class TensorFlowTrainer(Trainer):
         else:
             from amp_harness_tensorflow.network import Network
 
-            self.net = Network(spec, graph, weights, self.floatx, precision.fp8, precision.blocks)
+            self.net = Network(spec, graph, weights, self.floatx, precision.fp8, precision.blocks, self.rounding_seed)
         self.trainable = self.net.train_model.trainable_variables
         self._trainable_names = [self.net.name_of[id(v)] for v in self.trainable]
 

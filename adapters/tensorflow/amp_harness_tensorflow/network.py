@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from amp_harness_tensorflow.rounding import OPS
+from amp_harness_tensorflow.rounding import OPS, draw_bits
 from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.microscaling import BlockRecipe, block_gradient_operands_with, block_operands_with
@@ -137,18 +137,36 @@ class Fp8Casts:
         return cast_gradient(product(cast_input(x, "input"), cast_input(kernel, "weight")))
 
 
-def block_matmul(x, w, recipe: BlockRecipe):
+class BlockNoise:
+    """The bits of a stochastic recipe's gradient casts (BlockRecipe.stochastic): two fresh tensors of dy's shape
+    per product, drawn in the backward from one tf.random.Generator of the run's seed (harness.rounding.device_seed)
+    for the network's products, on the device, as the rounded optimizer draws its own; `given` (the kit's) in their
+    place. Created outside the step's tf.function (the generator's state is a variable the step reads and moves)."""
+
+    def __init__(self, seed: int | None, given=None):
+        self.given = given
+        self.generator = tf.random.Generator.from_seed(seed) if given is None else None
+
+    def __call__(self, dy):
+        if self.given is not None:
+            return self.given
+        return draw_bits(tf.shape(dy), self.generator), draw_bits(tf.shape(dy), self.generator)
+
+
+def block_matmul(x, w, recipe: BlockRecipe, noise: BlockNoise | None = None):
     """y = x @ w, x [M, K] (the rows: samples x positions) and w [K, N] float32, under a block-scaled recipe: the
     core's rule (BlockRecipe's docstring) on rounding.OPS, each of the three products multiplying its operands
     quantized along the axis it sums over, in float32. A custom gradient, since the backward's products take x, w
     and dy quantized anew along their other axes, not the forward's operands; the gradients are float32 matmuls of
-    block_gradient_operands_with's (a square weight tile gives dx the forward's quantized w)."""
+    block_gradient_operands_with's (a square weight tile gives dx the forward's quantized w); `noise` a stochastic
+    recipe's bits, drawn in the backward (the generator is read there only, so custom_gradient sees no variable)."""
     @tf.custom_gradient
     def product(x, w):
         qx, qw = block_operands_with(OPS, x, w, recipe)
 
         def backward(dy):
-            dy_n, w_n, x_m, dy_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw)
+            bits = noise(dy) if recipe.stochastic else None
+            dy_n, w_n, x_m, dy_m = block_gradient_operands_with(OPS, x, w, dy, recipe, qw, bits)
             return tf.matmul(dy_n, w_n, transpose_b=True), tf.matmul(x_m, dy_m, transpose_a=True)
         return tf.matmul(qx, qw), backward
     # a kernel variable read here, outside: eagerly, custom_gradient would see Keras' variable read inside it and
@@ -156,12 +174,13 @@ def block_matmul(x, w, recipe: BlockRecipe):
     return product(tf.convert_to_tensor(x), tf.convert_to_tensor(w))
 
 
-def block_product(x, kernel, recipe: BlockRecipe):
+def block_product(x, kernel, recipe: BlockRecipe, noise: BlockNoise | None = None):
     """x [..., K] @ kernel [K, N] by block_matmul: x's leading axes flattened into the rows (a sequence's rows are
     its samples x positions, so an MX block along M spans positions and samples), the result shaped back to
-    [..., N]. The dense layers', the attention projections' and Adapter.block_linear's product."""
+    [..., N]. The dense layers', the attention projections' and Adapter.block_linear's product; `noise`
+    block_matmul's."""
     rows = tf.reshape(x, [-1, x.shape[-1]])
-    y = block_matmul(rows, kernel, recipe)
+    y = block_matmul(rows, kernel, recipe, noise)
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))
 
 
@@ -170,14 +189,14 @@ class _Fp8Product:
     a Dense's the block-scaled one under a block recipe (`blocks`; block_product), the bias added after (its
     gradient dy's sum, uncast); Keras' own call without either."""
 
-    def __init__(self, *args, fp8=None, blocks=None, **kwargs):
+    def __init__(self, *args, fp8=None, blocks=None, noise=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fp8 = Fp8Casts(fp8) if fp8 else None
-        self.blocks = blocks
+        self.blocks, self.noise = blocks, noise  # noise: a stochastic recipe's bits (BlockNoise), else None
 
     def call(self, x, training=None):
         if self.blocks is not None:
-            y = block_product(x, self.kernel, self.blocks)
+            y = block_product(x, self.kernel, self.blocks, self.noise)
         elif self.fp8 is not None:
             y = self.fp8.product(self.product, x, self.kernel, training)
         else:
@@ -255,13 +274,13 @@ class SelfAttention(CanonicalLayer):
         super().__init__(info, net, **kwargs)
         self.implementation = attention_implementation(info.spec)
         self.fp8 = {name: Fp8Casts(net.fp8) for name in PROJECTIONS} if net.fp8 else None
-        self.blocks = net.blocks  # the block recipe of a block-scaled precision, else None
+        self.blocks, self.noise = net.blocks, net.block_noise  # a block-scaled precision's recipe (and :sr's bits)
         self.group = info.spec.heads // info.spec.key_heads  # query heads per key/value head
 
     def _project(self, x, name: str, training):
         kernel = getattr(self, f"{name}_kernel")
         if self.blocks is not None:
-            out = block_product(x, kernel, self.blocks)
+            out = block_product(x, kernel, self.blocks, self.noise)
         elif self.fp8 is not None:
             out = self.fp8[name].product(tf.matmul, x, kernel, training)
         else:
@@ -328,7 +347,7 @@ def _named(info, net) -> dict:
 
 @LAYERS.builder("dense", "conv2d", "patches")
 def matmul_layer(info, net):  # FP8's product under an FP8 policy, a dense's block-scaled one under a recipe
-    spec, named = info.spec, {"fp8": net.fp8, **_named(info, net)}
+    spec, named = info.spec, {"fp8": net.fp8, "noise": net.block_noise, **_named(info, net)}
     if info.type == "dense":
         return Fp8Dense(spec.units, use_bias=spec.use_bias, blocks=net.blocks, **named)
     if info.type == "patches":
@@ -436,7 +455,8 @@ class Network:
     """Two functional models sharing every layer: `train_model` takes [inputs, *dropout masks] (masks in
     `mask_paths` order), `model` takes the inputs alone and runs without dropout (inference)."""
 
-    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None, blocks=None):
+    def __init__(self, spec, graph: Graph, weights: dict[str, np.ndarray], floatx: str, fp8=None, blocks=None,
+                 noise_seed: int | None = None):
         self.input_dtype = "int64" if spec.tokens else floatx  # never a float: bfloat16 holds integers up to 256 only
         inputs = keras.Input(shape=tuple(spec.input.shape), dtype=self.input_dtype)
         masks = {path: keras.Input(shape, dtype=floatx) for path, _, shape in DropoutMasks(graph, spec.seed).layers}
@@ -444,6 +464,8 @@ class Network:
         self.spec, self.weights = spec, weights  # the canonical weights, which the layers are created holding
         self.fp8 = fp8  # the FP8 policy of an FP8 precision (harness.fp8), else None
         self.blocks = blocks  # the BlockRecipe of a block-scaled precision (harness.microscaling), else None
+        # a stochastic recipe's bits, one generator for the network's products
+        self.block_noise = BlockNoise(noise_seed) if blocks is not None and blocks.stochastic else None
         self.layers = layers = {info.path: LAYERS.build(info, self) for info in graph.layers}  # by canonical path
         self.lists = _lists(graph, layers)
         self.model = keras.Model(inputs, _apply(self.lists, "", inputs, None), name=spec.name)

@@ -10,18 +10,22 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from amp_harness_tensorflow.network import block_product  # noqa: E402
+from amp_harness_tensorflow.network import BlockNoise, Network, block_product  # noqa: E402
 from harness import microscaling as mx  # noqa: E402
 from harness.conformance.test_block_training import BLOCKED, BOUND, _tensors  # noqa: E402
+from harness.model.data import Data  # noqa: E402
+from harness.model.graph import infer  # noqa: E402
+from harness.model.spec import load_spec  # noqa: E402
+from harness.model.weights import initial_weights  # noqa: E402
 from harness.precision import parse_precision  # noqa: E402
 
 
-def _compiled(recipe, xla: bool):
+def _compiled(recipe, xla: bool, noise=None):
     @tf.function(jit_compile=xla, autograph=False)
     def run(x, w, dy):
         with tf.GradientTape() as tape:
             tape.watch([x, w])
-            y = block_product(x, w, recipe)
+            y = block_product(x, w, recipe, noise)
             total = tf.reduce_sum(y * dy)
         return (y, *tape.gradient(total, [x, w]))
     return run
@@ -52,3 +56,59 @@ def test_a_sequence_is_blocked_as_its_rows():
     assert got[0].shape == (9, 16, w.shape[1]) and got[1].shape == (9, 16, w.shape[0])
     errors = _errors([tf.reshape(got[0], want[0].shape), tf.reshape(got[1], want[1].shape), got[2]], want)
     assert max(errors.values()) <= BOUND, errors
+
+
+@pytest.mark.parametrize("xla", [True, False], ids=["xla", "graph"])
+def test_the_compiled_stochastic_gradients_take_the_given_bits(xla):
+    """:sr compiled: block_product's backward rounds dy's two casts with the bits its noise gives (the kit's eager
+    test_stochastically_rounded_gradients_take_the_given_bits, as the step's tf.function runs it)."""
+    recipe = parse_precision("nvfp4:rht:sr").blocks
+    x, w, dy = _tensors()
+    bits = tuple(np.random.default_rng(seed).integers(0, 2**16, dy.shape, dtype=np.int32) for seed in (1, 2))
+    noise = BlockNoise(None, tuple(tf.constant(b) for b in bits))
+    got = _compiled(recipe, xla, noise)(*(tf.constant(a) for a in (x, w, dy)))
+    errors = _errors(got, mx.block_linear(x, w, dy, recipe, bits))
+    assert max(errors.values()) <= BOUND, f"nvfp4:rht:sr ({'xla' if xla else 'graph'}): {errors}"
+
+
+def test_the_compiled_generator_draws_fresh_bits_every_call():
+    """:sr under XLA: the backward draws from the generator (a stateful op in the compiled step), fresh each call."""
+    recipe = parse_precision("mxfp8:sr").blocks
+    x, w, dy = _tensors()
+    run = _compiled(recipe, True, BlockNoise(7))
+    first, second = (run(*(tf.constant(a) for a in (x, w, dy)))[1].numpy() for _ in range(2))
+    nearest = mx.block_linear(x, w, dy, parse_precision("mxfp8").blocks)[1]
+    scale = np.abs(nearest).max()
+    assert np.abs(first - second).max() > 1e-3 * scale, "two calls drew the same bits"
+    assert min(np.abs(got - nearest).max() for got in (first, second)) > 1e-3 * scale
+
+
+def test_a_stochastic_network_draws_fresh_bits_every_step():
+    """:sr in a network: its training step (a tf.function, as the graph variant's) draws the products' bits from
+    the network's generator, so two steps' gradients on the same batch and weights differ, and both differ from
+    round-to-nearest's (under XLA: test_the_compiled_generator_draws_fresh_bits_every_call)."""
+    xla = False
+    spec = load_spec("mnist_mlp").model_copy(update={"batch_size": 16})  # flatten, dense 512, relu, dense 10
+    graph = infer(spec)
+    weights = initial_weights(graph, spec.seed)
+    x, y = Data(spec).train_batch(0)
+
+    def gradients(name, steps):
+        net = Network(spec, graph, weights, "float32", blocks=parse_precision(name).blocks, noise_seed=7)
+        kernel = net.variables["1.kernel"]
+
+        @tf.function(jit_compile=xla)
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                out = net.train_model(x, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, out))
+            return tape.gradient(loss, kernel)
+        return [step(tf.constant(x), tf.constant(y)).numpy() for _ in range(steps)]
+
+    first, second = gradients("nvfp4:sr", 2)
+    (nearest,) = gradients("nvfp4", 1)
+    scale = np.abs(nearest).max()
+    assert np.abs(first - second).max() > 1e-3 * scale, "two steps drew the same bits"
+    for got in (first, second):
+        assert np.abs(got - nearest).max() > 1e-3 * scale, ":sr's gradients are round-to-nearest's"
+        assert np.abs(got - nearest).max() < 0.5 * scale, ":sr's gradients are far from round-to-nearest's"
