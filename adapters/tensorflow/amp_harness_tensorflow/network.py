@@ -170,9 +170,10 @@ def windows(x, k: int, stride: int, dilation: int, pads):
     """A convolution's input x [N, H, W, C] as its product's rows (im2col): [N, Ho, Wo, k*k*C], each window's taps in
     the kernel's (i, j, c) order, c fastest, the padding's zeros included (harness.model.reference.windows), `pads`
     ((top, bottom), (left, right)). Built from explicit zeros and k*k strided slices, one per tap: exact, and each
-    slice's gradient puts its rows back on the pixels it read, so the windows' gradient is their fold (col2im) in
-    graph mode and under XLA alike. tf.image.extract_patches would give the same order, but its gradient is a
-    scatter through a sparse index matrix that XLA does not compile."""
+    slice's gradient puts its rows back on the pixels it read (a pad), so the windows' gradient is their fold
+    (col2im), summed in a fixed order, in graph mode and under XLA alike. tf.image.extract_patches gives the same
+    order and compiles, but its gradient is a scatter-add (unsorted_segment_sum over the patches of an index image),
+    whose order of additions a GPU does not fix, and under XLA its forward is a convolution with a one-hot kernel."""
     x = tf.pad(x, [[0, 0], *pads, [0, 0]])
     h, w = x.shape[1] - (k - 1) * dilation, x.shape[2] - (k - 1) * dilation  # the first tap's span
     ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
