@@ -93,6 +93,34 @@ class JaxAdapter(Adapter):
         got = jax.jit(run)(*(jax.device_put(np.asarray(a, np.float32), dev) for a in (x, w, dy)), noise)
         return tuple(np.asarray(a, np.float32) for a in got)
 
+    def block_conv2d(self, precision, layer, x, kernel, dy, device):
+        """The conv2d and patches layers' block-scaled product (network.block_convolution, with the geometry their
+        builders give it) on x [N, H, W, C] and the kernel [k, k, C, F], JAX's layouts and the canonical ones; a
+        patches layer is a conv2d of kernel and stride P, 'valid', its [N, H/P, W/P, F] read as patches in
+        row-major order. Jitted, with its gradients of sum(y * dy) by jax.vjp, as block_linear."""
+        import jax
+
+        from amp_harness_jax.network import block_convolution
+        from amp_harness_jax.rounding import jax_device
+        from harness.model.graph import same_padding
+
+        if precision.blocks is None:
+            return None
+        k = kernel.shape[0]
+        stride, dilation, padding = (layer.size, 1, "valid") if layer.type == "patches" else \
+            (layer.strides, layer.dilation, layer.padding)
+        pads = [same_padding(n, (k - 1) * dilation + 1, stride) if padding == "same" else (0, 0)
+                for n in x.shape[1:3]]
+        multiply = block_convolution(precision.blocks, stride, pads, dilation)
+
+        def run(x, kernel, dy):  # dy is the cotangent of y: the gradients of sum(y * dy)
+            y, pullback = jax.vjp(multiply, x, kernel)  # [N, Ho, Wo, F]
+            return y.reshape(dy.shape), *pullback(dy.reshape(y.shape))
+
+        dev = jax_device(device)
+        got = jax.jit(run)(*(jax.device_put(np.asarray(a, np.float32), dev) for a in (x, kernel, dy)))
+        return tuple(np.asarray(a, np.float32) for a in got)
+
     def matmul(self, shape, dtype, device):
         import jax
 

@@ -22,7 +22,8 @@ group] so that each group's scores and output are one batched product with its k
 Llama's repeat_kv (head h reads key/value head h // group) without repeating k and v in memory.
 Under a block-scaled precision (harness.microscaling.BlockRecipe) the dense layers and attention's four projections
 multiply through block_matmul, a custom_vjp whose forward and backward quantize each product's operands by the
-core's rule (through this adapter's RoundingOps) and multiply them in float32; the bias is added after it.
+core's rule (through this adapter's RoundingOps) and multiply them in float32; the conv2d and patches layers
+multiply their windows (im2col, block_convolution) by their kernels through it; the bias is added after it.
 """
 from __future__ import annotations
 
@@ -142,6 +143,36 @@ def block_product(recipe: BlockRecipe):
     return multiply
 
 
+def windows(x, k: int, stride: int, dilation: int, pads):
+    """A convolution's input x [N, H, W, C] as its product's rows (im2col): [N, Ho, Wo, k*k*C], each window's taps in
+    the kernel's (i, j, c) order, c fastest, the padding's zeros included (harness.model.reference.windows), `pads`
+    ((top, bottom), (left, right)). Built from explicit zeros and k*k strided slices, one per tap: exact, and each
+    slice's transpose puts its rows back on the pixels it read, so the windows' gradient is their fold (col2im).
+    lax.conv_general_dilated_patches gives the taps in (c, i, j) order, by a convolution with a one-hot kernel
+    whose float32 products a GPU's default precision (TF32) would round."""
+    x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+    n, c = x.shape[0], x.shape[3]
+    h, w = x.shape[1] - (k - 1) * dilation, x.shape[2] - (k - 1) * dilation  # the first tap's span
+    ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+    taps = [lax.slice(x, (0, i * dilation, j * dilation, 0),
+                      (n, i * dilation + (ho - 1) * stride + 1, j * dilation + (wo - 1) * stride + 1, c),
+                      (1, stride, stride, 1)) for i in range(k) for j in range(k)]
+    return jnp.stack(taps, axis=3).reshape(n, ho, wo, k * k * c)  # [N, Ho, Wo, k*k, C] flattened
+
+
+def block_convolution(recipe: BlockRecipe, stride: int, pads, dilation: int = 1):
+    """A convolution of NHWC inputs and HWIO kernels (groups 1) under a block-scaled recipe, for product: the core's
+    rule (harness.microscaling.block_conv2d) multiplies the windows (rows [N*Ho*Wo, k*k*C], taps in (i, j, c)
+    order) by the kernel as [k*k*C, F] through block_matmul, as a dense layer's rows (block_product: an MX block
+    along M spans the output pixels of the batch); [N, Ho, Wo, F]. `pads` as convolution's (TF's 'same': the odd
+    pixel after); `noise` block_matmul's."""
+    def multiply(x, kernel, noise=None):
+        rows = windows(x, kernel.shape[0], stride, dilation, pads)
+        return block_product(recipe)(rows, kernel.reshape(-1, kernel.shape[-1]), noise)
+
+    return multiply
+
+
 def product(net, multiply, x, run, site: str, kernel: str, bias: str | None = None):
     """multiply(x, the weight `kernel`) in the compute dtype, plus the weight `bias` (None: none), with FP8's casts
     where net.fp8 asks for them (`site` names the product's delayed amax histories in the state)."""
@@ -198,9 +229,8 @@ def dense_or_conv2d(info, net):
     bias = f"{path}.bias" if spec.use_bias else None
     net.products.append(path)
     # a dilated kernel's 'same' padding is that of its window, (k-1)*d+1 pixels
-    multiply = net.matmul() if info.type == "dense" else convolution(
-        (spec.strides, spec.strides), _pads(info, effective_kernel(spec), spec.strides, spec.padding), spec.groups,
-        spec.dilation)
+    multiply = net.matmul() if info.type == "dense" else net.convolution(
+        spec.strides, _pads(info, effective_kernel(spec), spec.strides, spec.padding), spec.groups, spec.dilation)
     return lambda x, run: product(net, multiply, x, run, path, f"{path}.kernel", bias)
 
 
@@ -403,7 +433,7 @@ def sequence_pool(info, net):
 @LAYERS.builder("patches")
 def patches(info, net):
     size, path = info.spec.size, info.path
-    multiply = convolution((size, size), [(0, 0), (0, 0)])
+    multiply = net.convolution(size, [(0, 0), (0, 0)])
     net.products.append(path)
 
     def apply(x, run):  # a conv2d of kernel and stride P, 'valid': [N, H/P, W/P, D], then the patches row-major
@@ -438,7 +468,8 @@ class Network:
     def __init__(self, spec, graph: Graph, compute_dtype: str, fp8=None, blocks: BlockRecipe | None = None,
                  noise_seed: int | None = None):
         self.compute, self.fp8 = jnp.dtype(compute_dtype), fp8  # fp8: an FP8 precision's policy
-        self.blocks = blocks  # a block-scaled precision's recipe: the dense and attention matmuls' (matmul)
+        self.blocks = blocks  # a block-scaled precision's recipe: the dense, attention and convolution matmuls'
+        # (matmul, convolution)
         self.noise_seed = noise_seed  # the run's seed of a stochastic recipe's gradient bits (noise)
         self.infos = {info.path: info for info in graph.layers}
         self.trainable = list(graph.trainable_shapes())
@@ -449,8 +480,7 @@ class Network:
 
     def matmul(self):
         """The dense layers' and attention projections' multiply (for product): block_product under a block-scaled
-        precision, else jnp.matmul. The other products (convolutions, attention's scores and p.v) stay as they are:
-        the core refuses a block-scaled run of a network with convolutions (harness.microscaling.block_refusal)."""
+        precision, else jnp.matmul. Attention's scores and p.v stay as they are (float32 under a block recipe)."""
         return jnp.matmul if self.blocks is None else block_product(self.blocks)
 
     def noise(self, count):
@@ -460,6 +490,13 @@ class Network:
         if self.blocks is None or not self.blocks.stochastic:
             return None
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.noise_seed), NOISE_STREAM), count)
+
+    def convolution(self, stride: int, pads, groups: int = 1, dilation: int = 1):
+        """The conv2d and patches layers' multiply (for product): block_convolution under a block-scaled precision
+        (groups 1: the core refuses a grouped one, harness.microscaling.block_refusal), else lax's convolution."""
+        if self.blocks is None:
+            return convolution((stride, stride), pads, groups, dilation)
+        return block_convolution(self.blocks, stride, pads, dilation)
 
     def fp8_histories(self) -> dict[str, jnp.ndarray]:
         """The delayed FP8 recipe's amax histories, zeros, by their names (fp8_key): state, as batchnorm's is."""

@@ -86,6 +86,31 @@ class TensorFlowAdapter(Adapter):
             dx, dw = tape.gradient(total, [x, w])
         return tuple(np.asarray(t.numpy(), dtype=np.float32) for t in (y, dx, dw))
 
+    def block_conv2d(self, precision, layer, x, kernel, dy, device):
+        """The conv2d and patches layers' block-scaled product (network.block_conv2d, with Fp8Conv2D.blocked's
+        geometry) on x [N, H, W, C] and the kernel [k, k, C, F], Keras' layouts and the canonical ones; a patches
+        layer is a conv2d of kernel and stride P, 'valid', its [N, H/P, W/P, F] read as patches in row-major order.
+        Eagerly, with its gradients of sum(y * dy) by a GradientTape, as block_linear."""
+        import tensorflow as tf
+
+        from amp_harness_tensorflow.network import block_conv2d
+        from harness.model.graph import same_padding
+
+        k = kernel.shape[0]
+        stride, dilation, padding = (layer.size, 1, "valid") if layer.type == "patches" else \
+            (layer.strides, layer.dilation, layer.padding)
+        pads = [same_padding(n, (k - 1) * dilation + 1, stride) if padding == "same" else (0, 0)
+                for n in x.shape[1:3]]
+        with tf.device("/GPU:0" if device.kind == "gpu" else "/CPU:0"):
+            x, kernel, dy = (tf.constant(np.asarray(a, dtype=np.float32)) for a in (x, kernel, dy))
+            with tf.GradientTape() as tape:
+                tape.watch([x, kernel])
+                y = block_conv2d(x, kernel, precision.blocks, stride, pads, dilation)  # [N, Ho, Wo, F]
+                total = tf.reduce_sum(y * tf.reshape(dy, tf.shape(y)))
+            dx, dkernel = tape.gradient(total, [x, kernel])
+            y = tf.reshape(y, dy.shape)
+        return tuple(np.asarray(t.numpy(), dtype=np.float32) for t in (y, dx, dkernel))
+
     def matmul(self, shape, dtype, device):
         import tensorflow as tf
 

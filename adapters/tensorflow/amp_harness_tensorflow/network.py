@@ -14,7 +14,8 @@ the policy's float16/bfloat16, with float32 variables cast on read, unless said;
 FP8 (a precision with an fp8 policy, harness.fp8): the dense, conv2d, patches and attention projection layers
 multiply by Fp8Casts.product, the bias added after, as the torch adapter does. The block-scaled precisions
 (harness.microscaling.BlockRecipe): the dense layers and the attention projections multiply by block_product, the
-bias added after; everything else runs in float32 as in fp32 runs (the core refuses convolutions and patches).
+conv2d and patches layers by block_conv2d (the product of their windows), the bias added after; everything else
+runs in float32 as in fp32 runs.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from harness.adapter import layer_scope
 from harness.fp8 import ROLES, Fp8Policy, fake_quantize_with, recipe_amax_with
 from harness.microscaling import BlockRecipe, block_gradient_operands_with, block_operands_with
 from harness.model.dropout import DropoutMasks
-from harness.model.graph import Graph
+from harness.model.graph import Graph, same_padding
 from harness.model.layers import LayerBuilders, run_list
 from harness.model.rotary import rotary_tables
 from harness.numerics import AttentionMask
@@ -184,10 +185,38 @@ def block_product(x, kernel, recipe: BlockRecipe, noise: BlockNoise | None = Non
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], tf.shape(y)[-1:]], 0))
 
 
+def windows(x, k: int, stride: int, dilation: int, pads):
+    """A convolution's input x [N, H, W, C] as its product's rows (im2col): [N, Ho, Wo, k*k*C], each window's taps in
+    the kernel's (i, j, c) order, c fastest, the padding's zeros included (harness.model.reference.windows), `pads`
+    ((top, bottom), (left, right)). Built from explicit zeros and k*k strided slices, one per tap: exact, and each
+    slice's gradient puts its rows back on the pixels it read (a pad), so the windows' gradient is their fold
+    (col2im), summed in a fixed order, in graph mode and under XLA alike. tf.image.extract_patches gives the same
+    order and compiles, but its gradient is a scatter-add (unsorted_segment_sum over the patches of an index image),
+    whose order of additions a GPU does not fix, and under XLA its forward is a convolution with a one-hot kernel."""
+    x = tf.pad(x, [[0, 0], *pads, [0, 0]])
+    h, w = x.shape[1] - (k - 1) * dilation, x.shape[2] - (k - 1) * dilation  # the first tap's span
+    ho, wo = (h - 1) // stride + 1, (w - 1) // stride + 1
+    taps = [x[:, i * dilation:i * dilation + (ho - 1) * stride + 1:stride,
+              j * dilation:j * dilation + (wo - 1) * stride + 1:stride] for i in range(k) for j in range(k)]
+    return tf.reshape(tf.stack(taps, axis=3), [-1, ho, wo, k * k * x.shape[3]])  # [N, Ho, Wo, k*k, C] flattened
+
+
+def block_conv2d(x, kernel, recipe: BlockRecipe, stride: int, pads, dilation: int,
+                 noise: BlockNoise | None = None):
+    """A convolution of x [N, H, W, C] and kernel [k, k, C, F] (groups 1) without its bias under a block-scaled
+    recipe: the core's rule (harness.microscaling.block_conv2d) multiplies the windows (rows [N*Ho*Wo, k*k*C], taps
+    in (i, j, c) order) by the kernel as [k*k*C, F], as a dense layer's rows (block_product: an MX block along M
+    spans the output pixels of the batch); [N, Ho, Wo, F]. Its pads are explicit ((top, bottom), (left, right):
+    TensorFlow's 'same' puts the odd pixel after, as the spec does)."""
+    k = kernel.shape[0]
+    return block_product(windows(x, k, stride, dilation, pads), tf.reshape(kernel, [-1, kernel.shape[-1]]), recipe,
+                         noise)
+
+
 class _Fp8Product:
     """A Keras Dense or Conv2D whose product (`product`) is FP8's under an FP8 policy (`fp8`; Fp8Casts.product), or
-    a Dense's the block-scaled one under a block recipe (`blocks`; block_product), the bias added after (its
-    gradient dy's sum, uncast); Keras' own call without either."""
+    the block-scaled one under a block recipe (`blocks`; `blocked`: a Dense's block_product, a Conv2D's
+    block_conv2d), the bias added after (its gradient dy's sum, uncast); Keras' own call without either."""
 
     def __init__(self, *args, fp8=None, blocks=None, noise=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -196,7 +225,7 @@ class _Fp8Product:
 
     def call(self, x, training=None):
         if self.blocks is not None:
-            y = block_product(x, self.kernel, self.blocks, self.noise)
+            y = self.blocked(x, self.kernel, self.blocks, self.noise)
         elif self.fp8 is not None:
             y = self.fp8.product(self.product, x, self.kernel, training)
         else:
@@ -206,10 +235,18 @@ class _Fp8Product:
 
 class Fp8Dense(_Fp8Product, keras.layers.Dense):
     product = staticmethod(tf.matmul)
+    blocked = staticmethod(block_product)
 
 
 class Fp8Conv2D(_Fp8Product, keras.layers.Conv2D):
     product = keras.layers.Conv2D.convolution_op
+
+    def blocked(self, x, kernel, recipe, noise=None):
+        """block_conv2d with this layer's geometry (groups 1: the core refuses a grouped one under a block recipe)."""
+        (k, _), (stride, _), (dilation, _) = self.kernel_size, self.strides, self.dilation_rate
+        pads = [same_padding(n, (k - 1) * dilation + 1, stride) if self.padding == "same" else (0, 0)
+                for n in x.shape[1:3]]
+        return block_conv2d(x, kernel, recipe, stride, pads, dilation, noise)
 
 
 class Patches(Fp8Conv2D):
@@ -346,10 +383,10 @@ def _named(info, net) -> dict:
 
 
 @LAYERS.builder("dense", "conv2d", "patches")
-def matmul_layer(info, net):  # FP8's product under an FP8 policy, a dense's block-scaled one under a recipe
-    spec, named = info.spec, {"fp8": net.fp8, "noise": net.block_noise, **_named(info, net)}
+def matmul_layer(info, net):  # FP8's product under an FP8 policy, the block-scaled one under a recipe
+    spec, named = info.spec, {"fp8": net.fp8, "blocks": net.blocks, "noise": net.block_noise, **_named(info, net)}
     if info.type == "dense":
-        return Fp8Dense(spec.units, use_bias=spec.use_bias, blocks=net.blocks, **named)
+        return Fp8Dense(spec.units, use_bias=spec.use_bias, **named)
     if info.type == "patches":
         return Patches(spec.dim, spec.size, strides=spec.size, padding="valid", **named)
     # Conv2D's grouped kernel [k, k, C/groups, F] is the canonical one, output channel o in group o // (F/groups)

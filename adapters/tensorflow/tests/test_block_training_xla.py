@@ -2,7 +2,10 @@
 block recipe) and its custom gradient compiled as the adapter's variants compile a training step (tf.function,
 with and without jit_compile), on the conformance kit's tensors: within the kit's bound of the core's reference,
 as the kit's eager run (Adapter.block_linear) is. XLA rewrites divisions by constants and the quantizer guards
-them (harness.microscaling.divide_with); a sequence's rows are its samples x positions."""
+them (harness.microscaling.divide_with); a sequence's rows are its samples x positions. The conv2d and patches
+layers' product of their windows (Fp8Conv2D.blocked: network.block_conv2d), compiled the same ways, is the core's
+block_conv2d on the kit's convolutions (Adapter.block_conv2d runs it eagerly), its windows' gradient folded back
+onto the pixels by the strided slices' own gradients."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,12 +13,15 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from amp_harness_tensorflow.network import BlockNoise, Network, block_product  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+from amp_harness_tensorflow.network import BlockNoise, Fp8Conv2D, Network, Patches, block_product  # noqa: E402
 from harness import microscaling as mx  # noqa: E402
-from harness.conformance.test_block_training import BLOCKED, BOUND, _tensors  # noqa: E402
+from harness.conformance.test_block_training import BLOCKED, BOUND, CONVS, _tensors  # noqa: E402
 from harness.model.data import Data  # noqa: E402
 from harness.model.graph import infer  # noqa: E402
-from harness.model.spec import load_spec  # noqa: E402
+from harness.model.reference import windows  # noqa: E402
+from harness.model.spec import Layer, load_spec  # noqa: E402
 from harness.model.weights import initial_weights  # noqa: E402
 from harness.precision import parse_precision  # noqa: E402
 
@@ -112,3 +118,46 @@ def test_a_stochastic_network_draws_fresh_bits_every_step():
     for got in (first, second):
         assert np.abs(got - nearest).max() > 1e-3 * scale, ":sr's gradients are round-to-nearest's"
         assert np.abs(got - nearest).max() < 0.5 * scale, ":sr's gradients are far from round-to-nearest's"
+
+
+def _conv_layer(spec: dict, recipe):
+    """The Keras layer the network builds for a conv2d or patches spec (matmul_layer's arguments), without a bias."""
+    if spec["type"] == "patches":
+        return Patches(spec["dim"], spec["size"], strides=spec["size"], padding="valid", use_bias=False,
+                       blocks=recipe)
+    return Fp8Conv2D(spec["filters"], spec["kernel_size"], strides=spec.get("strides", 1),
+                     padding=spec.get("padding", "valid"), dilation_rate=spec.get("dilation", 1), use_bias=False,
+                     blocks=recipe)
+
+
+# each convolution compiled once, as the xla and graph variants compile a step (the kit runs every recipe on each,
+# eagerly): the recipes whose scales divide (nvfp4, fp8_block) under XLA's rewrite, one power-of-two MX in graph mode
+@pytest.mark.parametrize("name, conv, xla", [("nvfp4:rht", 0, True), ("fp8_block", 1, True), ("nvfp4:rht", 2, True),
+                                             ("mxfp8", 0, False)],
+                         ids=["nvfp4_same_stride2_xla", "fp8_block_dilated_xla", "nvfp4_patches_xla",
+                              "mxfp8_same_stride2_graph"])
+def test_the_compiled_convolution_layers_are_the_product_of_their_windows(name, conv, xla):
+    spec, shape = CONVS[conv]
+    recipe = parse_precision(name).blocks
+    layer = TypeAdapter(Layer).validate_python(spec)
+    rng = np.random.default_rng(conv)  # the kit's tensors (test_a_block_scaled_convolution_is_the_product_...)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[..., 1] *= 100.0
+    k, f = spec.get("kernel_size", spec.get("size")), spec.get("filters", spec.get("dim"))
+    kernel = (rng.standard_normal((k, k, shape[-1], f)) * 0.1).astype(np.float32)
+    n, ho, wo = windows(layer, x).shape[:3]
+    dy = rng.standard_normal((n, ho, wo, f) if layer.type == "conv2d" else (n, ho * wo, f)).astype(np.float32)
+    keras_layer = _conv_layer(spec, recipe)
+    keras_layer.build(shape)
+    keras_layer.kernel.assign(kernel)
+
+    @tf.function(jit_compile=xla, autograph=False)
+    def run(x, dy):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = keras_layer(x)
+            total = tf.reduce_sum(y * dy)
+        return (y, *tape.gradient(total, [x, keras_layer.kernel]))
+
+    errors = _errors(run(tf.constant(x), tf.constant(dy)), mx.block_conv2d(layer, x, kernel, dy, recipe))
+    assert max(errors.values()) <= BOUND, f"{name} {spec['type']} ({'xla' if xla else 'graph'}): {errors}"

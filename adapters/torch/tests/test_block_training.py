@@ -1,14 +1,13 @@
 """The block-scaled precisions' wiring in the network (the kit's test_block_training checks the matmul itself,
 through Adapter.block_linear): a dense layer and an attention layer's four projections run block_linear on their
-input's rows (a sequence's samples x positions), forward and back, the bias added after it; a convolution stays
-float32; the record says how the matmuls ran."""
+input's rows (a sequence's samples x positions), forward and back, the bias added after it; a convolution the
+core's block_conv2d (the product of its windows); the record says how the matmuls ran."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
 
 from amp_harness_torch.network import Attention, Conv2D, Dense, Network  # noqa: E402
 from harness import microscaling as mx  # noqa: E402
@@ -29,7 +28,8 @@ SEQUENCE = {**BASE, "name": "blocks_sequence", "description": "attention and den
             "layers": [{"type": "embedding", "dim": 48}, {"type": "attention", "heads": 2},
                        {"type": "dense", "units": 40}, {"type": "sequence_pool", "mode": "mean"},
                        {"type": "dense", "units": 3}]}
-IMAGE = {**BASE, "name": "blocks_image", "description": "a convolution, which stays float32",
+# 8 samples of 4 x 4 output pixels: 128 rows (whole Hadamard blocks); K = 3 x 3 x 2 = 18, a partial MX block
+IMAGE = {**BASE, "name": "blocks_image", "description": "a convolution under a block-scaled recipe",
          "input": {"shape": [6, 6, 2]},
          "layers": [{"type": "conv2d", "filters": 3, "kernel_size": 3}, {"type": "flatten"},
                     {"type": "dense", "units": 3}]}
@@ -74,9 +74,26 @@ def test_dense_and_attention_products_are_block_linear_s(name):
     _check_product("dense", recipe, dense, torch.randn(2, 16, 48), dense.kernel, dense.bias)
 
 
-def test_a_convolution_stays_float32():
-    net = _network(IMAGE, "mxfp4")
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4:rht"])
+def test_a_convolution_layer_is_the_product_of_its_windows(name):
+    """The network's Conv2D (its explicit 'same' padding, its layout) runs the core's block_conv2d: y (less the
+    bias), dx and dw (the kernel's gradient in torch's [F, C, k, k]) the rule's, NHWC to NCHW and back."""
+    from pydantic import TypeAdapter
+
+    from harness.model.spec import Layer
+
+    net, recipe = _network(IMAGE, name), parse_precision(name).blocks
     conv = next(m for m in net.modules() if isinstance(m, Conv2D))
-    assert conv.blocks is None and all(m.blocks is not None for m in net.modules() if isinstance(m, Dense))
-    x = torch.randn(4, 2, 6, 6)
-    assert torch.equal(conv(x), F.conv2d(x, conv.kernel, conv.bias))
+    assert conv.blocks == recipe
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.standard_normal((8, 2, 6, 6)).astype(np.float32)).requires_grad_()
+    y = conv(x)
+    dy = torch.from_numpy(rng.standard_normal(tuple(y.shape)).astype(np.float32))
+    dx, dkernel = torch.autograd.grad(y, (x, conv.kernel), dy)
+    nhwc = lambda t: t.detach().permute(0, 2, 3, 1).numpy()  # noqa: E731
+    layer = TypeAdapter(Layer).validate_python(IMAGE["layers"][0])
+    kernel = conv.kernel.detach().permute(2, 3, 1, 0).numpy()  # [k, k, C, F]
+    want_y, want_dx, want_dw = mx.block_conv2d(layer, nhwc(x), kernel, nhwc(dy), recipe)
+    _close(y.permute(0, 2, 3, 1), want_y + conv.bias.detach().numpy(), "conv2d y")
+    _close(dx.permute(0, 2, 3, 1), want_dx, "conv2d dx")
+    _close(dkernel.permute(2, 3, 1, 0), want_dw, "conv2d dw")
