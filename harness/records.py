@@ -143,7 +143,7 @@ class BlockLayer(_Strict):
 
 
 class MatmulWeights(_Strict):
-    """Schema 10: the spec's block-scalable matmul weights (dense and attention kernels; harness.microscaling.
+    """Schema 10: the spec's block-scalable matmul weights (dense, attention and convolution kernels; harness.microscaling.
     weight_storage_bits): their count, and per block recipe the bits they take in its weight format, scales
     included, from their sizes alone."""
     count: Count

@@ -6,7 +6,7 @@ paired by seed with its 95% interval, margin and verdict (harness.report.accurac
 (a next-token model's perplexity instead: its token accuracy means little) with a classifier's accuracy verdict,
 the one the Accuracy section gives; how each FP8 precision's matmuls ran, as its records say
 (options["fp8"]["matmuls"], options["blocks"]["matmuls"]; a record without it: emulated); what the model's matmul
-weights (the dense and attention kernels) take in each arm's format, from their sizes with the block scales (the
+weights (the dense, attention and convolution kernels) take in each arm's format, from their sizes with the block scales (the
 records' matmul_weights: harness.microscaling.matmul_weights), not from the emulated runs, which keep them in
 float32; and what diagnose says of each FP8 recipe (harness.fp8.verdicts) and each block recipe
 (harness.microscaling.block_verdicts), which the Numerics section then leaves to this one.
@@ -126,7 +126,7 @@ class Fp8Entry:
         counts = {w[1] for w in (weight_bits(a) for a in self.arms) if w is not None}
         if not counts:
             return ""
-        return (f"Matmul weights stored: the {', '.join(f.count(c) for c in sorted(counts))} dense and attention "
+        return (f"Matmul weights stored: the {', '.join(f.count(c) for c in sorted(counts))} matmul "
                 f"kernel values in each arm's format, from their sizes, block scales included (fp32 32 bits a value, "
                 f"amp_bf16's matmul copy 16, FP8 8), against fp32's; the emulated runs keep them in float32.")
 

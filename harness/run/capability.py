@@ -124,8 +124,9 @@ def _probe(adapter, precision, device) -> dict:
     started = time.perf_counter()
     reason = None
     try:
-        # a block-scaled precision changes only dense and attention matmuls (convolutions are refused before a run):
-        # the token network has both, and the image network's kernels would run as fp32's
+        # a block-scaled precision changes only matmuls, and a convolution's is the dense product of its windows
+        # (the kit's test_block_training holds each framework's windows to the rule): the token network's dense and
+        # attention products prove the quantizer runs here
         for probe in (TOKEN_PROBE,) if precision.blocks is not None else PROBE_SPECS:
             if precision.blocks is not None and precision.blocks.hadamard:  # its transform takes rows 16 at a time
                 probe = {**probe, "batch_size": 16, "dataset": {**probe["dataset"], "size": 64}}
