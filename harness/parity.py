@@ -54,11 +54,15 @@ TOLERANCES = {
     "fp8_hybrid": (1e-5, 1e-1, 3e-1),
     # the block-scaled precisions (harness.microscaling), emulated by the core's rule: the quantized operands are
     # the same bits everywhere (the kit's test_block_training), but a float32 summation order tips a cast now and
-    # then, already in the first forward where a sum lands on a rounding midpoint of the next layer's blocks
-    # (tiny_gpt at batch 16: one sample's logits 1.9e-2 apart in mxfp8, 3.9e-2 in fp8_block, torch against
-    # TensorFlow and JAX); over 20 steps losses drift up to 5.2e-2 apart (mnist_mlp nvfp4:rht, JAX against torch)
-    # and outputs after training 9.1e-2 (tiny_gpt nvfp4:rht)
-    **dict.fromkeys(("mxfp8", "mxfp6", "mxfp4", "nvfp4", "fp8_block"), (5e-2, 1e-1, 3e-1)),
+    # then, and a tipped value moves by a whole step of its element's grid: 6% in e4m3, up to 50% in e2m1. Where the
+    # scales are powers of two (MX) the first forward agrees to float32 rounding; NVFP4's and block FP8's float32
+    # scales tip it already (first outputs 4.3e-2 apart in fp8_block on tiny_gpt, 5.7e-2 in nvfp4:rht on vit_tiny).
+    # Over 20 steps resnet8's batchnorm amplifies the 4-bit formats' tips: losses 1.5e-1 apart (nvfp4:rht),
+    # outputs after training 3.7e-1. Measured by benchmarks/block_parity.yaml (every recipe on mnist_mlp, resnet8 and
+    # tiny_gpt at two batch sizes, tensorflow and jax against torch; benchmarks/RESULTS.md), these bounds with room
+    **dict.fromkeys(("mxfp8", "mxfp6"), (5e-2, 1e-1, 3e-1)),
+    "fp8_block": (1e-1, 1e-1, 3e-1),
+    **dict.fromkeys(("mxfp4", "nvfp4"), (1e-1, 2e-1, 5e-1)),
     # every adapter computes fp64 runs entirely in float64, constants included: 20 steps of training keep
     # agreeing frameworks within ~1e-12 here, so these bounds leave room for summation order only
     "fp64": (1e-10, 1e-9, 1e-8),
