@@ -115,8 +115,8 @@ class Fp8Entry:
     def blocks_note(self) -> str:
         if not self.blocks_emulated:
             return ""
-        return (f"{', '.join(self.blocks_emulated)}: the block-scaled formats are emulated here (each dense and "
-                f"attention matmul's operands quantized in blocks along the axis it sums over and dequantized, "
+        return (f"{', '.join(self.blocks_emulated)}: the block-scaled formats are emulated here (each dense, "
+                f"attention and convolution matmul's operands quantized in blocks along the axis it sums over and dequantized, "
                 f"multiplied in float32), so their step times are not a measure of their speed, and this comparison "
                 f"is about loss and accuracy only. The records say: {self._evidence(self.blocks_emulated)}.")
 
