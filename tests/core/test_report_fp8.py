@@ -216,7 +216,7 @@ def test_block_scaled_arms_stand_beside_fp8_with_the_weights_their_formats_would
     assert rows["mxfp4"][2] == "emulated"
     html = section_html(render(view))
     assert "<h2>FP8 and block-scaled training</h2>" in html and "the block-scaled formats are emulated here" in html
-    assert f"the {count:,} dense and attention kernel values" in html
+    assert f"the {count:,} matmul kernel values" in html
     assert "## FP8 and block-scaled training" in render_markdown(view)
     # 2 ms a step against fp32's 10: an emulation's time, named nowhere on the first screen
     assert not any(e and e.precision == "mxfp4" for block in view.answer for row in block.rows for e in row.cells)
