@@ -38,6 +38,15 @@ def _tensors() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x, w, dy
 
 
+def _assert_the_rule(what: str, got, want, rule: str) -> None:
+    """Each of got's (y, dx, dw) has the rule's shape and is within BOUND of its largest magnitude."""
+    for part, value, expected in zip(("y", "dx", "dw"), got, want):
+        value = np.asarray(value, dtype=np.float32)
+        assert value.shape == expected.shape, f"{what}: {part} has shape {value.shape}, the rule's {expected.shape}"
+        error = float(np.abs(value - expected).max() / np.abs(expected).max())
+        assert error <= BOUND, f"{what}: {part} is {error:.2e} of its largest magnitude from {rule}"
+
+
 @pytest.mark.parametrize("name", BLOCKED)
 def test_the_block_scaled_matmul_and_its_gradients_are_the_core_rule(adapter, unsupported, name):
     if unsupported(name):
@@ -47,13 +56,9 @@ def test_the_block_scaled_matmul_and_its_gradients_are_the_core_rule(adapter, un
     got = adapter.block_linear(precision, x, w, dy, adapter.device("cpu"))
     assert got is not None, (f"{name} runs here, so block_linear must expose the matmul its dense layers run "
                              f"(harness.adapter.Adapter.block_linear)")
-    for what, value, want in zip(("y", "dx", "dw"), got, mx.block_linear(x, w, dy, precision.blocks)):
-        value = np.asarray(value, dtype=np.float32)
-        assert value.shape == want.shape, f"{name}: {what} has shape {value.shape}, the rule's {want.shape}"
-        error = float(np.abs(value - want).max() / np.abs(want).max())
-        assert error <= BOUND, (
-            f"{name}: {what} is {error:.2e} of its largest magnitude from harness.microscaling.block_linear's "
-            f"(read BlockRecipe's docstring: each product's operands blocked along the axis it sums over)")
+    _assert_the_rule(name, got, mx.block_linear(x, w, dy, precision.blocks),
+                     "harness.microscaling.block_linear's (read BlockRecipe's docstring: each product's operands "
+                     "blocked along the axis it sums over)")
 
 
 @pytest.mark.parametrize("name", ["nvfp4:rht:sr"])  # one precision, one probe: the bits' path is every recipe's
@@ -67,11 +72,8 @@ def test_stochastically_rounded_gradients_take_the_given_bits(adapter, unsupport
     bits = tuple(np.random.default_rng(seed).integers(0, 2**16, (M, N), dtype=np.int32) for seed in (1, 2))
     got = adapter.block_linear(parse_precision(name), x, w, dy, adapter.device("cpu"), bits)
     want = mx.block_linear(x, w, dy, recipe, bits)
-    for what, value, expected in zip(("y", "dx", "dw"), got, want):
-        error = float(np.abs(np.asarray(value, np.float32) - expected).max() / np.abs(expected).max())
-        assert error <= BOUND, (f"{name}: {what} is {error:.2e} of its largest magnitude from the rule's with the "
-                                f"same bits (block_gradient_operands_with: dx's cast of dy takes the first, dw's the "
-                                f"second)")
+    _assert_the_rule(name, got, want, "the rule's with the same bits (block_gradient_operands_with: dx's cast of "
+                                      "dy takes the first, dw's the second)")
     nearest = mx.block_linear(x, w, dy, replace(recipe, stochastic=False))
     assert np.abs(want[1] - nearest[1]).max() > 1e-3 * np.abs(nearest[1]).max()
 
@@ -101,11 +103,6 @@ def test_a_block_scaled_convolution_is_the_product_of_its_windows(adapter, unsup
     got = adapter.block_conv2d(parse_precision(name), layer, x, kernel, dy, adapter.device("cpu"))
     assert got is not None, (f"{name} runs here, so block_conv2d must expose the product its conv2d and patches "
                              f"layers run (harness.adapter.Adapter.block_conv2d)")
-    want = mx.block_conv2d(layer, x, kernel, dy, parse_precision(name).blocks)
-    for what, value, want in zip(("y", "dx", "dw"), got, want):
-        value = np.asarray(value, dtype=np.float32)
-        assert value.shape == want.shape, f"{name}: {what} has shape {value.shape}, the rule's {want.shape}"
-        error = float(np.abs(value - want).max() / np.abs(want).max())
-        assert error <= BOUND, (
-            f"{name}: {layer.type} {what} is {error:.2e} of its largest magnitude from "
-            f"harness.microscaling.block_conv2d's (its windows in (i, j, c) order, blocked as a dense layer's rows)")
+    _assert_the_rule(f"{name} {layer.type}", got, mx.block_conv2d(layer, x, kernel, dy, parse_precision(name).blocks),
+                     "harness.microscaling.block_conv2d's (its windows in (i, j, c) order, blocked as a dense "
+                     "layer's rows)")
