@@ -504,7 +504,8 @@ class ModelSpec(_Strict):
         optimizer = data.get("optimizer") if isinstance(native, dict) else None
         if isinstance(optimizer, dict):
             kind = next((key for key in NATIVE_FRAMEWORKS if native.get(key) is not None), None)
-            defaults = FRAMEWORK_OPTIMIZER_DEFAULTS.get(kind, {}).get(optimizer.get("type"), {})
+            name = optimizer.get("type")  # not yet validated: a list here is the one-line error validation gives
+            defaults = FRAMEWORK_OPTIMIZER_DEFAULTS.get(kind, {}).get(name, {}) if isinstance(name, str) else {}
             data = {**data, "optimizer": {**defaults, **optimizer}}
         return data
 

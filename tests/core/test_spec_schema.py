@@ -186,3 +186,18 @@ def test_generated_specs_through_the_cli_exit_0_or_2_with_one_line(tmp_path_fact
     assert code in (0, 2)
     if code == 2:
         assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+
+
+def test_a_native_spec_with_a_list_for_its_optimizer_type_is_one_line():
+    """Hypothesis found it: the native optimizer defaults looked the type up before validation, and a list is
+    unhashable (a TypeError's traceback instead of the spec's one-line error)."""
+    import pytest
+
+    from harness.errors import SpecError
+    from harness.model.spec import validate
+
+    doc = {"name": "n", "input": {"shape": [1]}, "dataset": {"name": "synthetic"}, "native": {},
+           "loss": {"type": "sparse_categorical_crossentropy"}, "optimizer": {"learning_rate": 1.0, "type": []},
+           "batch_size": 1, "steps": 1}
+    with pytest.raises(SpecError):
+        validate(doc, "n")
